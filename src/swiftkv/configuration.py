@@ -1,0 +1,107 @@
+"""SwiftKV configs in the published Snowflake format (`llama_swiftkv` / `qwen2_swiftkv`).
+
+A SwiftKV config is the base model's config plus three keys:
+  swiftkv               -- run the student path (True) or the original teacher path (False)
+  num_key_value_layers  -- N: layers >= N take their K/V from norm_swiftkv(h_N)
+  key_value_group_size  -- G: AcrossKV, consecutive later layers share one K/V in groups of G
+Everything derived from them (which layers are later, who owns a group's K/V, where a layer's
+cache lives) is computed here once, so the HF model, conversion, distillation and the vLLM model
+agree on it.
+"""
+
+from __future__ import annotations
+
+from huggingface_hub.dataclasses import strict
+from transformers import LlamaConfig, Qwen2Config
+
+
+class SwiftKVConfigError(ValueError):
+    """A SwiftKV setting that cannot describe a valid model."""
+
+
+class SwiftKVConfigMixin:
+    """Derived SwiftKV geometry. Needs `num_hidden_layers`, `num_key_value_layers`, `key_value_group_size`."""
+
+    # Not named validate_*: huggingface_hub strict dataclasses run those on every instantiation,
+    # including the default one transformers builds to compare generation parameters.
+    def check_swiftkv_geometry(self) -> None:
+        n, g, layers = self.num_key_value_layers, self.key_value_group_size, self.num_hidden_layers
+        if n is None:
+            raise SwiftKVConfigError(
+                f"{type(self).__name__}: num_key_value_layers is not set; expected an integer in [1, {layers - 1}]"
+            )
+        if not 1 <= n < layers:
+            raise SwiftKVConfigError(
+                f"num_key_value_layers={n} is out of range: expected 1 <= N <= {layers - 1} "
+                f"(the model has {layers} layers and SwiftKV needs at least one early and one later layer)"
+            )
+        if g < 1 or (layers - n) % g != 0:
+            divisors = [d for d in range(1, layers - n + 1) if (layers - n) % d == 0]
+            raise SwiftKVConfigError(
+                f"key_value_group_size={g} does not divide the {layers - n} later layers "
+                f"(num_hidden_layers={layers} - num_key_value_layers={n}); expected one of {divisors}"
+            )
+
+    @property
+    def later_layers(self) -> range:
+        """Indices of the layers whose K/V come from norm_swiftkv(h_N)."""
+        return range(self.num_key_value_layers, self.num_hidden_layers)
+
+    @property
+    def num_kv_groups(self) -> int:
+        return (self.num_hidden_layers - self.num_key_value_layers) // self.key_value_group_size
+
+    def group_of(self, layer: int) -> int:
+        """AcrossKV group (0-based) of a later layer."""
+        return (layer - self.num_key_value_layers) // self.key_value_group_size
+
+    def kv_owner(self, layer: int) -> int:
+        """The lowest-index layer of `layer`'s group: it owns k_proj_swiftkv / v_proj_swiftkv."""
+        return self.num_key_value_layers + self.group_of(layer) * self.key_value_group_size
+
+    def is_kv_owner(self, layer: int) -> bool:
+        return layer >= self.num_key_value_layers and self.kv_owner(layer) == layer
+
+    def cache_index(self, layer: int) -> int:
+        """Slot of `layer`'s K/V in a student KV cache: early layers keep their own slot, each later
+        group gets one slot after them, so the cache holds N + (L - N) / G entries."""
+        if layer < self.num_key_value_layers:
+            return layer
+        return self.num_key_value_layers + self.group_of(layer)
+
+    @property
+    def num_cache_slots(self) -> int:
+        return self.num_key_value_layers + self.num_kv_groups
+
+
+@strict
+class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
+    """LlamaConfig + SwiftKV keys. `swiftkv_trimmed` marks checkpoints without the later layers'
+    original q/k/v (those can only run the student path)."""
+
+    model_type = "llama_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.num_key_value_layers is not None:
+            self.check_swiftkv_geometry()
+
+
+@strict
+class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
+    """Qwen2Config + SwiftKV keys (see LlamaSwiftKVConfig)."""
+
+    model_type = "qwen2_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.num_key_value_layers is not None:
+            self.check_swiftkv_geometry()

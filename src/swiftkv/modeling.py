@@ -1,0 +1,361 @@
+"""SwiftKV models for transformers: Llama and Qwen2 with SingleInputKV and AcrossKV.
+
+One definition serves conversion, distillation, evaluation and generation. Only what differs from
+transformers' own Llama/Qwen2 is declared here (HF "modular" style):
+
+* later layers (i >= N) carry `q_proj_swiftkv`; group owners also carry `k_proj_swiftkv` /
+  `v_proj_swiftkv`; the model carries `norm_swiftkv`;
+* `config.swiftkv=False` runs the original (teacher) math, layer by layer as transformers does;
+* `config.swiftkv=True` runs the student: K/V of every later layer come from
+  s = norm_swiftkv(h_N), one K/V (and one cache slot) per AcrossKV group;
+* prefill skip: when only some positions need logits (`logits_to_keep`, which `generate` sets to 1),
+  the later layers run on those rows only, after every group's K/V was written for all tokens.
+
+The forward is split into `embed_and_early` and `late` so distillation can run layers < N once and
+reuse h_N for both the teacher and the student.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import (
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaModel,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+from transformers.models.qwen2.modeling_qwen2 import (
+    Qwen2Attention,
+    Qwen2DecoderLayer,
+    Qwen2ForCausalLM,
+    Qwen2Model,
+    Qwen2RMSNorm,
+    Qwen2RotaryEmbedding,
+)
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .configuration import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
+
+RowSelection = slice | torch.Tensor | None
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on one tensor [batch, heads, seq, head_dim] (transformers rotates q and k together)."""
+    return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
+
+
+def rows_to_keep(logits_to_keep: int | torch.Tensor) -> RowSelection:
+    """Positions whose logits are wanted, as transformers' `logits_to_keep` means it (0 = all)."""
+    if isinstance(logits_to_keep, int):
+        return None if logits_to_keep == 0 else slice(-logits_to_keep, None)
+    return logits_to_keep
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention and decoder layer
+# --------------------------------------------------------------------------------------------------
+
+
+class SwiftKVAttentionMixin:
+    """Adds the SwiftKV projections and a student forward that attends over K/V computed elsewhere."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        if config.num_key_value_layers is None or layer_idx < config.num_key_value_layers:
+            return
+        bias = self.q_proj.bias is not None
+        q_out, kv_out = self.q_proj.out_features, self.k_proj.out_features
+        self.q_proj_swiftkv = nn.Linear(config.hidden_size, q_out, bias=bias)
+        if config.is_kv_owner(layer_idx):
+            self.k_proj_swiftkv = nn.Linear(config.hidden_size, kv_out, bias=bias)
+            self.v_proj_swiftkv = nn.Linear(config.hidden_size, kv_out, bias=bias)
+        if config.swiftkv_trimmed:  # the original q/k/v of later layers are dead weight for the student
+            del self.q_proj, self.k_proj, self.v_proj
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                swiftkv_kv: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs):
+        if swiftkv_kv is None:
+            return super().forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+        input_shape = hidden_states.shape[:-1]
+        query = self.q_proj_swiftkv(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+        query = apply_rope(query, *position_embeddings)
+        key, value = swiftkv_kv
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = attention(
+            self, query, key, value, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            sliding_window=getattr(self, "sliding_window", None),
+            **kwargs,
+        )
+        return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+    def swiftkv_key_value(self, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """This group owner's K (RoPE'd at each token's position) and V from s = norm_swiftkv(h_N)."""
+        shape = (*s.shape[:-1], -1, self.head_dim)
+        key = self.k_proj_swiftkv(s).view(shape).transpose(1, 2)
+        value = self.v_proj_swiftkv(s).view(shape).transpose(1, 2)
+        return apply_rope(key, cos, sin), value
+
+
+class LlamaSwiftKVAttention(SwiftKVAttentionMixin, LlamaAttention):
+    pass
+
+
+class Qwen2SwiftKVAttention(SwiftKVAttentionMixin, Qwen2Attention):
+    pass
+
+
+class LlamaSwiftKVDecoderLayer(LlamaDecoderLayer):
+    """Unchanged layer math; its attention understands `swiftkv_kv=` (passed through **kwargs)."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = LlamaSwiftKVAttention(config, layer_idx)
+
+
+class Qwen2SwiftKVDecoderLayer(Qwen2DecoderLayer):
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = Qwen2SwiftKVAttention(config, layer_idx)
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EarlyOutput:
+    """What `late` needs after layers < N ran: h_N and the per-token context of the batch."""
+
+    hidden_states: torch.Tensor  # h_N, the residual stream entering layer N
+    position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    masks: dict  # layer type -> attention mask (None lets SDPA use its causal kernel)
+    cache_position: torch.Tensor  # absolute position of each query row in the cache, [seq]
+    past_key_values: Cache | None
+
+
+class SwiftKVModelMixin:
+    """The decoder stack. `hf_model_class` is the transformers model whose pieces are reused."""
+
+    hf_model_class: type
+    decoder_layer_class: type
+    norm_class: type
+    rotary_class: type
+
+    def __init__(self, config):
+        # Skip the HF model's own __init__ (it would build its layer classes) but keep PreTrainedModel's.
+        super(self.hf_model_class, self).__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList(
+            [self.decoder_layer_class(config, i) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        if config.num_key_value_layers is not None:
+            self.norm_swiftkv = self.norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = self.rotary_class(config=config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    # -- pieces ------------------------------------------------------------------------------------
+
+    @property
+    def split_layer(self) -> int:
+        """First layer that `late` runs: N for a SwiftKV config, otherwise all layers are early."""
+        n = self.config.num_key_value_layers
+        return self.config.num_hidden_layers if n is None else n
+
+    def layer_type(self, i: int) -> str:
+        types = getattr(self.config, "layer_types", None)
+        return types[i] if types else "full_attention"
+
+    def build_masks(self, inputs_embeds, attention_mask, past_key_values, position_ids) -> dict:
+        if isinstance(attention_mask, dict):  # `generate` may have prepared them already
+            return attention_mask
+        kwargs = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                      past_key_values=past_key_values, position_ids=position_ids)
+        masks = {"full_attention": create_causal_mask(**kwargs)}
+        if any(self.layer_type(i) == "sliding_attention" for i in range(self.config.num_hidden_layers)):
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
+        return masks
+
+    def embed_and_early(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                        inputs_embeds=None, **kwargs) -> EarlyOutput:
+        """Embedding and layers < N: identical for teacher and student."""
+        if (input_ids is None) ^ (inputs_embeds is not None):
+            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        cache_position = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_seen
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        masks = self.build_masks(inputs_embeds, attention_mask, past_key_values, position_ids)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
+        hidden = inputs_embeds
+        for i in range(self.split_layer):
+            hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
+                                    position_embeddings=position_embeddings, position_ids=position_ids,
+                                    past_key_values=past_key_values, **kwargs)
+        return EarlyOutput(hidden, position_embeddings, masks, cache_position, past_key_values)
+
+    def late(self, early: EarlyOutput, student: bool, keep_rows: RowSelection = None, **kwargs) -> torch.Tensor:
+        """Layers >= N on h_N (before the final norm). The teacher runs them as transformers does;
+        the student takes every later layer's K/V from norm_swiftkv(h_N) and, with `keep_rows`,
+        runs the later layers on the kept rows only."""
+        if student:
+            return self.late_student(early, keep_rows, **kwargs)
+        self.check_teacher_weights()
+        hidden = early.hidden_states
+        for i in range(self.split_layer, self.config.num_hidden_layers):
+            hidden = self.layers[i](hidden, attention_mask=early.masks[self.layer_type(i)],
+                                    position_embeddings=early.position_embeddings,
+                                    past_key_values=early.past_key_values, **kwargs)
+        return hidden if keep_rows is None else hidden[:, keep_rows]
+
+    def late_student(self, early: EarlyOutput, keep_rows: RowSelection, **kwargs) -> torch.Tensor:
+        kv_per_group = self.swiftkv_key_values(early)
+        hidden, position_embeddings, masks = select_rows(early, keep_rows)
+        for i in self.config.later_layers:
+            hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
+                                    position_embeddings=position_embeddings,
+                                    swiftkv_kv=kv_per_group[self.config.group_of(i)], **kwargs)
+        return hidden
+
+    def swiftkv_key_values(self, early: EarlyOutput) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """K/V of each AcrossKV group for all tokens, appended to the group's cache slot."""
+        s = self.norm_swiftkv(early.hidden_states)
+        key_values = []
+        for group in range(self.config.num_kv_groups):
+            owner = self.config.num_key_value_layers + group * self.config.key_value_group_size
+            key, value = self.layers[owner].self_attn.swiftkv_key_value(s, *early.position_embeddings)
+            if early.past_key_values is not None:
+                key, value = early.past_key_values.update(key, value, self.config.cache_index(owner))
+            key_values.append((key, value))
+        return key_values
+
+    def check_teacher_weights(self) -> None:
+        if getattr(self.config, "swiftkv_trimmed", False):
+            raise ValueError(
+                "this SwiftKV checkpoint was converted with --trim: the original q/k/v projections of layers "
+                f">= {self.config.num_key_value_layers} were dropped, so it can only run with swiftkv=True. "
+                "Use the source model (or an untrimmed conversion) as the teacher."
+            )
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, keep_rows: RowSelection = None, **kwargs):
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        early = self.embed_and_early(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
+                                     **kwargs)
+        student = bool(self.config.swiftkv) and self.config.num_key_value_layers is not None
+        hidden = self.late(early, student=student, keep_rows=keep_rows, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden),
+                                       past_key_values=past_key_values if use_cache else None)
+
+
+def select_rows(early: EarlyOutput, keep_rows: RowSelection):
+    """h_N, RoPE tables and masks restricted to the query rows in `keep_rows` (all rows if None)."""
+    if keep_rows is None:
+        return early.hidden_states, early.position_embeddings, early.masks
+    hidden = early.hidden_states[:, keep_rows]
+    cos, sin = (t[:, keep_rows] for t in early.position_embeddings)
+    masks = {kind: rows_of_mask(mask, early, keep_rows, hidden.dtype) for kind, mask in early.masks.items()}
+    return hidden, (cos, sin), masks
+
+
+def rows_of_mask(mask, early: EarlyOutput, keep_rows, dtype) -> torch.Tensor:
+    """A 4-D mask for the kept query rows. `None` meant "plain causal" to SDPA, which no longer holds
+    once the query is a subset of rows, so it is rebuilt explicitly (additive, works for every kernel)."""
+    if mask is not None:
+        return mask[:, :, keep_rows]
+    query_pos = early.cache_position[keep_rows]
+    key_pos = torch.arange(int(early.cache_position[-1]) + 1, device=query_pos.device)
+    allowed = key_pos[None, :] <= query_pos[:, None]
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return additive.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+class LlamaSwiftKVModel(SwiftKVModelMixin, LlamaModel):
+    config_class = LlamaSwiftKVConfig
+    hf_model_class = LlamaModel
+    decoder_layer_class = LlamaSwiftKVDecoderLayer
+    norm_class = LlamaRMSNorm
+    rotary_class = LlamaRotaryEmbedding
+
+
+class Qwen2SwiftKVModel(SwiftKVModelMixin, Qwen2Model):
+    config_class = Qwen2SwiftKVConfig
+    hf_model_class = Qwen2Model
+    decoder_layer_class = Qwen2SwiftKVDecoderLayer
+    norm_class = Qwen2RMSNorm
+    rotary_class = Qwen2RotaryEmbedding
+
+
+# --------------------------------------------------------------------------------------------------
+# Causal LM
+# --------------------------------------------------------------------------------------------------
+
+
+class SwiftKVForCausalLMMixin:
+    hf_causal_lm_class: type
+    model_class: type
+
+    def __init__(self, config):
+        # Skip the HF class's __init__ (it would build a plain LlamaModel/Qwen2Model first).
+        super(self.hf_causal_lm_class, self).__init__(config)
+        self.model = self.model_class(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def set_swiftkv(self, enabled: bool) -> None:
+        """Switch between the student (True) and the original teacher path (False)."""
+        if enabled and self.config.num_key_value_layers is None:
+            raise ValueError("this model has no SwiftKV layers (num_key_value_layers is not set)")
+        self.config.swiftkv = bool(enabled)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs) -> CausalLMOutputWithPast:
+        keep_rows = rows_to_keep(logits_to_keep)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             keep_rows=keep_rows, **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)  # already restricted to `keep_rows` by the model
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMMixin, LlamaForCausalLM):
+    config_class = LlamaSwiftKVConfig
+    hf_causal_lm_class = LlamaForCausalLM
+    model_class = LlamaSwiftKVModel
+
+
+class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMMixin, Qwen2ForCausalLM):
+    config_class = Qwen2SwiftKVConfig
+    hf_causal_lm_class = Qwen2ForCausalLM
+    model_class = Qwen2SwiftKVModel
