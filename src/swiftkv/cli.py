@@ -1,0 +1,42 @@
+"""`swiftkv` command line. Thin: each subcommand lives in its own module, which exposes
+`register(subparsers)` and sets `func` (parsed args -> exit code) on its parser."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that provide subcommands, in the order `--help` lists them. Each module's import must be
+# cheap (no vLLM / lm-eval at import time): heavy imports belong inside the command function.
+COMMAND_MODULES = (
+    "swiftkv.commands_model",  # convert, export, generate, demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swiftkv",
+        description="SwiftKV: make a Llama/Qwen2 model prefill-fast. Typical flow: "
+        "convert -> distill -> eval -> serve/bench. Every stage reads and writes a plain HF folder.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
+        # Bad input: one clear line, no traceback. Bugs (other exceptions) keep their traceback.
+        print(f"swiftkv {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
