@@ -1,0 +1,28 @@
+"""vLLM plugin for SwiftKV checkpoints.
+
+`register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls it in every
+process it starts (front end, engine core, workers), so `vllm.LLM(model=FOLDER)` and
+`vllm serve FOLDER` open a SwiftKV folder with no import by the user. It must stay cheap and
+idempotent: vLLM may call it several times per process.
+"""
+
+from __future__ import annotations
+
+ARCHITECTURES = ("LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM")
+
+
+def register() -> None:
+    """Make vLLM know the SwiftKV configs (via transformers' AutoConfig), the model classes (lazily,
+    by module path) and the config hook that switches on kv_sharing_fast_prefill."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    import swiftkv  # noqa: F401  (registers llama_swiftkv / qwen2_swiftkv with AutoConfig)
+
+    from .hooks import SwiftKVConfigHook
+
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch in ARCHITECTURES:
+        if arch not in supported:
+            ModelRegistry.register_model(arch, f"swiftkv.vllm.model:{arch}")
+        MODELS_CONFIG_MAP[arch] = SwiftKVConfigHook

@@ -1,0 +1,109 @@
+"""Building blocks of the vLLM SwiftKV model that vLLM's own Llama/Qwen2 do not have.
+
+* `KVHolder`: an attention module with no weights that owns one AcrossKV group's KV cache. Every
+  later layer of the group attends over it through `kv_sharing_target_layer_name`, so vLLM allocates
+  one cache per group instead of one per layer.
+* `SwiftKVLaterLayer`: a decoder layer i >= N. Its attention projects only the query
+  (`q_proj_swiftkv`); K/V were written to the group's holder cache from norm_swiftkv(h_N).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from vllm.config import CacheConfig
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.quantization import QuantizationConfig
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.models.llama import LlamaMLP
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def holder_prefix(model_prefix: str, owner: int) -> str:
+    """Module path of the holder of the group owned by layer `owner`. The owner's index is the only
+    integer in the name, so vLLM (which orders caches by the integer in a layer name) sees one
+    distinct index per cache: early layers 0..N-1, holders N, N+G, ..."""
+    return f"{model_prefix}.swiftkv_cache.{owner}"
+
+
+def make_rope(config):
+    return get_rope(
+        head_dim_of(config),
+        max_position=getattr(config, "max_position_embeddings", 8192),
+        rope_parameters=getattr(config, "rope_parameters", None),
+        is_neox_style=True,
+    )
+
+
+class KVHolder(nn.Module):
+    """Owns the KV cache of one AcrossKV group. Never called: the model writes its cache with
+    `unified_kv_cache_update` and the group's layers read it as KV-sharing layers."""
+
+    def __init__(self, config, cache_config: CacheConfig | None, quant_config: QuantizationConfig | None,
+                 prefix: str):
+        super().__init__()
+        head_dim = head_dim_of(config)
+        self.attn = Attention(
+            config.num_attention_heads, head_dim, head_dim**-0.5,
+            num_kv_heads=config.num_key_value_heads, cache_config=cache_config, quant_config=quant_config,
+            prefix=f"{prefix}.attn",
+        )
+
+
+class SwiftKVLaterAttention(nn.Module):
+    """Query-only attention of a later layer: q_proj_swiftkv, RoPE, attention over the holder cache."""
+
+    def __init__(self, config, cache_config, quant_config, prefix: str, holder_attn_name: str, qkv_bias: bool,
+                 o_bias: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        head_dim = head_dim_of(config)
+        self.q_proj_swiftkv = ColumnParallelLinear(
+            config.hidden_size, self.num_heads * head_dim, bias=qkv_bias, quant_config=quant_config,
+            prefix=f"{prefix}.q_proj_swiftkv",
+        )
+        self.o_proj = RowParallelLinear(
+            self.num_heads * head_dim, config.hidden_size, bias=o_bias, quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
+        )
+        self.rotary_emb = make_rope(config)
+        self.attn = Attention(
+            self.num_heads, head_dim, head_dim**-0.5, num_kv_heads=config.num_key_value_heads,
+            cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn",
+            kv_sharing_target_layer_name=holder_attn_name,
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        q, _ = self.q_proj_swiftkv(hidden_states)
+        q, _ = self.rotary_emb(positions, q, None)
+        out, _ = self.o_proj(self.attn(q, None, None))
+        return out
+
+
+class SwiftKVLaterLayer(nn.Module):
+    """Decoder layer i >= N: the teacher's layer math with the query-only SwiftKV attention."""
+
+    def __init__(self, config, cache_config, quant_config, prefix: str, holder_attn_name: str, qkv_bias: bool,
+                 o_bias: bool, mlp_bias: bool):
+        super().__init__()
+        self.self_attn = SwiftKVLaterAttention(config, cache_config, quant_config, f"{prefix}.self_attn",
+                                               holder_attn_name, qkv_bias, o_bias)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act, quant_config,
+                            bias=mlp_bias, prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual

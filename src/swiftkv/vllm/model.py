@@ -1,0 +1,248 @@
+"""SwiftKV as a vLLM model (Llama and Qwen2), following the shape of vLLM's Gemma3n fast prefill.
+
+    forward(input_ids, positions)
+      early   (compiled): embedding, layers < N, s = norm_swiftkv(h_N), K/V of every AcrossKV group
+      glue    (eager)   : write each group's K/V into its holder cache for ALL tokens; pick the rows
+                          that need logits from the fast-prefill attention metadata
+      late    (compiled): layers >= N and the final norm on those rows only
+      glue    (eager)   : scatter them back into a full-size hidden-state tensor
+
+Prompt tokens that need no logits therefore stop after layer N-1 (plus one small K/V matmul), which
+is the SwiftKV prefill saving. The data-dependent row selection stays outside the compiled graphs:
+with one graph around everything, vLLM's trace-once compilation baked the selection in and
+produced garbage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention.attention import unified_kv_cache_update
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.models.llama import LlamaDecoderLayer
+from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
+
+from .layers import KVHolder, SwiftKVLaterLayer, head_dim_of, holder_prefix, make_rope
+from .weights import load_swiftkv_weights
+
+FAST_PREFILL_HELP = (
+    "SwiftKV on vLLM needs the engine argument kv_sharing_fast_prefill=True (CLI: --kv-sharing-fast-prefill): "
+    "without it prompt tokens would run every layer (no SwiftKV saving). The swiftkv vLLM plugin switches it on "
+    "when it is loaded; pass it explicitly if you disabled plugins."
+)
+
+
+def require_fast_prefill(vllm_config: VllmConfig) -> None:
+    if not vllm_config.cache_config.kv_sharing_fast_prefill:
+        raise ValueError(FAST_PREFILL_HELP)
+
+
+def require_swiftkv_config(config) -> None:
+    if getattr(config, "num_key_value_layers", None) is None:
+        raise ValueError(
+            f"{getattr(config, 'model_type', '?')} config has no num_key_value_layers: this folder is not a SwiftKV "
+            "checkpoint (convert it with `swiftkv convert`)"
+        )
+    if not getattr(config, "swiftkv", True):
+        # The teacher path of a SwiftKV checkpoint is the base model: serve the base model instead.
+        raise ValueError("config.swiftkv is false: vLLM serves only the SwiftKV (student) path; set swiftkv=true")
+    config.check_swiftkv_geometry()
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
+class SwiftKVEarly(nn.Module):
+    """Embedding, layers < N, and every AcrossKV group's K (RoPE'd) and V from norm_swiftkv(h_N)."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None, kv_bias: bool = False):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        n, groups = config.num_key_value_layers, config.num_kv_groups
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
+                                                   quant_config=vllm_config.quant_config)
+        self.layers = nn.ModuleList([make_layer(f"{prefix}.layers.{i}") for i in range(n)])
+        self.norm_swiftkv = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        kv_size = config.num_key_value_heads * head_dim_of(config)
+        # All groups' K then all groups' V in one matmul: shard g = K of group g, shard groups+g = V.
+        self.kv_proj_swiftkv = MergedColumnParallelLinear(
+            config.hidden_size, [kv_size] * (2 * groups), bias=kv_bias,
+            quant_config=vllm_config.quant_config, prefix=f"{prefix}.kv_proj_swiftkv",
+        )
+        self.rotary_emb = make_rope(config)
+        self.keys_size = groups * kv_size
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        hidden = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        s, h_n = self.norm_swiftkv(hidden, residual)  # fused add: h_N is the residual stream entering N
+        kv, _ = self.kv_proj_swiftkv(s)
+        keys, values = kv.split([self.keys_size, self.keys_size], dim=-1)
+        keys, _ = self.rotary_emb(positions, keys, None)  # every group's K heads rotated in one call
+        return h_n, keys, values
+
+
+@support_torch_compile(dynamic_arg_dims={"positions": 0, "hidden_states": 0})
+class SwiftKVLate(nn.Module):
+    """Layers >= N and the final norm, on whichever rows the glue passes in."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.layers = nn.ModuleList(
+            [make_layer(i) for i in config.later_layers]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        out, _ = self.norm(hidden_states, residual)
+        return out
+
+
+class SwiftKVModel(nn.Module):
+    """`early` + eager glue + `late`. `make_early_layer(prefix)` builds vLLM's own decoder layer."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str, make_early_layer, bias: dict[str, bool]):
+        super().__init__()
+        from vllm.compilation.backends import (
+            set_model_tag,  # importing it at module level breaks tests (as gemma3n)
+        )
+
+        config = vllm_config.model_config.hf_config
+        require_swiftkv_config(config)
+        require_fast_prefill(vllm_config)
+        self.config = config
+        cache, quant = vllm_config.cache_config, vllm_config.quant_config
+        owners = [config.kv_owner(i) for i in config.later_layers if config.is_kv_owner(i)]
+        # Holders first: vLLM walks attention layers in construction order and restricts only the
+        # trailing run of KV-sharing layers to the logits rows, so the holders must precede them.
+        self.swiftkv_cache = nn.ModuleDict(
+            {str(o): KVHolder(config, cache, quant, holder_prefix(prefix, o)) for o in owners}
+        )
+        holder_name = {o: h.attn.layer_name for o, h in zip(owners, self.swiftkv_cache.values(), strict=True)}
+
+        def make_late_layer(i: int) -> nn.Module:
+            return SwiftKVLaterLayer(config, cache, quant, f"{prefix}.layers.{i}", holder_name[config.kv_owner(i)],
+                                     **bias)
+
+        with set_model_tag("swiftkv_early"):
+            self.early = SwiftKVEarly(vllm_config=vllm_config, prefix=prefix, make_layer=make_early_layer,
+                                      kv_bias=bias["qkv_bias"])
+        with set_model_tag("swiftkv_late"):
+            self.late = SwiftKVLate(vllm_config=vllm_config, prefix=prefix, make_layer=make_late_layer)
+        self.holder_names = list(holder_name.values())
+        self.kv_shape = (config.num_kv_groups, config.num_key_value_heads, head_dim_of(config))
+        self.last_attn_name = self.late.layers[-1].self_attn.attn.layer_name
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.early.embed_tokens(input_ids)
+
+    def logits_rows(self) -> tuple[torch.Tensor | None, int | None]:
+        """Rows that need logits in this step (padded, and how many are real), or (None, None) when
+        the whole batch must run the later layers (dummy/profile runs)."""
+        metadata = get_forward_context().attn_metadata
+        if not isinstance(metadata, dict) or self.last_attn_name not in metadata:
+            return None, None
+        layer_metadata = metadata[self.last_attn_name]
+        return (getattr(layer_metadata, "logits_indices_padded", None),
+                getattr(layer_metadata, "num_logits_indices", None))
+
+    def write_group_caches(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Each group's K/V into its holder's cache, for every token of the step. The CPU kernel needs
+        [tokens, kv_heads, head_dim] views (2-D input crashes it)."""
+        keys = keys.view(keys.shape[0], *self.kv_shape)
+        values = values.view(values.shape[0], *self.kv_shape)
+        for group, name in enumerate(self.holder_names):
+            unified_kv_cache_update(keys[:, group], values[:, group], name)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        rows, num_rows = self.logits_rows()
+        h_n, keys, values = self.early(input_ids, positions, inputs_embeds)
+        self.write_group_caches(keys, values)
+        if rows is None:
+            return self.late(positions, h_n)
+        late = self.late(positions[rows], h_n[rows])
+        if num_rows is None:  # metadata without a count: every padded row is real
+            num_rows = rows.shape[0]
+        # Rows that need no logits keep h_N: vLLM reads hidden states only at the logits rows.
+        return h_n.index_copy(0, rows[:num_rows].long(), late[:num_rows])
+
+
+class SwiftKVForCausalLMBase(nn.Module):
+    """vLLM causal LM around SwiftKVModel. Subclasses say which vLLM decoder layer the early part uses
+    and which projections carry biases."""
+
+    bias: dict[str, bool]
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        model_prefix = f"{prefix}.model" if prefix else "model"
+        self.model = SwiftKVModel(vllm_config=vllm_config, prefix=model_prefix,
+                                  make_early_layer=self.early_layer_factory(vllm_config), bias=self.bias_of(config))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
+                                      prefix=f"{prefix}.lm_head" if prefix else "lm_head")
+        if config.tie_word_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.early.embed_tokens)
+        self.logits_processor = LogitsProcessor(config.vocab_size, scale=getattr(config, "logit_scale", 1.0))
+
+    @staticmethod
+    def early_layer_factory(vllm_config: VllmConfig):
+        raise NotImplementedError
+
+    @staticmethod
+    def bias_of(config) -> dict[str, bool]:
+        raise NotImplementedError
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        if intermediate_tensors is not None:
+            raise ValueError("SwiftKV on vLLM does not support pipeline parallelism (pipeline_parallel_size=1)")
+        return self.model(input_ids, positions, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_swiftkv_weights(self, weights)
+
+
+class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMBase):
+    @staticmethod
+    def early_layer_factory(vllm_config: VllmConfig):
+        return lambda prefix: LlamaDecoderLayer(vllm_config=vllm_config, prefix=prefix)
+
+    @staticmethod
+    def bias_of(config) -> dict[str, bool]:
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return {"qkv_bias": attention_bias, "o_bias": attention_bias,
+                "mlp_bias": bool(getattr(config, "mlp_bias", False))}
+
+
+class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMBase):
+    @staticmethod
+    def early_layer_factory(vllm_config: VllmConfig):
+        config = vllm_config.model_config.hf_config
+        return lambda prefix: Qwen2DecoderLayer(config, vllm_config.cache_config, vllm_config.quant_config,
+                                                prefix=prefix)
+
+    @staticmethod
+    def bias_of(config) -> dict[str, bool]:
+        return {"qkv_bias": True, "o_bias": False, "mlp_bias": False}
