@@ -11,6 +11,7 @@ import sys
 # cheap (no vLLM / lm-eval at import time): heavy imports belong inside the command function.
 COMMAND_MODULES = (
     "swiftkv.commands_model",  # convert, export, generate, demo
+    "swiftkv.evaluate.command",  # eval
 )
 
 

@@ -1,0 +1,156 @@
+"""A student and its teacher, loaded so that both can be scored in one pass when possible.
+
+When the student is an (untrimmed) SwiftKV model whose non-SwiftKV weights equal the teacher's, the
+teacher *is* the student with swiftkv off: layers < N are identical for both, so one
+`embed_and_early` feeds `late(student=False)` and `late(student=True)` ("shared" mode, one model in
+memory, layers < N computed once). Otherwise the two models run separately ("separate" mode).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..sources import check_supported, load_model, load_tokenizer, resolve_source
+
+STUDENT, TEACHER = "student", "teacher"
+ROLES = (TEACHER, STUDENT)
+RowSelection = torch.Tensor | slice | None
+
+
+@dataclass
+class ModelPair:
+    student: torch.nn.Module
+    teacher: torch.nn.Module | None  # None in shared mode: the student's own teacher path
+    tokenizer: object
+    names: dict[str, str]  # role -> what the user passed (alias or folder)
+    cache_keys: dict[str, str]  # role -> fingerprint of the weights + dtype (results-cache key)
+    dtype: torch.dtype
+
+    @property
+    def mode(self) -> str:
+        return "shared" if self.teacher is None else "separate"
+
+    @property
+    def max_length(self) -> int:
+        return int(getattr(self.student.config, "max_position_embeddings", 2048))
+
+    def model_of(self, role: str) -> torch.nn.Module:
+        return self.teacher if role == TEACHER and self.teacher is not None else self.student
+
+    @torch.inference_mode()
+    def final_hidden(self, input_ids: torch.Tensor, keep_rows: RowSelection, roles) -> dict[str, torch.Tensor]:
+        """Post-norm hidden states of the kept rows for each role (lm_head is left to the caller, so
+        it only runs on the rows that are scored)."""
+        out, early = {}, None
+        for role in roles:
+            model = self.model_of(role)
+            if not is_swiftkv(model):
+                out[role] = model.model(input_ids=input_ids).last_hidden_state[:, keep_rows_or_all(keep_rows)]
+                continue
+            if early is None or self.teacher is not None:
+                early = model.model.embed_and_early(input_ids=input_ids)
+            late = model.model.late(early, student=role == STUDENT, keep_rows=keep_rows)
+            out[role] = model.model.norm(late)
+        return out
+
+    def lm_head(self, role: str) -> torch.nn.Module:
+        return self.model_of(role).lm_head
+
+
+def keep_rows_or_all(keep_rows: RowSelection):
+    return slice(None) if keep_rows is None else keep_rows
+
+
+def is_swiftkv(model) -> bool:
+    return getattr(model.config, "num_key_value_layers", None) is not None
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """Identity of a model folder for the results cache: its config plus the name, size and mtime of
+    every weight file (a re-conversion rewrites them, so stale results are never reused)."""
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for weights in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+        stat = weights.stat()
+        digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+def check_causal_lm(folder: Path) -> None:
+    config = check_supported(folder)
+    architectures = config.get("architectures") or []
+    if architectures and not any(name.endswith("ForCausalLM") for name in architectures):
+        raise ValueError(f"{folder}: architectures {architectures} is not a causal LM; expected *ForCausalLM")
+
+
+def check_same_tokenizer(student_tok, teacher_tok, names: dict[str, str]) -> None:
+    """Paired scoring compares token by token, so the two vocabularies must be the same."""
+    differences = []
+    if student_tok.get_vocab() != teacher_tok.get_vocab():
+        differences.append(f"vocabularies differ ({len(student_tok)} vs {len(teacher_tok)} tokens)")
+    for attr in ("bos_token_id", "eos_token_id"):
+        if getattr(student_tok, attr) != getattr(teacher_tok, attr):
+            differences.append(f"{attr} {getattr(student_tok, attr)} vs {getattr(teacher_tok, attr)}")
+    if differences:
+        raise ValueError(f"student {names[STUDENT]!r} and teacher {names[TEACHER]!r} have different tokenizers: "
+                         + "; ".join(differences) + ". Expected the teacher the student was converted from.")
+
+
+def teacher_weights_match(student, teacher) -> bool:
+    """True when every teacher parameter exists in the student with the same value."""
+    student_state = student.state_dict()
+    for name, tensor in teacher.state_dict().items():
+        mine = student_state.get(name)
+        if mine is None or mine.shape != tensor.shape or not torch.equal(mine, tensor):
+            return False
+    return True
+
+
+def can_run_teacher_path(model) -> bool:
+    return is_swiftkv(model) and not getattr(model.config, "swiftkv_trimmed", False)
+
+
+def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16) -> ModelPair:
+    """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring."""
+    folders = {STUDENT: resolve_source(student_src)}
+    if teacher_src is not None:
+        folders[TEACHER] = resolve_source(teacher_src)
+    for folder in folders.values():
+        check_causal_lm(folder)
+    names = {STUDENT: str(student_src), TEACHER: str(teacher_src or f"{student_src} (swiftkv off)")}
+    tokenizer = load_tokenizer(folders[STUDENT])
+    student = load_model(folders[STUDENT], dtype=torch.float32)
+    keys = {STUDENT: folder_fingerprint(folders[STUDENT])}
+    teacher = None
+    if teacher_src is None:
+        if not can_run_teacher_path(student):
+            raise ValueError(f"{student_src!r} cannot run its own teacher path (not an untrimmed SwiftKV model); "
+                             "pass --teacher with the model it was converted from")
+        keys[TEACHER] = keys[STUDENT] + "-teacher-path"
+    else:
+        check_same_tokenizer(tokenizer, load_tokenizer(folders[TEACHER]), names)
+        teacher = load_model(folders[TEACHER], dtype=torch.float32)
+        keys[TEACHER] = folder_fingerprint(folders[TEACHER])
+        if can_run_teacher_path(student) and teacher_weights_match(student, teacher):
+            teacher = None  # the student's teacher path computes exactly the teacher: share layers < N
+    if is_swiftkv(student):
+        student.set_swiftkv(True)  # `generate` and plain forwards of the student run the SwiftKV path
+    dtype_name = str(dtype).removeprefix("torch.")
+    keys = {role: f"{key}-{dtype_name}" for role, key in keys.items()}
+    return ModelPair(student.to(dtype), teacher.to(dtype) if teacher is not None else None, tokenizer,
+                     names, keys, dtype)
+
+
+def describe(pair: ModelPair) -> dict:
+    """Facts about the pair for the report."""
+    config = pair.student.config
+    info = {"student": pair.names[STUDENT], "teacher": pair.names[TEACHER], "mode": pair.mode,
+            "dtype": str(pair.dtype).removeprefix("torch."), "cache_keys": pair.cache_keys}
+    if is_swiftkv(pair.student):
+        info.update(num_hidden_layers=config.num_hidden_layers, num_key_value_layers=config.num_key_value_layers,
+                    key_value_group_size=config.key_value_group_size)
+    return json.loads(json.dumps(info))

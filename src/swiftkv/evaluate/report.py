@@ -1,0 +1,174 @@
+"""The evaluation report: `results.json` (every number), `report.md` (tables), `report.png` (bars).
+
+`results` is the dict `run.evaluate_models` returns: the teacher, and per student its pair facts,
+per-task metrics with the paired comparison, chat agreement and generation agreement.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .pair import STUDENT, TEACHER
+
+
+def write_report(results: dict, out: Path) -> list[Path]:
+    """Write the three files atomically (temp name, then rename) and return their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "report.md", out / "report.png"]
+    write_atomic(paths[0], json.dumps(results, indent=2).encode())
+    write_atomic(paths[1], markdown(results).encode())
+    tmp_png = out / ".report.tmp.png"
+    plot(results, tmp_png)
+    tmp_png.replace(paths[2])
+    return paths
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def student_label(student: dict) -> str:
+    info = student["pair"]
+    if "num_key_value_layers" in info:
+        return f"{info['student']} (N={info['num_key_value_layers']}, G={info['key_value_group_size']})"
+    return info["student"]
+
+
+def task_metric_rows(results: dict) -> list[tuple[str, str]]:
+    rows = []
+    for task, entry in results["students"][0]["tasks"].items():
+        rows += [(task, metric) for metric in entry["paired"]]
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict) -> str:
+    students = results["students"]
+    lines = [
+        "# SwiftKV evaluation",
+        "",
+        f"Teacher: `{results['teacher']}`; weights in {results['dtype']}; wall time {results['wall_time_s']:.0f} s.",
+        "",
+    ]
+    for i, student in enumerate(students):
+        lines.append(f"- S{i + 1}: `{student_label(student)}`, {student['pair']['mode']} pass, "
+                     f"{student['seconds']:.0f} s")
+    if students and students[0]["tasks"]:
+        lines += ["", *task_table(results)]
+    lines += ["", *chat_tables(students)]
+    return "\n".join(lines) + "\n"
+
+
+def task_table(results: dict) -> list[str]:
+    students = results["students"]
+    header = "| task | metric | items | teacher | " + " | ".join(f"S{i + 1}" for i in range(len(students))) + " |"
+    lines = [
+        "## Multiple choice (lm-eval, zero-shot)",
+        "",
+        "Each student cell: accuracy; difference to the teacher ± paired standard error; agreement "
+        "(same answer picked, right or wrong); McNemar exact p of the difference.",
+        "",
+        header,
+        "|" + "---|" * (4 + len(students)),
+    ]
+    for task, metric in task_metric_rows(results):
+        first = students[0]["tasks"][task]
+        teacher = first["metrics"][TEACHER]
+        cells = [f"{teacher[metric]:.4f} ± {teacher[metric + '_stderr'] or 0:.4f}"]
+        for student in students:
+            paired = student["tasks"][task]["paired"][metric]
+            cells.append(f"{paired['student']:.4f} ({paired['diff']:+.4f} ± {paired['diff_stderr']:.4f}; "
+                         f"agree {paired['agreement']:.3f}; p={paired['mcnemar_p']:.2g})")
+        lines.append(f"| {task} | {metric} | {first['items']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def chat_tables(students: list[dict]) -> list[str]:
+    lines = []
+    forced = [(i, s["teacher_forced"]) for i, s in enumerate(students) if s.get("teacher_forced")]
+    if forced:
+        lines += ["## Held-out chat, teacher-forced (assistant tokens)", "",
+                  "| student | conversations | tokens | KL(teacher‖student) per token | top-1 agreement | "
+                  "NLL teacher | NLL student |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| S{i + 1} | {f['conversations']} | {f['tokens']} | {f.get('kl_mean', 0):.4f} | "
+                  f"{f.get('top1_agreement', 0):.4f} | {f.get('nll_teacher', 0):.3f} | {f.get('nll_student', 0):.3f} |"
+                  for i, f in forced]
+        lines.append("")
+    generated = [(i, s["generation"]) for i, s in enumerate(students) if s.get("generation")]
+    if generated:
+        lines += ["## Held-out chat, greedy generation", "",
+                  "| student | prompts | identical first tokens | mean first divergence |", "|---|---|---|---|"]
+        lines += [f"| S{i + 1} | {g['prompts']} | {g['identical_fraction']:.3f} (of {g['new_tokens']}) | "
+                  f"{g['mean_first_divergence']:.1f} |" for i, g in generated]
+        for i, g in generated:
+            lines += ["", f"### Examples, S{i + 1}", ""]
+            for example in g["examples"]:
+                lines += [f"**Prompt** (diverges at token {example['first_divergence']}): "
+                          f"{quote(example['prompt'])}", "",
+                          f"- teacher: {quote(example['teacher'])}", f"- student: {quote(example['student'])}", ""]
+    return lines
+
+
+def quote(text: str) -> str:
+    return "`" + " ".join(text.split()).replace("`", "'") + "`"
+
+
+# --------------------------------------------------------------------------------------------------
+# Plot
+# --------------------------------------------------------------------------------------------------
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    students = results["students"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    tasks = list(students[0]["tasks"]) if students else []
+    width = 0.8 / (1 + len(students))
+    for j, (label, values, errors) in enumerate(accuracy_series(students, tasks)):
+        left.bar([i + j * width for i in range(len(tasks))], values, width, yerr=errors, label=label, capsize=2)
+    left.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=20)
+    left.set_ylabel("accuracy (acc)")
+    left.set_title(f"Accuracy, teacher vs students (teacher: {results['teacher']})", fontsize=9)
+    left.legend(fontsize=7)
+    groups = [*tasks, "chat top-1", "gen identical"]
+    width = 0.8 / max(1, len(students))
+    for j, student in enumerate(students):
+        right.bar([i + j * width for i in range(len(groups))], agreement_values(student, tasks), width,
+                  label=f"S{j + 1}: {student_label(student)}")
+    right.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20)
+    right.set_ylim(0, 1)
+    right.set_ylabel("agreement with the teacher")
+    right.set_title("Agreement per task (same answer), chat top-1, identical greedy answers", fontsize=9)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def accuracy_series(students: list[dict], tasks: list[str]):
+    if not students:
+        return []
+    teacher = [students[0]["tasks"][t]["metrics"][TEACHER] for t in tasks]
+    series = [("teacher", [m["acc"] for m in teacher], [m.get("acc_stderr") or 0 for m in teacher])]
+    for j, student in enumerate(students):
+        metrics = [student["tasks"][t]["metrics"][STUDENT] for t in tasks]
+        series.append((f"S{j + 1}", [m["acc"] for m in metrics], [m.get("acc_stderr") or 0 for m in metrics]))
+    return series
+
+
+def agreement_values(student: dict, tasks: list[str]) -> list[float]:
+    values = [student["tasks"][t]["paired"]["acc"]["agreement"] for t in tasks]
+    values.append((student.get("teacher_forced") or {}).get("top1_agreement", 0.0))
+    values.append((student.get("generation") or {}).get("identical_fraction", 0.0))
+    return values

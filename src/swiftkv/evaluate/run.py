@@ -1,0 +1,111 @@
+"""One evaluation run: each student against the teacher, on lm-eval tasks and held-out chat."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .chat import generation_agreement, teacher_forced_agreement
+from .harness import run_task
+from .heldout import first_user_prompt, heldout_conversations
+from .loglikelihood import LoglikelihoodScorer
+from .pair import describe, load_pair
+from .store import ResultStore
+
+
+@dataclass
+class EvalSettings:
+    tasks: list[str]
+    limits: dict[str, int | None]
+    dtype: torch.dtype = torch.bfloat16
+    batch_tokens: int = 4096
+    chat_conversations: int = 100  # teacher-forced; 0 skips
+    chat_max_tokens: int = 512
+    gen_prompts: int = 32  # greedy generation; 0 skips
+    gen_tokens: int = 32
+    gen_max_prompt_tokens: int = 256
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, store: ResultStore) -> dict:
+    started = time.time()
+    pair = load_pair(student, teacher, settings.dtype)
+    scorer = LoglikelihoodScorer(pair, store, settings.batch_tokens, settings.progress)
+    tasks = {}
+    for name in settings.tasks:
+        tasks[name] = run_task(name, scorer, settings.limits.get(name))
+        print_task_line(student, name, tasks[name])
+    result = {"pair": describe(pair), "tasks": tasks}
+    if settings.chat_conversations:
+        conversations = heldout_conversations()[:settings.chat_conversations]
+        result["teacher_forced"] = teacher_forced_agreement(pair, store, conversations, settings.chat_max_tokens,
+                                                            settings.progress)
+    if settings.gen_prompts:
+        result["generation"] = generation_agreement(pair, store, generation_prompts(pair.tokenizer, settings),
+                                                    settings.gen_tokens, progress=settings.progress)
+    result["prefill_compute_saving"] = prefill_compute_saving(pair.student.config)
+    result["seconds"] = time.time() - started
+    return result
+
+
+def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
+    """First user turns of the held-out conversations whose rendered prompt is short enough."""
+    prompts = []
+    for messages in heldout_conversations():
+        prompt = first_user_prompt(messages)
+        if prompt is None:
+            continue
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= settings.gen_max_prompt_tokens:
+            prompts.append(prompt)
+        if len(prompts) == settings.gen_prompts:
+            break
+    return prompts
+
+
+def prefill_compute_saving(config) -> float | None:
+    """Fraction of a prompt token's linear-layer FLOPs the student skips: layers >= N run only their
+    group owners' k/v_proj_swiftkv. Attention-score FLOPs (length dependent) are not counted."""
+    n = getattr(config, "num_key_value_layers", None)
+    if n is None:
+        return None
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q = config.num_attention_heads * head_dim
+    kv = config.num_key_value_heads * head_dim
+    attention = config.hidden_size * (2 * q + 2 * kv)  # q, o, k, v projections
+    mlp = 3 * config.hidden_size * config.intermediate_size
+    layers = config.num_hidden_layers
+    student = n * (attention + mlp) + (layers - n) // config.key_value_group_size * 2 * config.hidden_size * kv
+    return 1 - student / (layers * (attention + mlp))
+
+
+def print_task_line(student: str, task: str, result: dict) -> None:
+    paired = result["paired"]["acc"]
+    print(f"[{student}] {task}: {result['items']} items, acc teacher {paired['teacher']:.4f} student "
+          f"{paired['student']:.4f} ({paired['diff']:+.4f} ± {paired['diff_stderr']:.4f}), "
+          f"agreement {paired['agreement']:.3f}", flush=True)
+
+
+def evaluate_models(students: list[str], teacher: str | None, settings: EvalSettings,
+                    cache: Path | None = None) -> dict:
+    started = time.time()
+    store = ResultStore(cache)
+    try:
+        results = [evaluate_student(student, teacher, settings, store) for student in students]
+    finally:
+        store.close()
+    return {
+        "teacher": teacher or f"{students[0]} (swiftkv off)",
+        "dtype": str(settings.dtype).removeprefix("torch."),
+        "tasks": settings.tasks,
+        "limits": settings.limits,
+        "settings": {"batch_tokens": settings.batch_tokens, "chat_conversations": settings.chat_conversations,
+                     "chat_max_tokens": settings.chat_max_tokens, "gen_prompts": settings.gen_prompts,
+                     "gen_tokens": settings.gen_tokens, "threads": torch.get_num_threads(), **settings.extra},
+        "students": results,
+        "wall_time_s": time.time() - started,
+    }

@@ -1,0 +1,49 @@
+"""Paired comparison of two models scored on the same items.
+
+Both models answer the same questions, so their accuracies are strongly correlated; the standard
+error of the difference must come from the per-item differences (paired), not from the two
+independent standard errors. The test is McNemar's exact test: under "no difference", the items
+that exactly one model gets right are equally likely to favour either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def mcnemar_exact_p(teacher_only: int, student_only: int) -> float:
+    """Two-sided exact McNemar p-value: P(|Binomial(b + c, 1/2) - (b+c)/2| >= observed)."""
+    n = teacher_only + student_only
+    if n == 0:
+        return 1.0
+    k = min(teacher_only, student_only)
+    tail = sum(math.comb(n, i) for i in range(k + 1))  # exact integers: no overflow at any n
+    return min(1.0, 2 * tail / 2**n)
+
+
+def paired_comparison(teacher_correct: Sequence[float], student_correct: Sequence[float],
+                      teacher_pred: Sequence[int], student_pred: Sequence[int]) -> dict:
+    """Accuracy difference (student - teacher) with its paired standard error, the agreement (same
+    answer picked, right or wrong) and McNemar's test on the discordant items."""
+    n = len(teacher_correct)
+    if not n == len(student_correct) == len(teacher_pred) == len(student_pred):
+        raise ValueError("paired_comparison needs the same items for both models")
+    if n == 0:
+        raise ValueError("paired_comparison needs at least one item")
+    diffs = [s - t for s, t in zip(student_correct, teacher_correct, strict=True)]
+    mean_diff = sum(diffs) / n
+    variance = sum((d - mean_diff) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    teacher_only = sum(1 for t, s in zip(teacher_correct, student_correct, strict=True) if t and not s)
+    student_only = sum(1 for t, s in zip(teacher_correct, student_correct, strict=True) if s and not t)
+    return {
+        "n": n,
+        "teacher": sum(teacher_correct) / n,
+        "student": sum(student_correct) / n,
+        "diff": mean_diff,
+        "diff_stderr": math.sqrt(variance / n),
+        "agreement": sum(t == s for t, s in zip(teacher_pred, student_pred, strict=True)) / n,
+        "teacher_only_correct": teacher_only,
+        "student_only_correct": student_only,
+        "mcnemar_p": mcnemar_exact_p(teacher_only, student_only),
+    }
