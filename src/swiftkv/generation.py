@@ -1,0 +1,51 @@
+"""Generation and prefill measurements on the transformers path."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def chat_input_ids(tokenizer, prompt: str, raw: bool = False) -> torch.Tensor:
+    """[1, tokens] ids of one user turn rendered with the model's chat template (or raw text)."""
+    if raw:
+        return tokenizer(prompt, return_tensors="pt")["input_ids"]
+    messages = [{"role": "user", "content": prompt}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return torch.tensor([ids])
+
+
+@torch.no_grad()
+def generate_text(model, tokenizer, input_ids: torch.Tensor, max_new_tokens: int, streamer=None) -> str:
+    """Greedy continuation of `input_ids`, decoded without special tokens."""
+    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                            do_sample=False, streamer=streamer, pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.decode(output[0, input_ids.shape[1]:], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def prefill(model, input_ids: torch.Tensor):
+    """One prefill step as `generate` runs it: fill the KV cache, logits for the last position only."""
+    return model(input_ids, use_cache=True, logits_to_keep=1)
+
+
+def median_prefill_seconds(model, input_ids: torch.Tensor, repeats: int = 3) -> float:
+    prefill(model, input_ids[:, :64])  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        prefill(model, input_ids)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def kv_cache_bytes(cache) -> int:
+    """Bytes held by the K/V tensors of a transformers cache (unfilled slots hold none)."""
+    total = 0
+    for layer in cache.layers:
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total

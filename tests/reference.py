@@ -1,0 +1,60 @@
+"""An independent, deliberately plain implementation of the SwiftKV student math (FACTS.md), written
+with torch ops only, to check the model against. Slow and obvious on purpose."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x: [seq, heads, head_dim]; rotate-half RoPE at each token's position."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = positions[:, None].float() * inv_freq[None]
+    cos, sin = torch.cat([angles, angles], -1).cos()[:, None], torch.cat([angles, angles], -1).sin()[:, None]
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def causal_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor):
+    """q: [sq, H, d], k/v: [sk, Hkv, d]; query at position p sees keys at positions <= p."""
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def linear(module, x):
+    return F.linear(x, module.weight, module.bias)
+
+
+def student_logits(model, input_ids: torch.Tensor, h_n: torch.Tensor) -> torch.Tensor:
+    """Logits of one sequence [seq] under the SwiftKV student, given h_N [seq, hidden] (the residual
+    stream entering layer N, which the teacher computes identically)."""
+    config = model.config
+    eps, theta = config.rms_norm_eps, config.rope_parameters["rope_theta"]
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    positions = torch.arange(len(input_ids))
+    s = rms_norm(h_n, model.model.norm_swiftkv.weight, eps)
+    h = h_n
+    for j in config.later_layers:
+        layer = model.model.layers[j]
+        owner = model.model.layers[config.kv_owner(j)].self_attn
+        k = rope(linear(owner.k_proj_swiftkv, s).view(-1, kv_heads, head_dim), positions, theta)
+        v = linear(owner.v_proj_swiftkv, s).view(-1, kv_heads, head_dim)
+        x = rms_norm(h, layer.input_layernorm.weight, eps)
+        q = rope(linear(layer.self_attn.q_proj_swiftkv, x).view(-1, heads, head_dim), positions, theta)
+        attn = causal_gqa(q, k, v, positions, positions).reshape(len(input_ids), -1)
+        h = h + linear(layer.self_attn.o_proj, attn)
+        x = rms_norm(h, layer.post_attention_layernorm.weight, eps)
+        mlp = layer.mlp
+        h = h + linear(mlp.down_proj, F.silu(linear(mlp.gate_proj, x)) * linear(mlp.up_proj, x))
+    return linear(model.lm_head, rms_norm(h, model.model.norm.weight, eps))

@@ -1,0 +1,70 @@
+"""Paired comparison and argument parsing of `swiftkv eval`, on hand-made examples."""
+
+import math
+
+import pytest
+
+from swiftkv.evaluate.chat import first_divergence
+from swiftkv.evaluate.harness import available_tasks, parse_limits, parse_tasks
+from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison
+
+
+def test_mcnemar_exact_p_matches_hand_computation():
+    # 10 discordant items, 8 favour the teacher: p = 2 * P(Bin(10, 1/2) <= 2) = 2 * (1 + 10 + 45) / 1024.
+    assert mcnemar_exact_p(8, 2) == pytest.approx(112 / 1024, abs=1e-15)
+    assert mcnemar_exact_p(2, 8) == pytest.approx(112 / 1024, abs=1e-15)
+    assert mcnemar_exact_p(5, 5) == 1.0  # capped: the two tails overlap
+    assert mcnemar_exact_p(0, 0) == 1.0
+    assert mcnemar_exact_p(6, 0) == pytest.approx(2 / 64, abs=1e-15)
+    assert 0 < mcnemar_exact_p(3000, 2800) < 0.02  # large n stays exact (integers), no overflow
+
+
+def test_paired_comparison_on_hand_made_items():
+    teacher_correct = [1, 1, 1, 0, 0, 1]
+    student_correct = [1, 0, 1, 0, 1, 0]
+    teacher_pred = [2, 0, 1, 3, 1, 0]
+    student_pred = [2, 1, 1, 2, 0, 3]  # same answer on items 0, 2 only (item 3: both wrong, different)
+    result = paired_comparison(teacher_correct, student_correct, teacher_pred, student_pred)
+    diffs = [0, -1, 0, 0, 1, -1]  # student - teacher; mean -1/6
+    mean = -1 / 6
+    stderr = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 5 / 6)
+    assert result["n"] == 6
+    assert result["teacher"] == pytest.approx(4 / 6)
+    assert result["student"] == pytest.approx(3 / 6)
+    assert result["diff"] == pytest.approx(mean)
+    assert result["diff_stderr"] == pytest.approx(stderr)
+    assert result["agreement"] == pytest.approx(2 / 6)
+    assert (result["teacher_only_correct"], result["student_only_correct"]) == (2, 1)
+    assert result["mcnemar_p"] == pytest.approx(1.0)  # 2 vs 1 discordant: no evidence
+
+
+def test_paired_comparison_rejects_unpaired_input():
+    with pytest.raises(ValueError, match="same items"):
+        paired_comparison([1, 0], [1], [0, 1], [0, 1])
+
+
+def test_first_divergence_pads_finished_answers_with_eos():
+    assert first_divergence([5, 6, 7], [5, 6, 7], window=3, eos=2) == 3
+    assert first_divergence([5, 6, 8], [5, 6, 7], window=3, eos=2) == 2
+    assert first_divergence([5, 2], [5], window=4, eos=2) == 4  # both stopped after token 5
+    assert first_divergence([5], [5, 9], window=4, eos=2) == 1
+
+
+def test_parse_tasks_names_the_unknown_and_lists_the_available():
+    assert parse_tasks("arc_easy, mmlu_anatomy") == ["arc_easy", "mmlu_anatomy"]
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['arc_hard'\]; available: arc_easy, arc_challenge"):
+        parse_tasks("arc_easy,arc_hard")
+    tasks = available_tasks()
+    assert tasks[:6] == ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu"]
+    assert sum(name.startswith("mmlu_") for name in tasks) == 57
+
+
+def test_parse_limits_global_and_per_task():
+    tasks = ["arc_easy", "hellaswag", "mmlu"]
+    assert parse_limits(None, tasks) == {"arc_easy": None, "hellaswag": None, "mmlu": None}
+    assert parse_limits("7", tasks) == {"arc_easy": 7, "hellaswag": 7, "mmlu": 7}
+    assert parse_limits("hellaswag=2000,mmlu=2000", tasks) == {"arc_easy": None, "hellaswag": 2000, "mmlu": 2000}
+    with pytest.raises(ValueError, match="'piqa', which is not in --tasks"):
+        parse_limits("piqa=5", tasks)
+    with pytest.raises(ValueError, match="not a positive integer"):
+        parse_limits("hellaswag=lots", tasks)
