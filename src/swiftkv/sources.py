@@ -173,8 +173,9 @@ def check_supported(folder: Path) -> dict:
 
 def load_model(src: str | os.PathLike, dtype: torch.dtype = torch.float32):
     """A causal LM (plain or SwiftKV) from any source, in eval mode."""
-    import swiftkv  # noqa: F401 - registers the SwiftKV Auto classes
     from transformers import AutoModelForCausalLM
+
+    import swiftkv  # noqa: F401 - registers the SwiftKV Auto classes
 
     folder = resolve_source(src)
     check_supported(folder)
