@@ -12,6 +12,7 @@ import sys
 COMMAND_MODULES = (
     "swiftkv.commands_model",  # convert, export, generate, demo
     "swiftkv.evaluate.command",  # eval
+    "swiftkv.serving",  # serve, bench (vLLM)
 )
 
 

@@ -1,0 +1,250 @@
+"""`swiftkv bench`: SwiftKV vs its baseline on vLLM, measured in one run with the same settings.
+
+Each model runs in its own child process (`python -m swiftkv.bench --worker ...`) with a fresh
+engine, so the two never share memory or threads; the parent measures the bf16 matmul peak, then
+prints the table and writes JSON and a PNG. Numbers are ratios within one run: other processes on
+the machine slow both sides alike only if they run throughout, so keep the machine quiet.
+
+Workloads (random token ids, prefix caching off so nothing is served from cache):
+  prefill   16 prompts x 2000 tokens, max_tokens=1                      -> prompt tokens/s
+  ttft      one 2000-token prompt, max_tokens=1, median of 5            -> seconds
+  tpot      8 x (500 in, 64 out) minus the same batch with 1 out, / 63  -> seconds per output token
+  e2e       32 x (2000 in, 200 out), the paper's 10:1 workload           -> requests/s and tokens/s
+  kv        KV-cache capacity in tokens at the same KV memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Workloads:
+    prefill_prompts: int = 16
+    prefill_len: int = 2000
+    ttft_len: int = 2000
+    ttft_repeats: int = 5
+    tpot_prompts: int = 8
+    tpot_len: int = 500
+    tpot_out: int = 64
+    e2e_prompts: int = 32
+    e2e_len: int = 2000
+    e2e_out: int = 200
+
+    @classmethod
+    def quick(cls) -> Workloads:
+        """A few seconds per model: for tests and smoke runs, not for numbers."""
+        return cls(prefill_prompts=4, prefill_len=256, ttft_len=256, ttft_repeats=3, tpot_prompts=2, tpot_len=64,
+                   tpot_out=8, e2e_prompts=4, e2e_len=256, e2e_out=16)
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker side: one model, one engine
+# --------------------------------------------------------------------------------------------------
+
+
+class PromptMaker:
+    """Fresh random token-id prompts (never repeated, so no cache hits even with prefix caching)."""
+
+    def __init__(self, vocab_size: int, seed: int = 0):
+        self.generator = torch.Generator().manual_seed(seed)
+        self.high = min(vocab_size, 32000)
+
+    def __call__(self, count: int, length: int) -> list[dict]:
+        ids = torch.randint(100, self.high, (count, length), generator=self.generator)
+        return [{"prompt_token_ids": row.tolist()} for row in ids]
+
+
+def timed_generate(llm, prompts: list[dict], max_tokens: int) -> float:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    started = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outputs)
+    return elapsed
+
+
+def measure_model(llm, w: Workloads, vocab_size: int) -> dict:
+    make = PromptMaker(vocab_size)
+    timed_generate(llm, make(2, w.prefill_len), 2)  # warm-up: first-call costs are not the model's
+    prefill_s = timed_generate(llm, make(w.prefill_prompts, w.prefill_len), 1)
+    ttfts = [timed_generate(llm, make(1, w.ttft_len), 1) for _ in range(w.ttft_repeats)]
+    tpot_prompts = make(w.tpot_prompts, w.tpot_len)
+    tpot_prefill_s = timed_generate(llm, tpot_prompts, 1)
+    tpot_total_s = timed_generate(llm, make(w.tpot_prompts, w.tpot_len), w.tpot_out)
+    e2e_s = timed_generate(llm, make(w.e2e_prompts, w.e2e_len), w.e2e_out)
+    return {
+        "prefill_tok_s": w.prefill_prompts * w.prefill_len / prefill_s,
+        "ttft_s": statistics.median(ttfts),
+        "tpot_s": max(tpot_total_s - tpot_prefill_s, 0.0) / (w.tpot_out - 1),
+        "e2e_req_s": w.e2e_prompts / e2e_s,
+        "e2e_tok_s": w.e2e_prompts * (w.e2e_len + w.e2e_out) / e2e_s,
+        "kv_cache_tokens": None,  # filled by the caller
+    }
+
+
+def run_worker(model: str, settings: dict, workloads: dict, out: Path) -> None:
+    """Child process: build one engine, run every workload, write the results as JSON."""
+    from swiftkv.vllm.engine import engine_kwargs, kv_cache_tokens
+    from swiftkv.vllm.env import configure_cpu_env
+
+    configure_cpu_env()
+    from vllm import LLM
+
+    started = time.perf_counter()
+    llm = LLM(**engine_kwargs(model, **settings))
+    startup_s = time.perf_counter() - started
+    config = llm.llm_engine.vllm_config.model_config.hf_config
+    results = measure_model(llm, Workloads(**workloads), config.vocab_size)
+    results["kv_cache_tokens"] = kv_cache_tokens(llm)
+    results["engine_startup_s"] = startup_s
+    results["architecture"] = type(config).__name__
+    results["fast_prefill"] = llm.llm_engine.vllm_config.cache_config.kv_sharing_fast_prefill
+    out.write_text(json.dumps(results))
+
+
+# --------------------------------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------------------------------
+
+
+def bf16_matmul_peak(size: int = 2048, repeats: int = 10) -> float:
+    """Best observed bf16 matmul rate (FLOP/s) on this machine, with torch's own threads."""
+    a = torch.randn(size, size, dtype=torch.bfloat16)
+    b = torch.randn(size, size, dtype=torch.bfloat16)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best
+
+
+def prefill_flops_per_token(config, prompt_len: int) -> float:
+    """Baseline (all layers) prefill FLOPs per prompt token: 2 x layer matmul weights plus causal
+    attention (QK^T and AV over (prompt_len + 1) / 2 keys on average). The lm_head is excluded: a
+    prefill with max_tokens=1 applies it to one row per prompt."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    q_size, kv_size = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
+    hidden, inter = config.hidden_size, config.intermediate_size
+    per_layer = hidden * (2 * q_size + 2 * kv_size) + 3 * hidden * inter
+    attention = 2 * 2 * q_size * (prompt_len + 1) / 2
+    return config.num_hidden_layers * (2 * per_layer + attention)
+
+
+def run_in_child(model: str, settings: dict, workloads: Workloads, label: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "swiftkv.bench", "--worker", model, "--out", str(out),
+                   "--settings", json.dumps(settings), "--workloads", json.dumps(asdict(workloads))]
+        print(f"[bench] {label}: {model}", file=sys.stderr, flush=True)
+        completed = subprocess.run(command)
+        if completed.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"benchmark of {label} ({model}) failed with exit code {completed.returncode}")
+        return json.loads(out.read_text())
+
+
+METRICS = [  # key, label, higher is better, target ratio
+    ("prefill_tok_s", "prefill throughput (tok/s)", True, 1.85),
+    ("ttft_s", "TTFT, 1 prompt (s)", False, 0.55),
+    ("tpot_s", "TPOT, batch of 8 (s/token)", False, 1.03),
+    ("e2e_req_s", "10:1 end-to-end (req/s)", True, 1.6),
+    ("e2e_tok_s", "10:1 end-to-end (tok/s)", True, 1.6),
+    ("kv_cache_tokens", "KV-cache capacity (tokens)", True, None),
+    ("prefill_utilization", "normalized prefill utilization", True, None),
+]
+
+
+def compare(baseline: dict, swiftkv: dict) -> dict:
+    return {key: swiftkv[key] / baseline[key] if baseline[key] else None for key, *_ in METRICS}
+
+
+def format_table(report: dict) -> str:
+    rows = [f"{'metric':<34}{'baseline':>14}{'SwiftKV':>14}{'ratio':>9}  target"]
+    for key, label, higher, target in METRICS:
+        b, s, r = report["baseline"][key], report["swiftkv"][key], report["ratio"][key]
+        goal = "" if target is None else f"{'>=' if higher else '<='} {target}"
+        rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{r:>9.3f}  {goal}")
+    rows.append(f"bf16 matmul peak: {report['peak_flops'] / 1e9:.0f} GFLOP/s; baseline prefill FLOPs/token "
+                f"{report['flops_per_token'] / 1e6:.0f} M")
+    return "\n".join(rows)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [label for _, label, *_ in METRICS]
+    ratios = [report["ratio"][key] for key, *_ in METRICS]
+    figure, axis = plt.subplots(figsize=(9, 4))
+    bars = axis.barh(labels, ratios, color="tab:blue")
+    for (_, _, higher, target), bar in zip(METRICS, bars, strict=True):
+        if target is not None:
+            y = bar.get_y()
+            axis.plot([target, target], [y, y + bar.get_height()], color="tab:red" if higher else "tab:orange")
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    axis.invert_yaxis()
+    axis.set_xlabel("SwiftKV / baseline (red/orange tick: target)")
+    axis.set_title(f"SwiftKV vs baseline on vLLM (CPU): {Path(report['model']).name}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def bench(model: str, baseline: str, out_dir: str | Path, settings: dict, workloads: Workloads) -> dict:
+    """Run both models with identical settings and workloads; write bench.json and bench.png."""
+    from swiftkv.sources import resolve_source
+
+    model_dir, baseline_dir = str(resolve_source(model)), str(resolve_source(baseline))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    peak = bf16_matmul_peak()
+    base = run_in_child(baseline_dir, settings, workloads, "baseline")
+    swift = run_in_child(model_dir, settings, workloads, "SwiftKV")
+    from transformers import AutoConfig
+
+    flops = prefill_flops_per_token(AutoConfig.from_pretrained(baseline_dir), workloads.prefill_len)
+    for result in (base, swift):
+        result["prefill_utilization"] = result["prefill_tok_s"] * flops / peak
+    report = {"model": model, "baseline_model": baseline, "settings": settings, "workloads": asdict(workloads),
+              "peak_flops": peak, "flops_per_token": flops, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "baseline": base, "swiftkv": swift, "ratio": compare(base, swift)}
+    write_json_atomic(out_dir / "bench.json", report)
+    plot(report, out_dir / "bench.png")
+    return report
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def worker_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m swiftkv.bench --worker")
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--settings", required=True, type=json.loads)
+    parser.add_argument("--workloads", required=True, type=json.loads)
+    args = parser.parse_args(argv)
+    run_worker(args.worker, args.settings, args.workloads, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))
