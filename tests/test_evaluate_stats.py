@@ -68,3 +68,14 @@ def test_parse_limits_global_and_per_task():
         parse_limits("piqa=5", tasks)
     with pytest.raises(ValueError, match="not a positive integer"):
         parse_limits("hellaswag=lots", tasks)
+
+
+def test_sweep_points_follow_fractions_and_group_sizes():
+    from swiftkv.evaluate.sweep import parse_fractions, parse_group_sizes, sweep_points
+
+    assert parse_fractions("25%,40%, 0.5") == [0.25, 0.40, 0.5]
+    assert sweep_points(30, [0.25, 0.4, 0.5], [1, 2]) == [(22, 1), (22, 2), (18, 1), (18, 2), (15, 1)]
+    with pytest.raises(ValueError, match="'150%' is not a fraction"):
+        parse_fractions("150%")
+    with pytest.raises(ValueError, match="not a list of positive integers"):
+        parse_group_sizes("1,x")

@@ -82,7 +82,9 @@ def run_eval(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # per-file weight-loading bars would drown the scoring progress
     if args.threads:
         torch.set_num_threads(positive("--threads", args.threads, allow_zero=False))
     settings = settings_from_args(args)

@@ -7,6 +7,7 @@ first run, so the second run is all cache hits.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -23,10 +24,14 @@ METRICS = ("acc", "acc_norm")
 
 
 def task_manager():
+    import lm_eval.api.task
     from lm_eval.tasks import TaskManager
+    from tqdm import tqdm
 
-    # Each custom-dataset task logs a hint about `--metadata` that does not apply here.
+    # Each custom-dataset task logs a hint about `--metadata` that does not apply here, and every
+    # (sub)task draws a request-building bar (57 for MMLU) that would drown our scoring progress bar.
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    lm_eval.api.task.tqdm = functools.partial(tqdm, disable=True)
     return TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
 
 

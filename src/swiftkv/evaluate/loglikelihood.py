@@ -71,6 +71,7 @@ class LoglikelihoodScorer:
     def __init__(self, pair: ModelPair, store: ResultStore, batch_tokens: int = 4096, progress: bool = True):
         self.pair, self.store = pair, store
         self.batch_tokens, self.progress = batch_tokens, progress
+        self.computed = 0  # requests scored by the models (not served from the cache)
 
     def loglikelihood(self, requests: list[tuple[str, str]], role: str) -> list[tuple[float, bool]]:
         keys = [request_key("ll", context, continuation) for context, continuation in requests]
@@ -89,6 +90,7 @@ class LoglikelihoodScorer:
         for key, enc in encoded.items():
             by_input[enc.inputs].append(key)
         results = {r: {} for r in cached}
+        self.computed += len(todo)
         bar = tqdm(total=len(todo), desc="scoring", unit="req", disable=not self.progress)
         for batch in batches(list(by_input), self.batch_tokens):
             keys = [key for inputs in batch for key in by_input[inputs]]

@@ -123,6 +123,8 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
         check_causal_lm(folder)
     names = {STUDENT: str(student_src), TEACHER: str(teacher_src or f"{student_src} (swiftkv off)")}
     tokenizer = load_tokenizer(folders[STUDENT])
+    if teacher_src is not None:  # before any weights are read: a wrong pair fails fast
+        check_same_tokenizer(tokenizer, load_tokenizer(folders[TEACHER]), names)
     student = load_model(folders[STUDENT], dtype=torch.float32)
     keys = {STUDENT: folder_fingerprint(folders[STUDENT])}
     teacher = None
@@ -132,7 +134,6 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
                              "pass --teacher with the model it was converted from")
         keys[TEACHER] = keys[STUDENT] + "-teacher-path"
     else:
-        check_same_tokenizer(tokenizer, load_tokenizer(folders[TEACHER]), names)
         teacher = load_model(folders[TEACHER], dtype=torch.float32)
         keys[TEACHER] = folder_fingerprint(folders[TEACHER])
         if can_run_teacher_path(student) and teacher_weights_match(student, teacher):

