@@ -49,7 +49,8 @@ def demo(out: str, prompt_tokens: int, question: str) -> dict:
 def measure_prefill(teacher, students: dict, tokenizer, prompt_tokens: int) -> dict:
     ids = long_prompt_ids(tokenizer, prompt_tokens)
     student = next(iter(students.values()))
-    teacher_s, student_s = median_prefill_seconds(teacher, ids), median_prefill_seconds(student, ids)
+    seconds = median_prefill_seconds({"teacher": teacher, "swiftkv": student}, ids)
+    teacher_s, student_s = seconds["teacher"], seconds["swiftkv"]
     teacher_bytes = kv_cache_bytes(prefill(teacher, ids).past_key_values)
     student_bytes = kv_cache_bytes(prefill(student, ids).past_key_values)
     return {"teacher_prefill_s": teacher_s, "swiftkv_prefill_s": student_s,

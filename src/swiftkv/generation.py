@@ -31,14 +31,18 @@ def prefill(model, input_ids: torch.Tensor):
     return model(input_ids, use_cache=True, logits_to_keep=1)
 
 
-def median_prefill_seconds(model, input_ids: torch.Tensor, repeats: int = 3) -> float:
-    prefill(model, input_ids[:, :64])  # warm-up
-    times = []
+def median_prefill_seconds(models: dict, input_ids: torch.Tensor, repeats: int = 3) -> dict[str, float]:
+    """Median prefill time per model. Runs alternate between the models so that load from other
+    processes on the machine hits all of them alike and the ratio stays meaningful."""
+    for model in models.values():
+        prefill(model, input_ids[:, :64])  # warm-up
+    times = {name: [] for name in models}
     for _ in range(repeats):
-        started = time.perf_counter()
-        prefill(model, input_ids)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for name, model in models.items():
+            started = time.perf_counter()
+            prefill(model, input_ids)
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def kv_cache_bytes(cache) -> int:

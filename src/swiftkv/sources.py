@@ -180,9 +180,11 @@ def load_model(src: str | os.PathLike, dtype: torch.dtype = torch.float32):
     folder = resolve_source(src)
     check_supported(folder)
     check_weights_present(folder)
+    from safetensors import SafetensorError
+
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    except (OSError, RuntimeError, ValueError) as error:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as error:
         raise ValueError(f"cannot load the weights of {folder}: {error}") from error
     return model.eval()
 
