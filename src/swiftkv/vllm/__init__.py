@@ -9,12 +9,16 @@ idempotent: vLLM may call it several times per process.
 from __future__ import annotations
 
 ARCHITECTURES = ("LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM")
+LOGGER_NAME = "vllm.plugins.swiftkv"  # under "vllm" so vLLM's log handler (with the process name) prints it
+_registered_in_process = False
 
 
 def register() -> None:
     """Make vLLM know the SwiftKV configs (via transformers' AutoConfig), the model classes (lazily,
     by module path) and the config hook that switches on kv_sharing_fast_prefill."""
+    global _registered_in_process
     from vllm import ModelRegistry
+    from vllm.logger import init_logger
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     import swiftkv  # noqa: F401  (registers llama_swiftkv / qwen2_swiftkv with AutoConfig)
@@ -26,3 +30,6 @@ def register() -> None:
         if arch not in supported:
             ModelRegistry.register_model(arch, f"swiftkv.vllm.model:{arch}")
         MODELS_CONFIG_MAP[arch] = SwiftKVConfigHook
+    if not _registered_in_process:
+        _registered_in_process = True
+        init_logger(LOGGER_NAME).info("swiftkv plugin registered %s", ", ".join(ARCHITECTURES))

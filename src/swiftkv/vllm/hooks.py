@@ -5,7 +5,7 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.plugins.swiftkv")
 
 
 class SwiftKVConfigHook(VerifyAndUpdateConfig):

@@ -172,11 +172,13 @@ class SwiftKVModel(nn.Module):
         rows, num_rows = self.logits_rows()
         h_n, keys, values = self.early(input_ids, positions, inputs_embeds)
         self.write_group_caches(keys, values)
-        if rows is None:
+        if num_rows is None and rows is not None:  # metadata without a count: every row given is real
+            num_rows = rows.shape[0]
+        if rows is None or num_rows == h_n.shape[0]:
+            # Dummy runs, and decode-only steps: every row needs logits. vLLM's logits indices are
+            # increasing, so as many of them as rows means all rows in order; no gather needed.
             return self.late(positions, h_n)
         late = self.late(positions[rows], h_n[rows])
-        if num_rows is None:  # metadata without a count: every padded row is real
-            num_rows = rows.shape[0]
         # Rows that need no logits keep h_N: vLLM reads hidden states only at the logits rows.
         return h_n.index_copy(0, rows[:num_rows].long(), late[:num_rows])
 
