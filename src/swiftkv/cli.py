@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "swiftkv.commands_model",  # convert, export, generate, demo
     "swiftkv.evaluate.command",  # eval
     "swiftkv.serving",  # serve, bench (vLLM)
+    "swiftkv.distill.command",  # distill
 )
 
 

@@ -1,0 +1,1 @@
+"""Knowledge-preserving distillation of SwiftKV students on CPU (data, loss, trainer, CLI command)."""

@@ -1,0 +1,73 @@
+"""Distillation loss: T^2 * KL(teacher || student) on softmax(logits / T), plus optional hidden MSE.
+
+Inputs are the final hidden states (before the final norm) of the trained rows only, so the
+vocabulary projection runs only where the loss is defined. Full-vocab logits never exist for the
+whole batch: `backward_distill_loss` projects `chunk_rows` rows at a time, back-propagates each
+chunk into a detached copy of the hidden states, then sends the accumulated gradient through the
+model in one call. Peak memory is one chunk of logits, and no logits are recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # pre-norm hidden rows [M, H] -> logits [M, V]
+
+
+def kl_sum(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sum over rows of T^2 * KL(softmax(teacher / T) || softmax(student / T)), in fp32."""
+    student_logp = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    teacher_logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    kl = (teacher_logp.exp() * (teacher_logp - student_logp)).sum()
+    return kl * temperature**2
+
+
+def mse_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of the mean squared difference of the hidden states (per-row mean over H)."""
+    return (student_rows.float() - teacher_rows.float()).pow(2).mean(dim=-1).sum()
+
+
+def distill_loss_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
+                     temperature: float, mse_weight: float = 0.0) -> torch.Tensor:
+    """The loss summed over rows, unchunked (reference for tests; needs all logits at once)."""
+    with torch.no_grad():
+        teacher_logits = logits_fn(teacher_rows)
+    loss = kl_sum(logits_fn(student_rows), teacher_logits, temperature)
+    if mse_weight:
+        loss = loss + mse_weight * mse_sum(student_rows, teacher_rows)
+    return loss
+
+
+def backward_distill_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
+                          temperature: float, mse_weight: float = 0.0, scale: float = 1.0,
+                          chunk_rows: int = 256) -> float:
+    """Back-propagate `scale * distill_loss_sum(...)` chunk by chunk; return the unscaled sum.
+
+    `student_rows` must carry the graph to the trained parameters; `teacher_rows` is a constant.
+    """
+    leaf = student_rows.detach().requires_grad_(True)
+    total = 0.0
+    for start in range(0, leaf.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        loss = distill_loss_sum(leaf[rows], teacher_rows[rows], logits_fn, temperature, mse_weight)
+        (loss * scale).backward()
+        total += float(loss.detach())
+    if leaf.grad is not None:
+        student_rows.backward(leaf.grad.to(student_rows.dtype))
+    return total
+
+
+@torch.no_grad()
+def agreement_stats(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
+                    chunk_rows: int = 256) -> tuple[float, int, int]:
+    """(sum of KL(teacher || student) at T = 1, rows whose top-1 tokens agree, rows) for evaluation."""
+    kl, agree = 0.0, 0
+    for start in range(0, student_rows.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        student_logits, teacher_logits = logits_fn(student_rows[rows]), logits_fn(teacher_rows[rows])
+        kl += float(kl_sum(student_logits, teacher_logits, 1.0))
+        agree += int((student_logits.argmax(-1) == teacher_logits.argmax(-1)).sum())
+    return kl, agree, student_rows.shape[0]

@@ -1,0 +1,62 @@
+"""Loading and checking what a distillation run needs, so bad input fails before any work is done."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def set_threads() -> None:
+    """Split the machine's cores between the processes torchrun started on it (unless OMP says)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+
+
+def load_student(settings):
+    """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run."""
+    from ..sources import load_model, load_tokenizer
+
+    model = load_model(settings.source, dtype=torch.float32)
+    check_student(model, settings)
+    tokenizer = load_tokenizer(settings.source)
+    if settings.teacher:
+        check_teacher(model, tokenizer, settings.teacher)
+    return model, tokenizer
+
+
+def check_student(model, settings) -> None:
+    config = model.config
+    if getattr(config, "num_key_value_layers", None) is None:
+        raise ValueError(f"{settings.source} is not a SwiftKV model (no num_key_value_layers); run "
+                         "`swiftkv convert SRC DST --num-key-value-layers N` first and distill DST")
+    if getattr(config, "swiftkv_trimmed", False):
+        raise ValueError(f"{settings.source} was converted with --trim: the teacher's q/k/v of layers >= "
+                         f"{config.num_key_value_layers} are gone; distill an untrimmed conversion")
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is not None and settings.seq_len > limit:
+        raise ValueError(f"--seq-len {settings.seq_len} exceeds the model's max_position_embeddings {limit}")
+    if settings.seq_len < 2:
+        raise ValueError(f"--seq-len {settings.seq_len}: expected at least 2 tokens per block")
+
+
+def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
+    """Shared-prefix distillation is only valid when the student was converted from this teacher:
+    same tokenizer, same shapes and the same weights in every tensor the two have in common."""
+    from ..sources import load_model, load_tokenizer
+
+    teacher_tokenizer = load_tokenizer(teacher_source)
+    if teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
+        raise ValueError(f"--teacher {teacher_source}: its tokenizer differs from the student's; expected the "
+                         "model the student was converted from")
+    teacher = load_model(teacher_source, dtype=torch.float32).state_dict()
+    for name, tensor in student.state_dict().items():
+        if "swiftkv" in name or name not in teacher:
+            continue
+        if teacher[name].shape != tensor.shape:
+            raise ValueError(f"--teacher {teacher_source}: {name} has shape {tuple(teacher[name].shape)}, the "
+                             f"student's has {tuple(tensor.shape)}; expected the model the student was converted from")
+        if not torch.equal(teacher[name], tensor):
+            raise ValueError(f"--teacher {teacher_source}: {name} differs from the student's copy; the shared-prefix "
+                             "distillation needs the student converted from exactly this teacher")

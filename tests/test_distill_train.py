@@ -1,0 +1,168 @@
+"""Distillation loss and trainer on tiny random models: chunking, shared prefix, frozen teacher, resume."""
+
+import pytest
+import torch
+
+from swiftkv.distill.data import Document, pack
+from swiftkv.distill.loss import backward_distill_loss, distill_loss_sum
+from swiftkv.distill.params import save_swiftkv_params
+from swiftkv.distill.trainer import (
+    DistillSettings,
+    SharedPrefixDistiller,
+    World,
+    distill,
+    freeze_all_but_swiftkv,
+    logits_fn,
+    lr_at,
+    train_step,
+    trained_parameters,
+)
+from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
+
+
+def test_chunked_loss_and_gradients_equal_unchunked():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50)
+    projection = torch.nn.Linear(16, 16)
+    inputs, teacher = torch.randn(37, 16), torch.randn(37, 16)
+    gradients = []
+    for chunked in (False, True):
+        projection.zero_grad()
+        student = projection(inputs)
+        if chunked:
+            value = backward_distill_loss(student, teacher, head, 2.0, mse_weight=0.5, scale=0.1, chunk_rows=8)
+        else:
+            loss = distill_loss_sum(student, teacher, head, 2.0, mse_weight=0.5)
+            (loss * 0.1).backward()
+            value = float(loss.detach())
+        gradients.append((value, projection.weight.grad.clone()))
+    (plain, plain_grad), (chunked, chunked_grad) = gradients
+    assert abs(plain - chunked) / plain < 1e-6
+    assert (plain_grad - chunked_grad).abs().max().item() < 1e-6
+    assert plain_grad.abs().max().item() > 1e-4  # the check compares real gradients
+
+
+def test_kl_is_zero_for_identical_rows_and_scaled_by_t_squared():
+    head = torch.nn.Linear(8, 20)
+    rows = torch.randn(5, 8)
+    assert float(distill_loss_sum(rows, rows, head, 2.0)) == pytest.approx(0.0, abs=1e-6)
+    other = torch.randn(5, 8)
+    with torch.no_grad():
+        p, q = torch.log_softmax(head(rows) / 3, -1), torch.log_softmax(head(other) / 3, -1)
+        expected = float((p.exp() * (p - q)).sum() * 9)
+    assert float(distill_loss_sum(other, rows, head, 3.0)) == pytest.approx(expected, rel=1e-5)
+
+
+def blocks_for(model, seq_len=24, count=2):
+    docs = [Document(torch.randint(3, 128, (n,)).tolist(), [True] * n) for n in (11, 20, 9, 8)]
+    return pack(docs, seq_len, max_blocks=count)
+
+
+def loss_and_grads(model, blocks, naive: bool):
+    parameters = freeze_all_but_swiftkv(model)
+    for p in parameters:
+        p.grad = None
+    rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
+    student, teacher = SharedPrefixDistiller(model, naive=naive)(blocks.input_ids, blocks.position_ids, rows)
+    value = backward_distill_loss(student, teacher, logits_fn(model), 2.0, chunk_rows=16)
+    return value, [p.grad.clone() for p in parameters]
+
+
+def test_shared_prefix_gives_the_naive_loss_and_gradients():
+    torch.manual_seed(1)
+    model = tiny_model()
+    blocks = blocks_for(model)
+    shared, shared_grads = loss_and_grads(model, blocks, naive=False)
+    naive, naive_grads = loss_and_grads(model, blocks, naive=True)
+    assert shared > 1e-3 and abs(shared - naive) / shared < 1e-6
+    assert max((a - b).abs().max().item() for a, b in zip(shared_grads, naive_grads, strict=True)) < 1e-6
+
+
+def test_teacher_rows_equal_the_plain_teacher_forward_per_document():
+    """Packed teacher rows = each document run alone through the unmodified teacher path."""
+    torch.manual_seed(2)
+    model = tiny_model()
+    a, b = torch.randint(3, 128, (1, 10)), torch.randint(3, 128, (1, 14))
+    blocks = pack([Document(a[0].tolist(), [True] * 10), Document(b[0].tolist(), [True] * 14)], seq_len=24)
+    rows = torch.arange(24)
+    with torch.no_grad():
+        student, teacher = SharedPrefixDistiller(model)(blocks.input_ids, blocks.position_ids, rows)
+        model.set_swiftkv(False)
+        alone = torch.cat([model.model(input_ids=x, use_cache=False).last_hidden_state[0] for x in (a, b)])
+    assert (model.model.norm(teacher) - alone).abs().max().item() < 1e-5
+    assert (student - teacher).abs().max().item() > 1e-2  # the random student really differs
+
+
+def test_one_step_changes_only_the_swiftkv_parameters():
+    torch.manual_seed(3)
+    model = tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    settings = DistillSettings(source="tiny", batch_size=2, micro_batch=1, lr=1e-2)
+    parameters = freeze_all_but_swiftkv(model)
+    optimizer = torch.optim.AdamW(parameters, lr=1e-2)
+    blocks = blocks_for(model)
+    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, int(blocks.loss_mask.sum()), settings, World())
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == set(trained_parameters(model))
+    assert len(changed) == 3 * 3 + 1  # q/k/v_proj_swiftkv of layers 3..5 and norm_swiftkv
+
+
+def test_lr_schedule_warms_up_then_decays_to_zero():
+    rates = [lr_at(s, 20, 1.0, 0.1) for s in range(20)]
+    assert rates[0] == 0.5 and rates[1] == 1.0
+    assert all(a >= b for a, b in zip(rates[1:], rates[2:], strict=False)) and rates[-1] == pytest.approx(1 / 18)
+
+
+def run_settings(tmp_path, **overrides) -> DistillSettings:
+    data = tmp_path / "chats.jsonl"
+    if not data.exists():
+        write_jsonl(data, random_chats(60, seed=5))
+    values = dict(source="tiny", data=str(data), tokens=32 * 4 * 4, heldout_tokens=64, seq_len=32, batch_size=4,
+                  micro_batch=2, lr=5e-3, eval_every=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    return DistillSettings(**{**values, **overrides})
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path):
+    tokenizer = tiny_tokenizer()
+    whole = tiny_model()
+    whole_state = distill(run_settings(tmp_path, checkpoint_dir=str(tmp_path / "whole")), whole, tokenizer)
+    first = tiny_model()
+    distill(run_settings(tmp_path, stop_after=2), first, tokenizer)
+    resumed = tiny_model()  # a fresh process: weights come from the checkpoint only
+    state = distill(run_settings(tmp_path, resume=True), resumed, tokenizer)
+    assert state.step == whole_state.step == 4
+    for name, parameter in trained_parameters(whole).items():
+        assert torch.equal(parameter, trained_parameters(resumed)[name]), name
+    assert [h for h in state.history if "loss" in h] == [h for h in whole_state.history if "loss" in h]
+    initial = trained_parameters(tiny_model())
+    assert any(not torch.equal(p, initial[n]) for n, p in trained_parameters(whole).items())
+
+
+def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path):
+    tokenizer = tiny_tokenizer()
+    distill(run_settings(tmp_path, stop_after=1), tiny_model(), tokenizer)
+    with pytest.raises(ValueError, match="lr: checkpoint 0.005 vs now 0.001"):
+        distill(run_settings(tmp_path, resume=True, lr=1e-3), tiny_model(), tokenizer)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        distill(run_settings(tmp_path, resume=True, checkpoint_dir=str(tmp_path / "none")), tiny_model(), tokenizer)
+
+
+def test_distillation_lowers_heldout_kl(tmp_path):
+    state = distill(run_settings(tmp_path, tokens=32 * 4 * 10, lr=1e-2), tiny_model(), tiny_tokenizer())
+    evals = [h for h in state.history if "kl" in h]
+    assert evals[-1]["kl"] < 0.8 * evals[0]["kl"], evals
+
+
+def test_saved_swiftkv_params_hold_only_the_trained_tensors(tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    model = tiny_model()
+    save_swiftkv_params(model, tmp_path / "w", base="tiny", dtype=torch.float32)
+    tensors = load_file(tmp_path / "w" / "swiftkv.safetensors")
+    assert set(tensors) == set(trained_parameters(model))
+    for name, parameter in trained_parameters(model).items():
+        assert torch.equal(tensors[name], parameter.detach())
+    spec = json.loads((tmp_path / "w" / "swiftkv.json").read_text())
+    assert spec == {"base": "tiny", "num_key_value_layers": 3, "key_value_group_size": 1}
