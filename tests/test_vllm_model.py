@@ -16,47 +16,60 @@ KV_BYTES = 64 * 2**20  # same KV memory for every engine here
 NEW_TOKENS = 12
 
 
-def tiny_checkpoint(path, group_size: int):
-    """A random SwiftKV Llama (untrimmed, Snowflake layout) with peaked logits, saved with SmolLM2's
-    tokenizer. Peaked logits keep greedy margins far above fp32 noise."""
-    from swiftkv import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM
+def tiny_checkpoint(path, arch: str, group_size: int):
+    """A random SwiftKV Llama or Qwen2 (untrimmed, Snowflake layout) with peaked logits, saved with
+    SmolLM2's tokenizer. Peaked logits keep greedy margins far above fp32 noise."""
+    from swiftkv import (
+        LlamaSwiftKVConfig,
+        LlamaSwiftKVForCausalLM,
+        Qwen2SwiftKVConfig,
+        Qwen2SwiftKVForCausalLM,
+    )
     from swiftkv.sources import load_tokenizer
 
+    config_class, model_class = {"llama": (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
+                                 "qwen2": (Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)}[arch]
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     torch.manual_seed(group_size)
-    config = LlamaSwiftKVConfig(
+    config = config_class(
         vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, rope_theta=10000.0,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True, swiftkv=True, num_key_value_layers=N, key_value_group_size=group_size,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )
-    model = LlamaSwiftKVForCausalLM(config).eval()
+    model = model_class(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.5 if "embed" in name else 0.15)
+            elif name.endswith("bias"):  # Qwen2's q/k/v biases: non-zero, so loading them is tested
+                param.normal_(0.0, 0.1)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model, tokenizer
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["G1", "G2"])
+# (architecture, G, compiled): the Llama G=1 engine runs the compiled early/late parts as served;
+# the Qwen2 G=2 engine (AcrossKV, q/k/v biases) runs eager to keep CI time down.
+ENGINES = [("llama", 1, True), ("qwen2", 2, False)]
+
+
+@pytest.fixture(scope="module", params=ENGINES, ids=[f"{a}-G{g}" for a, g, _ in ENGINES])
 def served(request, tmp_path_factory):
-    """(vLLM engine, HF model, tokenizer, G) for one tiny checkpoint; one engine per G."""
+    """(vLLM engine, HF model, tokenizer, G) for one tiny checkpoint."""
     from vllm import LLM
 
     from swiftkv.vllm.engine import engine_kwargs, in_process_engine
 
-    group_size = request.param
-    # G=1 runs the compiled early/late parts (as served); G=2 runs eager to keep CI time down.
-    eager = group_size != 1
-    path = tmp_path_factory.mktemp(f"tiny_g{group_size}")
-    model, tokenizer = tiny_checkpoint(path, group_size)
+    arch, group_size, compiled = request.param
+    path = tmp_path_factory.mktemp(f"tiny_{arch}_g{group_size}")
+    model, tokenizer = tiny_checkpoint(path, arch, group_size)
     with in_process_engine():
         # kv_sharing_fast_prefill is NOT passed: the plugin's config hook must switch it on.
         llm = LLM(**engine_kwargs(str(path), dtype="float32", kv_sharing_fast_prefill=False), max_model_len=1024,
                   kv_cache_memory_bytes=KV_BYTES, max_num_batched_tokens=CHUNK, max_num_seqs=8,
-                  enable_prefix_caching=True, enforce_eager=eager)
+                  enable_prefix_caching=True, enforce_eager=not compiled)
         yield llm, model, tokenizer, group_size
         del llm
 

@@ -1,0 +1,130 @@
+"""Fast checks of the vLLM glue that needs no engine: checkpoint-name routing (Snowflake and trimmed
+layouts), the fast-prefill switch, CPU environment, `swiftkv serve` command line, bench arithmetic."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.vllm  # imports vLLM
+
+
+@pytest.fixture(scope="module")
+def config():
+    from swiftkv import LlamaSwiftKVConfig
+
+    return LlamaSwiftKVConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                              num_attention_heads=4, num_key_value_heads=2, num_key_value_layers=2,
+                              key_value_group_size=2, tie_word_embeddings=True, swiftkv=True)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("model.embed_tokens.weight", ("model.early.embed_tokens.weight", None)),
+    ("model.norm_swiftkv.weight", ("model.early.norm_swiftkv.weight", None)),
+    ("model.norm.weight", ("model.late.norm.weight", None)),
+    ("model.layers.1.self_attn.k_proj.weight", ("model.early.layers.1.self_attn.qkv_proj.weight", "k")),
+    ("model.layers.0.mlp.up_proj.weight", ("model.early.layers.0.mlp.gate_up_proj.weight", 1)),
+    ("model.layers.2.self_attn.q_proj_swiftkv.weight", ("model.late.layers.0.self_attn.q_proj_swiftkv.weight", None)),
+    ("model.layers.5.mlp.gate_proj.weight", ("model.late.layers.3.mlp.gate_up_proj.weight", 0)),
+    # group 0 is owned by layer 2, group 1 by layer 4: K shards first, then V shards
+    ("model.layers.2.self_attn.k_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 0)),
+    ("model.layers.4.self_attn.k_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 1)),
+    ("model.layers.4.self_attn.v_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 3)),
+])
+def test_checkpoint_names_route_to_vllm_parameters(config, name, expected):
+    from swiftkv.vllm.weights import route
+
+    assert route(config, name) == expected
+
+
+@pytest.mark.parametrize("name", [
+    "model.layers.3.self_attn.q_proj.weight",  # a later layer's original q/k/v: dead weight, not allocated
+    "model.layers.4.self_attn.v_proj.weight",
+    "lm_head.weight",  # tied to the embedding
+    "model.layers.1.self_attn.rotary_emb.inv_freq",
+])
+def test_dead_and_tied_tensors_are_skipped(config, name):
+    from swiftkv.vllm.weights import SKIP, route
+
+    assert route(config, name) is SKIP
+
+
+@pytest.mark.parametrize("name, message", [
+    ("model.layers.3.self_attn.k_proj_swiftkv.weight", "does not own"),
+    ("model.layers.9.mlp.up_proj.weight", "names layer 9"),
+    ("encoder.weight", "unexpected tensor"),
+])
+def test_inconsistent_checkpoint_is_refused(config, name, message):
+    from swiftkv.vllm.weights import route
+
+    with pytest.raises(ValueError, match=message):
+        route(config, name)
+
+
+def test_model_refuses_to_build_without_fast_prefill_and_hook_switches_it_on():
+    from swiftkv.vllm.hooks import SwiftKVConfigHook
+    from swiftkv.vllm.model import require_fast_prefill
+
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=False))
+    with pytest.raises(ValueError, match="kv-sharing-fast-prefill"):
+        require_fast_prefill(vllm_config)
+    SwiftKVConfigHook.verify_and_update_config(vllm_config)
+    assert vllm_config.cache_config.kv_sharing_fast_prefill is True
+    require_fast_prefill(vllm_config)
+
+
+def test_plugin_registers_architectures_with_vllm():
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from swiftkv.vllm import ARCHITECTURES, register
+
+    register()
+    register()  # idempotent: vLLM may call it more than once per process
+    assert set(ARCHITECTURES) <= set(ModelRegistry.get_supported_archs())
+    assert all(MODELS_CONFIG_MAP[arch].__name__ == "SwiftKVConfigHook" for arch in ARCHITECTURES)
+
+
+def test_cpu_env_uses_all_cpus_and_reserves_none():
+    import os
+
+    from swiftkv.vllm.env import configure_cpu_env
+
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "all"}  # not a value vLLM accepts
+    configure_cpu_env(env)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    kept = {"VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}
+    configure_cpu_env(kept)
+    assert kept["VLLM_CPU_OMP_THREADS_BIND"] == "0" and kept["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+
+
+def test_serve_command_adds_defaults_and_user_options_win():
+    from swiftkv.serving import serve_command
+
+    command = serve_command("/m", "alias", ["--port", "8001"])
+    assert "--kv-sharing-fast-prefill" in command and command[-2:] == ["--port", "8001"]
+    assert command[command.index("--dtype") + 1] == "bfloat16"
+    assert command[command.index("--served-model-name") + 1] == "alias"
+    mine = serve_command("/m", "alias", ["--dtype=float32", "--gpu-memory-utilization", "0.3"])
+    assert "--kv-cache-memory-bytes" not in mine and "--dtype" not in mine
+
+
+def test_cli_rejects_bad_kv_memory(capsys):
+    from swiftkv.cli import main
+
+    assert main(["bench", "m", "--baseline", "b", "--kv-cache-memory", "lots"]) == 2
+    assert "--kv-cache-memory 'LOTS' is not a size" in capsys.readouterr().err
+
+
+def test_prefill_flops_per_token_of_smollm2_shape():
+    from transformers import LlamaConfig
+
+    from swiftkv.bench import prefill_flops_per_token
+
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64)
+    per_layer_weights = 576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536  # q,o + k,v + gate,up,down
+    attention = 2 * 2 * 576 * 1000.5  # QK^T and AV over (2000 + 1) / 2 keys on average (causal)
+    assert prefill_flops_per_token(config, 2000) == pytest.approx(30 * (2 * per_layer_weights + attention))
