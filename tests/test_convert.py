@@ -205,9 +205,13 @@ def test_unknown_source_lists_aliases(tmp_path, capsys):
     assert "smollm2-135m-instruct" in capsys.readouterr().err
 
 
-def test_loading_without_import_names_the_model_type(teacher_dir, tmp_path, calib_text):
+def test_loading_without_import_asks_for_swiftkv_code(teacher_dir, tmp_path, calib_text):
+    """Without `import swiftkv`, transformers refuses with a pointer to the checkpoint's code; with
+    trust_remote_code=True the folder's shim loads the swiftkv classes."""
     run_convert(teacher_dir, tmp_path / "out", calib_text)
-    code = f"from transformers import AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained({str(tmp_path / 'out')!r})"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode != 0
-    assert "_swiftkv" in result.stderr
+    load = f"from transformers import AutoModelForCausalLM as A; m = A.from_pretrained({str(tmp_path / 'out')!r}"
+    refused = subprocess.run([sys.executable, "-c", load + ")"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "trust_remote_code=True" in refused.stderr
+    loaded = subprocess.run([sys.executable, "-c", load + ", trust_remote_code=True); print(type(m).__name__)"],
+                            capture_output=True, text=True)
+    assert loaded.returncode == 0 and loaded.stdout.strip().endswith("SwiftKVForCausalLM")

@@ -24,6 +24,18 @@ from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM
 from .sources import atomic_output_dir, check_supported, load_model, load_tokenizer, resolve_source
 
 INITS = ("copy", "mean", "lstsq")
+# Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
+# stock lm-eval `hf` model) opens the folder with trust_remote_code=True even without `import swiftkv`.
+AUTO_SHIM = "swiftkv_auto"
+AUTO_SHIM_SOURCE = '''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
+swiftkv package. Load it after `import swiftkv`, or with trust_remote_code=True."""
+try:
+    from swiftkv import (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM,  # noqa: F401
+                         Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)
+except ImportError as error:
+    raise ImportError("this is a SwiftKV checkpoint (model_type llama_swiftkv / qwen2_swiftkv): "
+                      "install the swiftkv package to load it") from error
+'''
 SWIFTKV_CLASSES = {
     "llama": (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
     "qwen2": (Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
@@ -233,8 +245,11 @@ def write_checkpoint(model, src, dst, report: ConversionReport, trim: bool, dtyp
         "source": str(src), "init": report.init, "trimmed": trim,
         "top1_agreement": report.top1_agreement, "date": time.strftime("%Y-%m-%d"), **(provenance or {}),
     }
+    model.config.auto_map = {"AutoConfig": f"{AUTO_SHIM}.{type(model.config).__name__}",
+                             "AutoModelForCausalLM": f"{AUTO_SHIM}.{type(model).__name__}"}
     with atomic_output_dir(dst, force=force) as tmp:
         model.save_pretrained(tmp)
+        (tmp / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
         load_tokenizer(src).save_pretrained(tmp)
         (tmp / "swiftkv_conversion.json").write_text(json.dumps(asdict(report), indent=2))
 
