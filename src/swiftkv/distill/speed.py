@@ -1,0 +1,49 @@
+"""Tokens/s of one distillation step, shared prefix vs the naive two-full-passes way, in one run.
+
+The two ways alternate step by step on the same blocks, so a machine shared with other jobs slows
+both alike; CPU seconds of this process are reported beside wall seconds for the same reason.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .data import load_blocks
+from .trainer import SharedPrefixDistiller, World, freeze_all_but_swiftkv, train_step
+
+
+def timed_step(distiller, model, optimizer, blocks, settings) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    train_step(distiller, model, optimizer, blocks, int(blocks.loss_mask.sum()), settings, World())
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def measure_shared_vs_naive(settings, steps: int) -> dict:
+    """`steps` optimizer steps each way (after one warm-up step each), alternating."""
+    from .setup import load_student
+
+    model, tokenizer = load_student(settings)
+    train, _ = load_blocks(settings.data, tokenizer, settings.seq_len, settings.batch_size * (steps + 1) * settings.seq_len,
+                           settings.seq_len, settings.seed)
+    optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)  # lr 0: weights stay put
+    ways = {"shared": SharedPrefixDistiller(model), "naive": SharedPrefixDistiller(model, naive=True)}
+    totals = {name: [0.0, 0.0] for name in ways}
+    for step in range(steps + 1):
+        blocks = train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
+        for name, distiller in ways.items():
+            wall, cpu = timed_step(distiller, model, optimizer, blocks, settings)
+            if step:  # step 0 warms up allocators and kernels
+                totals[name][0] += wall
+                totals[name][1] += cpu
+    tokens = steps * settings.batch_size * settings.seq_len
+    result = {"model": settings.source, "num_key_value_layers": model.config.num_key_value_layers,
+              "tokens_per_way": tokens, "seq_len": settings.seq_len, "bf16": settings.bf16,
+              "threads": torch.get_num_threads()}
+    for name, (wall, cpu) in totals.items():
+        result[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall, 1),
+                        "tokens_per_cpu_s": round(tokens / cpu, 1)}
+    result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
+    result["speedup_cpu"] = round(totals["naive"][1] / totals["shared"][1], 3)
+    return result

@@ -1,0 +1,91 @@
+"""`swiftkv distill` end to end on a tiny folder: output format, bad input, and DDP under torchrun."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from swiftkv.cli import main
+from swiftkv.distill.trainer import trained_parameters
+from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, write_jsonl
+
+TRAIN_ARGS = ["--tokens", "512", "--heldout-tokens", "64", "--seq-len", "32", "--batch-size", "4",
+              "--micro-batch", "1", "--lr", "5e-3", "--eval-every", "2", "--checkpoint-every", "2"]
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    folder = save_tiny_folder(tmp_path / "student")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
+    return tmp_path, folder, data
+
+
+def distill_args(folder, data, out, *extra):
+    return ["distill", str(folder), "--data", str(data), "--out", str(out), *TRAIN_ARGS, *extra]
+
+
+def test_cli_writes_a_swiftkv_folder_where_only_swiftkv_weights_changed(tiny_run):
+    tmp_path, folder, data = tiny_run
+    assert main(distill_args(folder, data, tmp_path / "out")) == 0
+    source = AutoModelForCausalLM.from_pretrained(folder)
+    distilled = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert distilled.config.swiftkv is True
+    trained = set(trained_parameters(distilled))
+    for name, tensor in distilled.state_dict().items():
+        same = torch.equal(tensor, source.state_dict()[name])
+        assert same != (name in trained), name
+    summary = json.loads((tmp_path / "out" / "distill.json").read_text())
+    assert summary["steps"] == 4 and summary["train_tokens"] == 512
+    assert summary["heldout_after"]["kl"] < summary["heldout_before"]["kl"]
+
+
+def test_cli_bad_input_is_one_error_and_overwrites_nothing(tiny_run, capsys):
+    tmp_path, folder, data = tiny_run
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    cases = [
+        (distill_args(folder, data, tmp_path / "taken"), "already exists"),
+        (distill_args(folder, data, tmp_path / "o1", "--seq-len", "512"), "exceeds the model's max_position_embeddings 256"),
+        (distill_args(folder, tmp_path / "missing.jsonl", tmp_path / "o2"), "missing.jsonl"),
+        (distill_args(folder, data, tmp_path / "o3", "--resume"), "no checkpoint"),
+        (distill_args(folder, data, tmp_path / "o4", "--batch-size", "3", "--micro-batch", "2"), "--batch-size 3"),
+    ]
+    for args, message in cases:
+        assert main(args) == 2, args
+        assert message in capsys.readouterr().err
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+def test_cli_refuses_a_teacher_the_student_was_not_converted_from(tiny_run, capsys):
+    tmp_path, folder, data = tiny_run
+    other = save_tiny_folder(tmp_path / "other", tiny_model(seed=9))
+    assert main(distill_args(folder, data, tmp_path / "o", "--teacher", str(other))) == 2
+    assert "differs from the student's copy" in capsys.readouterr().err
+    assert main(distill_args(folder, data, tmp_path / "o", "--teacher", str(folder), "--stop-after", "1")) == 0
+
+
+def run_torchrun(nproc: int, folder, data, out) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "swiftkv.cli", *distill_args(folder, data, out, "--json", f"{out}.json")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(open(f"{out}.json").read())
+
+
+def test_two_gloo_processes_follow_the_one_process_loss_curve(tiny_run):
+    tmp_path, folder, data = tiny_run
+    one = run_torchrun(1, folder, data, tmp_path / "one")
+    two = run_torchrun(2, folder, data, tmp_path / "two")
+    losses = [[h["loss"] for h in run["history"] if "loss" in h] for run in (one, two)]
+    assert len(losses[0]) == len(losses[1]) == 4
+    assert max(abs(a - b) / a for a, b in zip(*losses, strict=True)) < 1e-5
+    assert abs(one["heldout_after"]["kl"] - two["heldout_after"]["kl"]) < 1e-5
+    first = trained_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "one"))
+    second = trained_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "two"))
+    assert max((first[n] - second[n]).abs().max().item() for n in first) < 1e-5
