@@ -179,6 +179,8 @@ def test_cli_writes_report_with_paired_numbers(models, tmp_path, capsys):
         assert paired["teacher"] == pytest.approx(entry["metrics"]["teacher"]["acc"])
         assert paired["student"] == pytest.approx(entry["metrics"]["student"]["acc"])
         assert f"| {task} | acc | 5 |" in report
+        same = [t == s for t, s in zip(entry["answers"]["teacher"], entry["answers"]["student"], strict=True)]
+        assert len(same) == 5 and paired["agreement"] == pytest.approx(sum(same) / 5)
     assert student["tasks"]["hellaswag"]["paired"]["acc_norm"]["n"] == 5
     assert student["teacher_forced"]["tokens"] > 0 and 0 <= student["teacher_forced"]["top1_agreement"] <= 1
     assert student["generation"]["prompts"] == 2

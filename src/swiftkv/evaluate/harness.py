@@ -111,11 +111,15 @@ def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> dict:
                            log_samples=True, bootstrap_iters=1000, verbosity="ERROR")
             for role in ROLES}
     items = {role: item_predictions(runs[role]["samples"], task_dict["tasks"]) for role in ROLES}
+    keys = sorted(items[TEACHER])
     return {
         "items": len(items[TEACHER]),
         "limit": limit,
         "metrics": {role: summary_metrics(runs[role]["results"][name]) for role in ROLES},
         "paired": paired_metrics(items[TEACHER], items[STUDENT]),
+        # per item, in `item_ids` order: the answer index each model picked (acc), for item-level analysis
+        "item_ids": [f"{task}/{doc_id}" for task, doc_id in keys],
+        "answers": {role: [items[role][key]["acc"][0] for key in keys] for role in ROLES},
     }
 
 
