@@ -215,3 +215,18 @@ def test_loading_without_import_asks_for_swiftkv_code(teacher_dir, tmp_path, cal
     loaded = subprocess.run([sys.executable, "-c", load + ", trust_remote_code=True); print(type(m).__name__)"],
                             capture_output=True, text=True)
     assert loaded.returncode == 0 and loaded.stdout.strip().endswith("SwiftKVForCausalLM")
+
+
+def test_generate_command_streams_the_greedy_answer(tokenizer_dir, tmp_path, calib_text, capsys):
+    from swiftkv.generation import chat_input_ids, generate_text
+    from swiftkv.sources import load_model, load_tokenizer
+
+    out = tmp_path / "out"
+    # This seed's random Llama does not emit end-of-turn first, so there is text to compare.
+    run_convert(save_tiny_teacher(tmp_path / "teacher", tokenizer_dir, "llama"), out, calib_text)
+    capsys.readouterr()
+    assert cli("generate", out, "the capital of france", "--max-new-tokens", "6", "--dtype", "float32") == 0
+    streamed = capsys.readouterr().out
+    tokenizer = load_tokenizer(out)
+    expected = generate_text(load_model(out), tokenizer, chat_input_ids(tokenizer, "the capital of france"), 6)
+    assert streamed.strip() == expected.strip() and expected.strip()
