@@ -41,6 +41,12 @@ def test_cli_writes_a_swiftkv_folder_where_only_swiftkv_weights_changed(tiny_run
     summary = json.loads((tmp_path / "out" / "distill.json").read_text())
     assert summary["steps"] == 4 and summary["train_tokens"] == 512
     assert summary["heldout_after"]["kl"] < summary["heldout_before"]["kl"]
+    # --eval-only on the written folder reproduces the run's final held-out numbers (same split).
+    assert main(["distill", str(tmp_path / "out"), "--data", str(data), *TRAIN_ARGS, "--eval-only",
+                 "--json", str(tmp_path / "eval.json")]) == 0
+    evaluated = json.loads((tmp_path / "eval.json").read_text())
+    assert abs(evaluated["kl"] - summary["heldout_after"]["kl"]) < 1e-6
+    assert evaluated["top1"] == summary["heldout_after"]["top1"]
 
 
 def test_cli_bad_input_is_one_error_and_overwrites_nothing(tiny_run, capsys):

@@ -56,6 +56,8 @@ def register(subparsers) -> None:
     p.add_argument("--force", action="store_true", help="overwrite OUT / start over an existing checkpoint")
     p.add_argument("--compare-naive", type=int, metavar="STEPS",
                    help="measure tokens/s of STEPS steps shared-prefix vs naive, print JSON, train nothing")
+    p.add_argument("--eval-only", action="store_true",
+                   help="print the held-out KL / top-1 agreement of MODEL on the run's held-out split, train nothing")
     p.add_argument("--json", help="also write the run summary / comparison JSON here")
     p.set_defaults(func=run)
 
@@ -75,12 +77,15 @@ def settings_from_args(args):
 
 def run(args) -> int:
     from .setup import load_student, set_threads
+    from .speed import measure_shared_vs_naive
     from .trainer import check_start, distill, finished, init_world, log, run_summary
 
     settings = settings_from_args(args)
     set_threads()
     if args.compare_naive:
-        return compare_naive(settings, args.compare_naive, args.json)
+        return report(measure_shared_vs_naive(settings, args.compare_naive), args.json)
+    if args.eval_only:
+        return report(heldout_agreement(settings), args.json)
     if not settings.out:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     world = init_world()
@@ -112,10 +117,20 @@ def write_output(settings, model, tokenizer, summary: dict) -> None:
         (Path(tmp) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def compare_naive(settings, steps: int, json_path: str | None) -> int:
-    from .speed import measure_shared_vs_naive
+def heldout_agreement(settings) -> dict:
+    """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
+    from .data import load_blocks
+    from .setup import load_student
+    from .trainer import World, evaluate
 
-    result = measure_shared_vs_naive(settings, steps)
+    model, tokenizer = load_student(settings)
+    _, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens,
+                             settings.seed)
+    return {"model": settings.source, "data": settings.data, "heldout_tokens": settings.heldout_tokens,
+            **evaluate(model, heldout, settings, World())}
+
+
+def report(result: dict, json_path: str | None) -> int:
     text = json.dumps(result, indent=2)
     print(text)
     if json_path:
