@@ -1,9 +1,9 @@
 """`swiftkv bench`: SwiftKV vs its baseline on vLLM, measured in one run with the same settings.
 
-Each model runs in its own child process (`python -m swiftkv.bench --worker ...`) with a fresh
-engine, so the two never share memory or threads; the parent measures the bf16 matmul peak, then
-prints the table and writes JSON and a PNG. Numbers are ratios within one run: other processes on
-the machine slow both sides alike only if they run throughout, so keep the machine quiet.
+Each model gets its own engine in its own child process; the parent measures the bf16 matmul peak,
+then drives the two engines in turn, workload by workload (alternating who goes first), so load
+from other processes on the machine hits both sides alike; it prints the table and writes JSON and
+a PNG. Numbers are ratios within one run.
 
 Workloads (random token ids, prefix caching off so nothing is served from cache):
   prefill   16 prompts x 2000 tokens, max_tokens=1                      -> prompt tokens/s
@@ -15,12 +15,9 @@ Workloads (random token ids, prefix caching off so nothing is served from cache)
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,27 +73,27 @@ def timed_generate(llm, prompts: list[dict], max_tokens: int) -> float:
     return elapsed
 
 
-def measure_model(llm, w: Workloads, vocab_size: int) -> dict:
-    make = PromptMaker(vocab_size)
-    timed_generate(llm, make(2, w.prefill_len), 2)  # warm-up: first-call costs are not the model's
-    prefill_s = timed_generate(llm, make(w.prefill_prompts, w.prefill_len), 1)
-    ttfts = [timed_generate(llm, make(1, w.ttft_len), 1) for _ in range(w.ttft_repeats)]
-    tpot_prompts = make(w.tpot_prompts, w.tpot_len)
-    tpot_prefill_s = timed_generate(llm, tpot_prompts, 1)
-    tpot_total_s = timed_generate(llm, make(w.tpot_prompts, w.tpot_len), w.tpot_out)
-    e2e_s = timed_generate(llm, make(w.e2e_prompts, w.e2e_len), w.e2e_out)
-    return {
-        "prefill_tok_s": w.prefill_prompts * w.prefill_len / prefill_s,
-        "ttft_s": statistics.median(ttfts),
-        "tpot_s": max(tpot_total_s - tpot_prefill_s, 0.0) / (w.tpot_out - 1),
-        "e2e_req_s": w.e2e_prompts / e2e_s,
-        "e2e_tok_s": w.e2e_prompts * (w.e2e_len + w.e2e_out) / e2e_s,
-        "kv_cache_tokens": None,  # filled by the caller
-    }
+def measure(llm, make: PromptMaker, w: Workloads, name: str) -> dict:
+    """One workload on one engine; returns the raw timings it produced."""
+    if name == "warmup":  # first-call costs are not the model's
+        return {"warmup_s": timed_generate(llm, make(2, w.prefill_len), 2)}
+    if name == "prefill":
+        return {"prefill_tok_s": w.prefill_prompts * w.prefill_len / timed_generate(
+            llm, make(w.prefill_prompts, w.prefill_len), 1)}
+    if name == "ttft":
+        return {"ttft_s": timed_generate(llm, make(1, w.ttft_len), 1)}
+    if name == "tpot":
+        prefill_only = timed_generate(llm, make(w.tpot_prompts, w.tpot_len), 1)
+        total = timed_generate(llm, make(w.tpot_prompts, w.tpot_len), w.tpot_out)
+        return {"tpot_s": max(total - prefill_only, 0.0) / (w.tpot_out - 1)}
+    if name == "e2e":
+        elapsed = timed_generate(llm, make(w.e2e_prompts, w.e2e_len), w.e2e_out)
+        return {"e2e_req_s": w.e2e_prompts / elapsed, "e2e_tok_s": w.e2e_prompts * (w.e2e_len + w.e2e_out) / elapsed}
+    raise ValueError(f"unknown workload {name!r}")
 
 
-def run_worker(model: str, settings: dict, workloads: dict, out: Path) -> None:
-    """Child process: build one engine, run every workload, write the results as JSON."""
+def worker_loop(connection, model: str, settings: dict, workloads: dict) -> None:
+    """Child process: build one engine, report its facts, then run workloads on request until None."""
     from swiftkv.vllm.engine import engine_kwargs, kv_cache_tokens
     from swiftkv.vllm.env import configure_cpu_env
 
@@ -105,14 +102,65 @@ def run_worker(model: str, settings: dict, workloads: dict, out: Path) -> None:
 
     started = time.perf_counter()
     llm = LLM(**engine_kwargs(model, **settings))
-    startup_s = time.perf_counter() - started
     config = llm.llm_engine.vllm_config.model_config.hf_config
-    results = measure_model(llm, Workloads(**workloads), config.vocab_size)
-    results["kv_cache_tokens"] = kv_cache_tokens(llm)
-    results["engine_startup_s"] = startup_s
-    results["architecture"] = type(config).__name__
-    results["fast_prefill"] = llm.llm_engine.vllm_config.cache_config.kv_sharing_fast_prefill
-    out.write_text(json.dumps(results))
+    connection.send({"engine_startup_s": time.perf_counter() - started, "kv_cache_tokens": kv_cache_tokens(llm),
+                     "architecture": type(config).__name__,
+                     "fast_prefill": llm.llm_engine.vllm_config.cache_config.kv_sharing_fast_prefill})
+    make, w = PromptMaker(config.vocab_size), Workloads(**workloads)
+    while (name := connection.recv()) is not None:
+        connection.send(measure(llm, make, w, name))
+    llm.llm_engine.engine_core.shutdown()
+
+
+class Worker:
+    """A model's engine in its own process, driven over a pipe."""
+
+    def __init__(self, label: str, model: str, settings: dict, workloads: Workloads):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.label = label
+        self.connection, child = context.Pipe()
+        print(f"[bench] starting {label}: {model}", file=sys.stderr, flush=True)
+        self.process = context.Process(target=worker_loop, args=(child, model, settings, asdict(workloads)))
+        self.process.start()
+        self.facts = self.receive()
+
+    def receive(self) -> dict:
+        while not self.connection.poll(5):
+            if not self.process.is_alive():
+                raise RuntimeError(f"benchmark engine for {self.label} exited with code {self.process.exitcode}")
+        return self.connection.recv()
+
+    def run(self, name: str) -> dict:
+        print(f"[bench] {self.label}: {name}", file=sys.stderr, flush=True)
+        self.connection.send(name)
+        return self.receive()
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.connection.send(None)
+            self.process.join(timeout=120)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def run_interleaved(workers: list[Worker], workloads: Workloads) -> list[dict]:
+    """Every workload on every engine, alternating engines (and who goes first), so load from other
+    processes on the machine hits both sides alike. TTFT is the median of its repeats."""
+    schedule = ["warmup", "prefill", *["ttft"] * workloads.ttft_repeats, "tpot", "e2e"]
+    results = [{**w.facts, "ttft_runs": []} for w in workers]
+    for step, name in enumerate(schedule):
+        order = list(range(len(workers)))[:: 1 if step % 2 == 0 else -1]
+        for i in order:
+            measured = workers[i].run(name)
+            if name == "ttft":
+                results[i]["ttft_runs"].append(measured["ttft_s"])
+            else:
+                results[i].update(measured)
+    for result in results:
+        result["ttft_s"] = statistics.median(result["ttft_runs"])
+    return results
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,18 +191,6 @@ def prefill_flops_per_token(config, prompt_len: int) -> float:
     per_layer = hidden * (2 * q_size + 2 * kv_size) + 3 * hidden * inter
     attention = 2 * 2 * q_size * (prompt_len + 1) / 2
     return config.num_hidden_layers * (2 * per_layer + attention)
-
-
-def run_in_child(model: str, settings: dict, workloads: Workloads, label: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "swiftkv.bench", "--worker", model, "--out", str(out),
-                   "--settings", json.dumps(settings), "--workloads", json.dumps(asdict(workloads))]
-        print(f"[bench] {label}: {model}", file=sys.stderr, flush=True)
-        completed = subprocess.run(command)
-        if completed.returncode != 0 or not out.is_file():
-            raise RuntimeError(f"benchmark of {label} ({model}) failed with exit code {completed.returncode}")
-        return json.loads(out.read_text())
 
 
 METRICS = [  # key, label, higher is better, target ratio
@@ -214,8 +250,14 @@ def bench(model: str, baseline: str, out_dir: str | Path, settings: dict, worklo
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     peak = bf16_matmul_peak()
-    base = run_in_child(baseline_dir, settings, workloads, "baseline")
-    swift = run_in_child(model_dir, settings, workloads, "SwiftKV")
+    workers = []
+    try:
+        for label, path in (("baseline", baseline_dir), ("SwiftKV", model_dir)):
+            workers.append(Worker(label, path, settings, workloads))
+        base, swift = run_interleaved(workers, workloads)
+    finally:
+        for worker in workers:
+            worker.close()
     from transformers import AutoConfig
 
     flops = prefill_flops_per_token(AutoConfig.from_pretrained(baseline_dir), workloads.prefill_len)
@@ -233,18 +275,3 @@ def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
-
-
-def worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swiftkv.bench --worker")
-    parser.add_argument("--worker", required=True)
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--settings", required=True, type=json.loads)
-    parser.add_argument("--workloads", required=True, type=json.loads)
-    args = parser.parse_args(argv)
-    run_worker(args.worker, args.settings, args.workloads, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv[1:]))
