@@ -81,7 +81,8 @@ def task_table(results: dict) -> list[str]:
     for task, metric in task_metric_rows(results):
         first = students[0]["tasks"][task]
         teacher = first["metrics"][TEACHER]
-        cells = [f"{teacher[metric]:.4f} ± {teacher[metric + '_stderr'] or 0:.4f}"]
+        stderr = teacher.get(metric + "_stderr")
+        cells = [f"{teacher[metric]:.4f} ± " + (f"{stderr:.4f}" if stderr is not None else "n/a")]
         for student in students:
             paired = student["tasks"][task]["paired"][metric]
             cells.append(f"{paired['student']:.4f} ({paired['diff']:+.4f} ± {paired['diff_stderr']:.4f}; "
