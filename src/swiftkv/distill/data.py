@@ -51,6 +51,9 @@ class Blocks:
     def select(self, index) -> Blocks:
         return Blocks(self.input_ids[index], self.position_ids[index], self.loss_mask[index])
 
+    def to(self, device: torch.device) -> Blocks:
+        return Blocks(self.input_ids.to(device), self.position_ids.to(device), self.loss_mask.to(device))
+
     @property
     def num_tokens(self) -> int:
         return self.input_ids.numel()

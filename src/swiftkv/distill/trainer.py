@@ -3,7 +3,7 @@
 Why it is cheaper than the reference (ArcticTraining): layers < N are identical for teacher and
 student, so one forward through them (no grad) feeds both the teacher's later layers (no grad) and
 the student's (grad only into the SwiftKV projections). Only masked rows reach the vocabulary
-projection, in chunks. Runs on CPU with bf16 autocast; `torchrun` gives DDP (gloo/nccl).
+projection, in chunks. Runs on CPU (optionally with bf16 autocast); `torchrun` gives DDP (gloo on CPU, nccl on GPU).
 
 The loop is small functions: `lr_at`, `train_step`, `evaluate`, `save_checkpoint` / `load_checkpoint`,
 and `distill` wires them. A run is a pure function of its settings and step index (data order comes
@@ -75,6 +75,7 @@ class World:
     rank: int = 0
     size: int = 1
     ddp: bool = False
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_main(self) -> bool:
@@ -131,8 +132,12 @@ def logits_fn(model: nn.Module):
     return lambda hidden: model.lm_head(model.model.norm(hidden))
 
 
-def autocast(enabled: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+def autocast(enabled: bool, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return model.lm_head.weight.device
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,10 +166,11 @@ def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Op
     micro-batch's loss is scaled so the (DDP-averaged) gradient is that of the global mean loss."""
     scale = world.size / max(1, global_rows)
     micro_batches = [blocks.select(slice(i, i + settings.micro_batch)) for i in range(0, len(blocks), settings.micro_batch)]
-    total = 0.0
+    total, device = 0.0, device_of(model)
     for k, micro in enumerate(micro_batches):
         sync_later = world.ddp and k < len(micro_batches) - 1
-        with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(settings.bf16):
+        with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(settings.bf16, device):
+            micro = micro.to(device)
             rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
             student, teacher = distiller(micro.input_ids, micro.position_ids, rows)
             total += backward_distill_loss(student, teacher, logits_fn(model), settings.temperature,
@@ -183,8 +189,8 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
     totals = torch.zeros(3, dtype=torch.float64)
     mine = heldout.select(slice(world.rank, None, world.size))
     for i in range(0, len(mine), settings.micro_batch):
-        micro = mine.select(slice(i, i + settings.micro_batch))
-        with autocast(settings.bf16):
+        micro = mine.select(slice(i, i + settings.micro_batch)).to(device_of(model))
+        with autocast(settings.bf16, device_of(model)):
             rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
             student, teacher = distiller(micro.input_ids, micro.position_ids, rows)
             totals += torch.tensor(agreement_stats(student, teacher, logits_fn(model), settings.chunk_rows),
@@ -195,9 +201,12 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
 
 
 def all_reduce(tensor: torch.Tensor, world: World) -> torch.Tensor:
-    if world.ddp:
-        torch.distributed.all_reduce(tensor)
-    return tensor
+    """Sum over processes (through the group's device: nccl only reduces CUDA tensors)."""
+    if not world.ddp:
+        return tensor
+    on_device = tensor.to(world.device)
+    torch.distributed.all_reduce(on_device)
+    return on_device.to(tensor.device)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,10 +264,13 @@ def init_world() -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World()
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
-    return World(torch.distributed.get_rank(), torch.distributed.get_world_size(), ddp=True)
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return World(torch.distributed.get_rank(), torch.distributed.get_world_size(), ddp=True, device=device)
 
 
 def check_batch(settings: DistillSettings, world: World) -> None:
@@ -271,7 +283,8 @@ def check_batch(settings: DistillSettings, world: World) -> None:
 def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module:
     distiller = SharedPrefixDistiller(model, naive=settings.naive)
     if world.ddp:
-        return nn.parallel.DistributedDataParallel(distiller, broadcast_buffers=False)
+        device_ids = [world.device.index] if world.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(distiller, device_ids=device_ids, broadcast_buffers=False)
     return distiller
 
 
@@ -294,6 +307,7 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     if total_steps == 0:
         raise ValueError(f"--tokens {settings.tokens} gives {len(train)} blocks, fewer than one --batch-size "
                          f"{settings.batch_size}; raise --tokens or lower --batch-size / --seq-len")
+    model.to(world.device)
     parameters = freeze_all_but_swiftkv(model)
     optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
     state = load_checkpoint(ckpt, model, optimizer, settings) if settings.resume else RunState()

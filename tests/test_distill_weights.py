@@ -1,0 +1,43 @@
+"""The shipped distilled models: `swiftkv export <alias>` = the wheel's SmolLM2 + the committed
+SwiftKV tensors, loadable with AutoModelForCausalLM, and it answers the Paris question."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+import swiftkv  # noqa: F401 - registers the Auto classes
+from swiftkv.sources import WEIGHTS_DIR, export, load_model, load_tokenizer
+
+pytestmark = pytest.mark.slow
+ALIASES = {"smollm2-135m-instruct-swiftkv50": 15, "smollm2-135m-instruct-swiftkv25": 22}
+
+
+@pytest.fixture(scope="module")
+def base_state():
+    return load_model("smollm2-135m-instruct").state_dict()
+
+
+def greedy_answer(model, tokenizer, question: str) -> str:
+    messages = [{"role": "user", "content": question}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**ids, max_new_tokens=16, do_sample=False)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_exported_alias_is_the_base_model_plus_the_committed_tensors(tmp_path, base_state, alias):
+    spec = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())
+    assert spec == {"base": "smollm2-135m-instruct", "num_key_value_layers": ALIASES[alias], "key_value_group_size": 1}
+    export(alias, tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert model.config.swiftkv is True and model.config.num_key_value_layers == ALIASES[alias]
+    committed = load_file(WEIGHTS_DIR / alias / "swiftkv.safetensors")
+    state = model.state_dict()
+    assert all(torch.equal(state[name], tensor.float()) for name, tensor in committed.items())
+    shared = [name for name in base_state if name in state]
+    assert len(shared) == len(base_state) and all(torch.equal(state[n], base_state[n]) for n in shared)
+    answer = greedy_answer(model, load_tokenizer(tmp_path / "out"), "What is the capital of France?")
+    assert "Paris" in answer, answer
