@@ -114,8 +114,10 @@ def can_run_teacher_path(model) -> bool:
     return is_swiftkv(model) and not getattr(model.config, "swiftkv_trimmed", False)
 
 
-def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16) -> ModelPair:
-    """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring."""
+def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16,
+              share_early: bool = True) -> ModelPair:
+    """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring.
+    `share_early=False` keeps two models even when they could share layers < N (for speed comparisons)."""
     folders = {STUDENT: resolve_source(student_src)}
     if teacher_src is not None:
         folders[TEACHER] = resolve_source(teacher_src)
@@ -136,7 +138,7 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
     else:
         teacher = load_model(folders[TEACHER], dtype=torch.float32)
         keys[TEACHER] = folder_fingerprint(folders[TEACHER])
-        if can_run_teacher_path(student) and teacher_weights_match(student, teacher):
+        if share_early and can_run_teacher_path(student) and teacher_weights_match(student, teacher):
             teacher = None  # the student's teacher path computes exactly the teacher: share layers < N
     if is_swiftkv(student):
         student.set_swiftkv(True)  # `generate` and plain forwards of the student run the SwiftKV path
