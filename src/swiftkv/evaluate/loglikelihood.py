@@ -68,14 +68,17 @@ def batches(inputs: list[tuple[int, ...]], batch_tokens: int) -> list[list[tuple
 class LoglikelihoodScorer:
     """Scores requests for both roles, computing only what the cache lacks."""
 
-    def __init__(self, pair: ModelPair, store: ResultStore, batch_tokens: int = 4096, progress: bool = True):
+    def __init__(self, pair: ModelPair, store: ResultStore, batch_tokens: int = 4096, progress: bool = True,
+                 roles: tuple[str, ...] | None = None):
         self.pair, self.store = pair, store
+        # Roles computed together whenever a request is missing (default both: one pass serves both).
+        self.keys = {role: pair.cache_keys[role] for role in (roles or pair.cache_keys)}
         self.batch_tokens, self.progress = batch_tokens, progress
         self.computed = 0  # requests scored by the models (not served from the cache)
 
     def loglikelihood(self, requests: list[tuple[str, str]], role: str) -> list[tuple[float, bool]]:
         keys = [request_key("ll", context, continuation) for context, continuation in requests]
-        cached = {r: self.store.get_many(self.pair.cache_keys[r], keys) for r in self.pair.cache_keys}
+        cached = {r: self.store.get_many(self.keys[r], keys) for r in self.keys}
         todo = {key: request for key, request in zip(keys, requests, strict=True)
                 if any(key not in cached[r] for r in cached)}
         if todo:
@@ -97,7 +100,7 @@ class LoglikelihoodScorer:
             roles = [r for r in cached if any(key not in cached[r] for key in keys)]
             batch_results = self.score_batch(batch, by_input, encoded, roles)
             for r, items in batch_results.items():
-                self.store.put_many(self.pair.cache_keys[r], items)
+                self.store.put_many(self.keys[r], items)
                 results[r].update(items)
             bar.update(len(keys))
         bar.close()

@@ -29,10 +29,10 @@ TASKS = ("arc_easy", "hellaswag", "mmlu")
 
 def task_requests(name: str, items: int) -> list[tuple[str, str]]:
     """The (context, continuation) requests lm-eval builds for the first `items` items of a task."""
-    tasks = load_task(name)["tasks"]
+    tasks = list(load_task(name)["tasks"].values())
     per_task = max(1, items // len(tasks))
     requests = []
-    for task in tasks.values():
+    for task in tasks[:items]:  # a group (MMLU) with more subtasks than items: one item from each of the first
         task.build_all_requests(limit=per_task, rank=0, world_size=1)
         requests += [instance.args for instance in task.instances]
     return requests
@@ -40,7 +40,7 @@ def task_requests(name: str, items: int) -> list[tuple[str, str]]:
 
 def time_variant(pair, requests, roles) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        scorer = LoglikelihoodScorer(pair, ResultStore(Path(tmp) / "c.sqlite"), progress=False)
+        scorer = LoglikelihoodScorer(pair, ResultStore(Path(tmp) / "c.sqlite"), progress=False, roles=roles)
         started = time.perf_counter()
         for role in roles:
             scorer.loglikelihood(requests, role)
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teacher", required=True)
     parser.add_argument("--items", type=int, default=40, help="items per task (arc_easy, hellaswag, mmlu)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default %(default)s)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="swiftkv-eval-speed")
     args = parser.parse_args(argv)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = {"teacher only": (pairs["separate"], (TEACHER,)), "paired, separate models": (
         pairs["separate"], (TEACHER, STUDENT)), "paired, shared pass": (pairs["shared"], (TEACHER, STUDENT))}
     results = {}
-    for task in TASKS:
+    for task in args.tasks.split(","):
         requests = task_requests(task, args.items)
         times = {name: [] for name in variants}
         for _ in range(args.repeats):
