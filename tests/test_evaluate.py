@@ -110,6 +110,16 @@ def test_second_run_recomputes_nothing(models, tmp_path):
     assert second.computed == 0
 
 
+def test_scorer_restricted_to_the_teacher_leaves_the_student_unscored(models, tmp_path):
+    pair = load_pair(str(models["student"]), None, dtype=torch.float32)
+    store = ResultStore(tmp_path / "cache.sqlite")
+    teacher_only = LoglikelihoodScorer(pair, store, progress=False, roles=(TEACHER,))
+    values = teacher_only.loglikelihood(REQUESTS, TEACHER)
+    both = LoglikelihoodScorer(pair, store, progress=False)
+    assert both.loglikelihood(REQUESTS, TEACHER) == values
+    assert both.computed == len(REQUESTS)  # the student's scores were still missing
+
+
 def test_separate_mode_when_weights_differ(models, tokenizer, tmp_path):
     teacher = LlamaForCausalLM.from_pretrained(models["teacher"])
     with torch.no_grad():
