@@ -11,6 +11,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+# The last 500 complete records (17171..17670, file order) are the evaluation's held-out chat
+# (swiftkv.evaluate.heldout); everything that trains or calibrates stops before them.
+SHAREGPT_HELDOUT_START = 17171
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
                   "assistant": "assistant", "system": "system"}
 
@@ -58,9 +61,11 @@ def sharegpt_messages(record: dict) -> list[dict] | None:
     return messages
 
 
-def iter_sharegpt(skip: int = 0) -> Iterator[list[dict]]:
-    """Chat `messages` of the ShareGPT conversations, in file order, after skipping `skip` records."""
+def iter_sharegpt(skip: int = 0, stop: int = SHAREGPT_HELDOUT_START) -> Iterator[list[dict]]:
+    """Chat `messages` of ShareGPT records [skip, stop) in file order (by default all but the held-out)."""
     for index, record in enumerate(iter_json_array(sharegpt_file())):
+        if index >= stop:
+            return
         if index < skip:
             continue
         messages = sharegpt_messages(record)
