@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..corpus import SHAREGPT_HELDOUT_START
+
 SHAREGPT_ALIAS = "sharegpt"
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
@@ -140,7 +142,11 @@ def read_source(spec: str) -> Iterator[Messages | str]:
     """Examples of `--data`: `sharegpt`, a ShareGPT-style .json, a .jsonl, a text folder, or a
     `datasets.save_to_disk` folder."""
     if spec == SHAREGPT_ALIAS:
-        yield from (sharegpt_messages(r) for r in stream_json_array(sharegpt_file()))
+        # The records from SHAREGPT_HELDOUT_START on are the evaluation's held-out chats: they stay
+        # in the stream as None (skipped by `tokenize`) so the seeded shuffle, and with it every
+        # split made before this exclusion existed, stays the same.
+        for index, record in enumerate(stream_json_array(sharegpt_file())):
+            yield sharegpt_messages(record) if index < SHAREGPT_HELDOUT_START else None
         return
     path = Path(spec)
     if not path.exists():
@@ -194,9 +200,11 @@ def tokenize_text(tokenizer, text: str) -> Document:
     return Document(list(ids), [True] * len(ids))
 
 
-def tokenize(tokenizer, example: Messages | str) -> Document | None:
-    """A document, or None for an example that cannot teach anything (empty, or a chat without a
-    non-empty assistant turn)."""
+def tokenize(tokenizer, example: Messages | str | None) -> Document | None:
+    """A document, or None for an example that cannot teach anything (excluded, empty, or a chat
+    without a non-empty assistant turn)."""
+    if example is None:
+        return None
     if isinstance(example, str):
         return tokenize_text(tokenizer, example) if example.strip() else None
     if not any(m["role"] == "assistant" and m["content"].strip() for m in example):
