@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from swiftkv.distill.data import Document, load_blocks, pack, read_source, stream_json_array, tokenize
+from swiftkv.corpus import iter_json_array
+from swiftkv.distill.data import Document, load_blocks, pack, read_source, tokenize
 from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
 
 
@@ -74,7 +75,7 @@ def test_truncated_json_array_yields_the_complete_records(tmp_path):
     text = json.dumps(records)
     path = tmp_path / "cut.json"
     path.write_text(text[: text.rindex("{") + 10])  # the last record is cut mid-way
-    assert len(list(stream_json_array(path))) == 2
+    assert len(list(iter_json_array(path))) == 2
     assert next(read_source(str(path)))[1] == {"role": "assistant", "content": "w5"}
 
 

