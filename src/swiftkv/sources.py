@@ -9,6 +9,7 @@ SwiftKV parameters this project distilled and ships in `swiftkv/weights/`.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import os
@@ -138,7 +139,10 @@ def resolve_source(src: str | os.PathLike) -> Path:
     if text == SMOLLM2_ALIAS:
         return cached_folder(SMOLLM2_ALIAS, lambda out: export_gguf(smollm2_gguf(), out))
     if (WEIGHTS_DIR / text / "swiftkv.json").is_file():
-        return cached_folder(text, lambda out: build_distilled(text, out))
+        # Keyed on the shipped tensors too, so a cache built from older weights is never reused.
+        weights = WEIGHTS_DIR / text / "swiftkv.safetensors"
+        key = f"{text}-{hashlib.sha256(weights.read_bytes()).hexdigest()[:12]}"
+        return cached_folder(key, lambda out: build_distilled(text, out))
     path = Path(src)
     if path.suffix == ".gguf":
         if not path.is_file():
