@@ -222,7 +222,8 @@ def format_table(report: dict) -> str:
     for key, label, higher, target in METRICS:
         b, s, r = report["baseline"][key], report["swiftkv"][key], report["ratio"][key]
         goal = "" if target is None else f"{'>=' if higher else '<='} {target}"
-        rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{r:>9.3f}  {goal}")
+        ratio = "n/a" if r is None else f"{r:.3f}"  # a zero baseline (e.g. no decode share left)
+        rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{ratio:>9}  {goal}")
     rows.append(f"bf16 matmul peak: {report['peak_flops'] / 1e9:.0f} GFLOP/s; baseline prefill FLOPs/token "
                 f"{report['flops_per_token'] / 1e6:.0f} M")
     return "\n".join(rows)
