@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # vLLM's CPU engine: use both cores, reserve none for the frontend (the default reserves one of two).
-export VLLM_CPU_OMP_THREADS_BIND ?= all
+export VLLM_CPU_OMP_THREADS_BIND ?= auto
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
