@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.distill.trainer import trained_parameters
+from swiftkv.modeling import swiftkv_parameters
 from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, write_jsonl
 
 TRAIN_ARGS = ["--tokens", "512", "--heldout-tokens", "64", "--seq-len", "32", "--batch-size", "4",
@@ -34,7 +34,7 @@ def test_cli_writes_a_swiftkv_folder_where_only_swiftkv_weights_changed(tiny_run
     source = AutoModelForCausalLM.from_pretrained(folder)
     distilled = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert distilled.config.swiftkv is True
-    trained = set(trained_parameters(distilled))
+    trained = set(swiftkv_parameters(distilled))
     for name, tensor in distilled.state_dict().items():
         same = torch.equal(tensor, source.state_dict()[name])
         assert same != (name in trained), name
@@ -92,6 +92,6 @@ def test_two_gloo_processes_follow_the_one_process_loss_curve(tiny_run):
     assert len(losses[0]) == len(losses[1]) == 4
     assert max(abs(a - b) / a for a, b in zip(*losses, strict=True)) < 1e-5
     assert abs(one["heldout_after"]["kl"] - two["heldout_after"]["kl"]) < 1e-5
-    first = trained_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "one"))
-    second = trained_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "two"))
+    first = swiftkv_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "one"))
+    second = swiftkv_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "two"))
     assert max((first[n] - second[n]).abs().max().item() for n in first) < 1e-5

@@ -14,8 +14,8 @@ from swiftkv.distill.trainer import (
     freeze_all_but_swiftkv,
     logits_fn,
     lr_at,
+    swiftkv_parameters,
     train_step,
-    trained_parameters,
 )
 from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
 
@@ -103,7 +103,7 @@ def test_one_step_changes_only_the_swiftkv_parameters():
     blocks = blocks_for(model)
     train_step(SharedPrefixDistiller(model), model, optimizer, blocks, int(blocks.loss_mask.sum()), settings, World())
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
-    assert changed == set(trained_parameters(model))
+    assert changed == set(swiftkv_parameters(model))
     assert len(changed) == 3 * 3 + 1  # q/k/v_proj_swiftkv of layers 3..5 and norm_swiftkv
 
 
@@ -131,11 +131,11 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     resumed = tiny_model()  # a fresh process: weights come from the checkpoint only
     state = distill(run_settings(tmp_path, resume=True), resumed, tokenizer)
     assert state.step == whole_state.step == 4
-    for name, parameter in trained_parameters(whole).items():
-        assert torch.equal(parameter, trained_parameters(resumed)[name]), name
+    for name, parameter in swiftkv_parameters(whole).items():
+        assert torch.equal(parameter, swiftkv_parameters(resumed)[name]), name
     assert [h for h in state.history if "loss" in h] == [h for h in whole_state.history if "loss" in h]
-    initial = trained_parameters(tiny_model())
-    assert any(not torch.equal(p, initial[n]) for n, p in trained_parameters(whole).items())
+    initial = swiftkv_parameters(tiny_model())
+    assert any(not torch.equal(p, initial[n]) for n, p in swiftkv_parameters(whole).items())
 
 
 def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path):
@@ -161,8 +161,8 @@ def test_saved_swiftkv_params_hold_only_the_trained_tensors(tmp_path):
     model = tiny_model()
     save_swiftkv_params(model, tmp_path / "w", base="tiny", dtype=torch.float32)
     tensors = load_file(tmp_path / "w" / "swiftkv.safetensors")
-    assert set(tensors) == set(trained_parameters(model))
-    for name, parameter in trained_parameters(model).items():
+    assert set(tensors) == set(swiftkv_parameters(model))
+    for name, parameter in swiftkv_parameters(model).items():
         assert torch.equal(tensors[name], parameter.detach())
     spec = json.loads((tmp_path / "w" / "swiftkv.json").read_text())
     assert spec == {"base": "tiny", "num_key_value_layers": 3, "key_value_group_size": 1}

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .sources import write_atomic
+
 
 @dataclass
 class Workloads:
@@ -277,12 +279,7 @@ def bench(model: str, baseline: str, out_dir: str | Path, settings: dict, worklo
     report = {"model": model, "baseline_model": baseline, "settings": settings, "workloads": asdict(workloads),
               "peak_flops": peak, "flops_per_token": flops, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "baseline": base, "swiftkv": swift, "ratio": compare(base, swift)}
-    write_json_atomic(out_dir / "bench.json", report)
+    write_atomic(out_dir / "bench.json", json.dumps(report, indent=2))
     plot(report, out_dir / "bench.png")
     return report
 
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)

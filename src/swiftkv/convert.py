@@ -20,7 +20,7 @@ import torch
 
 from . import calibration
 from .configuration import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
-from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM
+from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM, swiftkv_parameters
 from .sources import atomic_output_dir, check_supported, load_model, load_tokenizer, resolve_source
 
 INITS = ("copy", "mean", "lstsq")
@@ -107,11 +107,6 @@ def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size
         raise ValueError(f"the source checkpoint lacks weights the model needs: {not_swiftkv[:5]}")
     model.tie_weights()
     return model
-
-
-def swiftkv_parameters(model) -> dict[str, torch.nn.Parameter]:
-    """The parameters SwiftKV adds (the only ones distillation trains)."""
-    return {name: p for name, p in model.named_parameters() if "swiftkv" in name}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -51,6 +51,11 @@ from .configuration import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
 RowSelection = slice | torch.Tensor | None
 
 
+def swiftkv_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters SwiftKV adds (q/k/v_proj_swiftkv, norm_swiftkv): the only ones distillation trains."""
+    return {name: p for name, p in model.named_parameters() if "swiftkv" in name}
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on one tensor [batch, heads, seq, head_dim] (transformers rotates q and k together)."""
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)

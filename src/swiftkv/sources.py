@@ -57,6 +57,25 @@ def atomic_output_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[P
     replace_dir(tmp, dst)
 
 
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `path` (same suffix, so writers that infer the format still work);
+    it replaces `path` on success and is removed on error, so `path` is never half-written."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
 def replace_dir(src: Path, dst: Path) -> None:
     """Rename `src` to `dst`, replacing an existing `dst` only after `src` is complete."""
     old = None

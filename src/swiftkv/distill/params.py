@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .trainer import trained_parameters
+from ..modeling import swiftkv_parameters
+from ..sources import atomic_file, write_atomic
 
 
 def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base: str,
@@ -23,15 +24,12 @@ def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base:
     each file is written beside its final name and then renamed."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: p.detach().to(dtype).contiguous() for name, p in trained_parameters(model).items()}
+    tensors = {name: p.detach().to(dtype).contiguous() for name, p in swiftkv_parameters(model).items()}
     if not tensors:
         raise ValueError("the model has no SwiftKV parameters (q/k/v_proj_swiftkv, norm_swiftkv) to save")
     spec = {"base": base, "num_key_value_layers": model.config.num_key_value_layers,
             "key_value_group_size": model.config.key_value_group_size}
-    tmp = folder / f".swiftkv.safetensors.tmp-{os.getpid()}"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "swiftkv.safetensors")
-    tmp_json = folder / f".swiftkv.json.tmp-{os.getpid()}"
-    tmp_json.write_text(json.dumps(spec, indent=2) + "\n")
-    os.replace(tmp_json, folder / "swiftkv.json")
+    with atomic_file(folder / "swiftkv.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    write_atomic(folder / "swiftkv.json", json.dumps(spec, indent=2) + "\n")
     return folder

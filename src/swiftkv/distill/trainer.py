@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..modeling import swiftkv_parameters
+from ..sources import atomic_file
 from .data import Blocks, load_blocks
 from .loss import agreement_stats, backward_distill_loss
 
-TRAINED_MARKERS = ("q_proj_swiftkv", "k_proj_swiftkv", "v_proj_swiftkv", "norm_swiftkv")
 CHECKPOINT_FILE = "checkpoint.pt"
 # Settings that do not change the training trajectory; a resume may differ in them.
 RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume")
@@ -95,13 +96,9 @@ class RunState:
 # --------------------------------------------------------------------------------------------------
 
 
-def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    return {name: p for name, p in model.named_parameters() if any(m in name for m in TRAINED_MARKERS)}
-
-
 def freeze_all_but_swiftkv(model: nn.Module) -> list[nn.Parameter]:
     """Only the SwiftKV projections and norm_swiftkv train; everything else is the frozen teacher."""
-    trained = trained_parameters(model)
+    trained = swiftkv_parameters(model)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name in trained)
     return list(trained.values())
@@ -220,12 +217,11 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, se
     payload = {
         "fingerprint": settings.fingerprint(),
         "state": asdict(state),
-        "trained": {name: p.detach().clone() for name, p in trained_parameters(model).items()},
+        "trained": {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()},
         "optimizer": optimizer.state_dict(),
     }
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        torch.save(payload, tmp)
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSettings) -> RunState:
@@ -238,7 +234,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSe
         detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"--resume: checkpoint {path} is from another run configuration ({detail})")
     with torch.no_grad():
-        for name, parameter in trained_parameters(model).items():
+        for name, parameter in swiftkv_parameters(model).items():
             parameter.copy_(payload["trained"][name])
     optimizer.load_state_dict(payload["optimizer"])
     return RunState(**payload["state"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..sources import atomic_file, write_atomic
 from .pair import STUDENT, TEACHER
 
 
@@ -18,16 +19,9 @@ def write_report(results: dict, out: Path) -> list[Path]:
     paths = [out / "results.json", out / "report.md", out / "report.png"]
     write_atomic(paths[0], json.dumps(results, indent=2).encode())
     write_atomic(paths[1], markdown(results).encode())
-    tmp_png = out / ".report.tmp.png"
-    plot(results, tmp_png)
-    tmp_png.replace(paths[2])
+    with atomic_file(paths[2]) as tmp_png:
+        plot(results, tmp_png)
     return paths
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def student_label(student: dict) -> str:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ..sources import write_atomic
 from .harness import load_task
 from .loglikelihood import LoglikelihoodScorer
 from .pair import STUDENT, TEACHER, load_pair
-from .report import write_atomic
 from .store import ResultStore
 
 TASKS = ("arc_easy", "hellaswag", "mmlu")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .report import write_atomic, write_report
+from ..sources import write_atomic
+from .report import write_report
 from .run import EvalSettings, evaluate_models
 
 
