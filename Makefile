@@ -3,8 +3,8 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-# vLLM's CPU engine: use both cores, reserve none for the frontend (the default reserves one of two).
-export VLLM_CPU_OMP_THREADS_BIND ?= auto
+# vLLM's CPU engine: reserve no core for the frontend (the default reserves one of two). The thread
+# binding is set by swiftkv.vllm.env to every CPU this process may use, unless you set it yourself.
 export VLLM_CPU_NUM_OF_RESERVED_CPU ?= 0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
