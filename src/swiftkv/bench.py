@@ -238,7 +238,8 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = [label for _, label, *_ in METRICS]
-    ratios = [report["ratio"][key] for key, *_ in METRICS]
+    # A ratio is None when the baseline's value is 0 (e.g. no decode share left); draw no bar for it.
+    ratios = [report["ratio"][key] or 0.0 for key, *_ in METRICS]
     figure, axis = plt.subplots(figsize=(9, 4))
     bars = axis.barh(labels, ratios, color="tab:blue")
     for (_, _, higher, target), bar in zip(METRICS, bars, strict=True):
