@@ -21,7 +21,7 @@ import torch
 from . import calibration
 from .configuration import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
 from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM, swiftkv_parameters
-from .sources import atomic_output_dir, check_supported, load_model, load_tokenizer, resolve_source
+from .sources import atomic_output_dir, load_model, load_tokenizer
 
 INITS = ("copy", "mean", "lstsq")
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
@@ -82,7 +82,7 @@ def resolve_num_key_value_layers(num_layers: int, num_key_value_layers: int | No
     return num_key_value_layers
 
 
-def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size: int, trim: bool):
+def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size: int):
     """The SwiftKV config of a plain Llama/Qwen2 config; raises SwiftKVConfigError on bad N/G."""
     base_type = base_config.model_type
     if base_type not in SWIFTKV_CLASSES:
@@ -92,12 +92,13 @@ def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size:
     values = {k: v for k, v in base_config.to_dict().items() if k not in ("model_type", "architectures")}
     values.pop("transformers_version", None)
     return config_class(**values, swiftkv=True, num_key_value_layers=num_key_value_layers,
-                        key_value_group_size=key_value_group_size, swiftkv_trimmed=trim)
+                        key_value_group_size=key_value_group_size)
 
 
-def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size: int, trim: bool = False):
-    """A SwiftKV model holding the teacher's weights; the new parameters still need an init."""
-    config = swiftkv_config(teacher.config, num_key_value_layers, key_value_group_size, trim)
+def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size: int):
+    """A SwiftKV model holding the teacher's weights; the new parameters still need an init. It is
+    never trimmed here: measuring an init runs its teacher path (`trimmed_copy` trims at write time)."""
+    config = swiftkv_config(teacher.config, num_key_value_layers, key_value_group_size)
     _, model_class = SWIFTKV_CLASSES[teacher.config.model_type]
     model = model_class(config).to(teacher.dtype).eval()
     weights = {k: v for k, v in teacher.state_dict().items() if k in model.state_dict()}
@@ -180,10 +181,9 @@ def convert(src: str, dst: str | os.PathLike, num_key_value_layers: int | None =
     if Path(dst).exists() and not force:
         raise FileExistsError(f"output folder {dst} already exists; pass --force to overwrite it")
     started = time.time()
-    check_supported(resolve_source(src))
-    teacher = load_model(src, dtype=torch.float32)
+    teacher = load_model(src, dtype=torch.float32)  # resolves and checks the source first
     n = resolve_num_key_value_layers(teacher.config.num_hidden_layers, num_key_value_layers, swiftkv_fraction)
-    model = build_swiftkv_model(teacher, n, key_value_group_size, trim=False)
+    model = build_swiftkv_model(teacher, n, key_value_group_size)
     report = ConversionReport(str(src), init, n, key_value_group_size)
     init_copy(model, teacher, average_group=(init == "mean"))
     if init == "lstsq" or overrides is None:
