@@ -192,6 +192,9 @@ def test_cli_writes_report_with_paired_numbers(models, tmp_path, capsys):
         same = [t == s for t, s in zip(entry["answers"]["teacher"], entry["answers"]["student"], strict=True)]
         assert len(same) == 5 and paired["agreement"] == pytest.approx(sum(same) / 5)
     assert student["tasks"]["hellaswag"]["paired"]["acc_norm"]["n"] == 5
+    accuracy = [student["tasks"][task]["metrics"]["student"]["acc"] for task in student["tasks"]]
+    summary = [*accuracy, sum(accuracy) / len(accuracy), student["teacher_forced"]["kl_mean"]]
+    assert "| S1 | " + " | ".join(f"{value:.3f}" for value in summary) + " |" in report  # one row per model
     assert student["teacher_forced"]["tokens"] > 0 and 0 <= student["teacher_forced"]["top1_agreement"] <= 1
     assert student["generation"]["prompts"] == 2
     assert 0.4 < student["prefill_compute_saving"] < 0.5  # 3 of 6 layers skipped, minus the new K/V projections

@@ -54,10 +54,41 @@ def markdown(results: dict) -> str:
     for i, student in enumerate(students):
         lines.append(f"- S{i + 1}: `{student_label(student)}`, {student['pair']['mode']} pass, "
                      f"{student['seconds']:.0f} s")
+    if students:
+        lines += ["", *summary_table(results)]
     if students and students[0]["tasks"]:
         lines += ["", *task_table(results)]
     lines += ["", *chat_tables(students)]
     return "\n".join(lines) + "\n"
+
+
+def summary_table(results: dict) -> list[str]:
+    """One row per model: what a reader compares first (accuracy per task, their mean, chat agreement)."""
+    students = results["students"]
+    tasks = list(students[0]["tasks"])
+    header = ["model", *tasks] + (["mean acc"] if tasks else []) + ["chat KL", "chat top-1", "greedy identical",
+                                                                 "first divergence"]
+    lines = ["## Summary", "", "Accuracy is lm-eval's `acc`; the mean is unweighted over the tasks. Chat columns: "
+             "teacher-forced KL(teacher‖student) and top-1 agreement on held-out ShareGPT; greedy identical: "
+             "fraction of prompts whose first generated tokens equal the teacher's; first divergence: mean index of "
+             "the first generated token that differs.", "",
+             "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    teacher = [students[0]["tasks"][t]["metrics"][TEACHER]["acc"] for t in tasks]
+    lines.append(summary_row("teacher", teacher, None, None, None, None))
+    for i, student in enumerate(students):
+        accuracy = [student["tasks"][t]["metrics"][STUDENT]["acc"] for t in tasks]
+        forced, generated = student.get("teacher_forced") or {}, student.get("generation") or {}
+        lines.append(summary_row(f"S{i + 1}", accuracy, forced.get("kl_mean"), forced.get("top1_agreement"),
+                                 generated.get("identical_fraction"), generated.get("mean_first_divergence")))
+    return lines
+
+
+def summary_row(name: str, accuracy: list[float], kl, top1, identical, divergence) -> str:
+    mean = [sum(accuracy) / len(accuracy)] if accuracy else []
+    cells = [f"{value:.3f}" for value in (*accuracy, *mean)]
+    cells += ["–" if value is None else f"{value:.3f}" for value in (kl, top1, identical)]
+    cells.append("–" if divergence is None else f"{divergence:.1f}")
+    return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def task_table(results: dict) -> list[str]:
