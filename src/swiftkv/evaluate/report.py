@@ -173,10 +173,11 @@ def plot(results: dict, path: Path) -> None:
         right.bar([i + j * width for i in range(len(groups))], agreement_values(student, tasks), width,
                   label=f"S{j + 1}: {student_label(student)}")
     right.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20)
-    right.set_ylim(0, 1)
+    right.set_ylim(0, 1.3)  # headroom: the legend sits above the bars instead of on them
+    right.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
     right.set_ylabel("agreement with the teacher")
     right.set_title("Agreement per task (same answer), chat top-1, identical greedy answers", fontsize=9)
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
