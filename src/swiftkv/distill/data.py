@@ -22,12 +22,10 @@ from pathlib import Path
 
 import torch
 
-from ..corpus import SHAREGPT_HELDOUT_START, iter_json_array, sharegpt_file
+from ..corpus import SHAREGPT_HELDOUT_START, SHAREGPT_ROLES, iter_json_array, sharegpt_file
 
 SHAREGPT_ALIAS = "sharegpt"
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant",
-                  "assistant": "assistant", "system": "system"}
 
 Messages = list[dict]  # [{"role": "user" | "assistant" | "system", "content": str}, ...]
 
@@ -65,7 +63,9 @@ class Blocks:
 # --------------------------------------------------------------------------------------------------
 
 
-def sharegpt_messages(record: dict) -> Messages:
+def sharegpt_turns(record: dict) -> Messages:
+    """Every turn of a ShareGPT record (unknown speakers as user). Unlike `corpus.sharegpt_messages`
+    it drops nothing: the shipped distilled weights were trained on exactly these documents."""
     turns = record.get("conversations") or []
     return [{"role": SHAREGPT_ROLES.get(t.get("from", ""), "user"), "content": t.get("value", "")}
             for t in turns if isinstance(t, dict)]
@@ -89,7 +89,7 @@ def record_to_example(record: dict, where: str) -> Messages | str:
         if isinstance(record.get("messages"), list):
             return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
         if isinstance(record.get("conversations"), list):
-            return sharegpt_messages(record)
+            return sharegpt_turns(record)
         if isinstance(record.get("text"), str):
             return record["text"]
     raise ValueError(f"{where}: expected a record with 'messages' (chat), 'conversations' (ShareGPT) or 'text'")
@@ -118,7 +118,7 @@ def read_source(spec: str) -> Iterator[Messages | str]:
         # in the stream as None (skipped by `tokenize`) so the seeded shuffle, and with it every
         # split made before this exclusion existed, stays the same.
         for index, record in enumerate(iter_json_array(sharegpt_file())):
-            yield sharegpt_messages(record) if index < SHAREGPT_HELDOUT_START else None
+            yield sharegpt_turns(record) if index < SHAREGPT_HELDOUT_START else None
         return
     path = Path(spec)
     if not path.exists():
