@@ -14,7 +14,10 @@ from swiftkv.modeling import swiftkv_parameters
 from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, write_jsonl
 
 TRAIN_ARGS = ["--tokens", "512", "--heldout-tokens", "64", "--seq-len", "32", "--batch-size", "4",
-              "--micro-batch", "1", "--lr", "5e-3", "--eval-every", "2", "--checkpoint-every", "2"]
+              "--micro-batch", "1", "--lr", "5e-3", "--eval-every", "2", "--checkpoint-every", "2",
+              # the settings of the plain recipe these tests were written for (no vLLM, exact in fp32)
+              "--init", "keep", "--targets", "human", "--mse-weight", "0", "--kl-mean-over", "targets",
+              "--dtype", "float32"]
 
 
 @pytest.fixture

@@ -7,12 +7,12 @@ from swiftkv.distill.data import Document, pack
 from swiftkv.distill.loss import backward_distill_loss, distill_loss_sum
 from swiftkv.distill.params import save_swiftkv_params
 from swiftkv.distill.trainer import (
+    BatchSizes,
     DistillSettings,
     SharedPrefixDistiller,
     World,
     distill,
     freeze_all_but_swiftkv,
-    logits_fn,
     lr_at,
     swiftkv_parameters,
     train_step,
@@ -30,9 +30,9 @@ def test_chunked_loss_and_gradients_equal_unchunked():
         projection.zero_grad()
         student = projection(inputs)
         if chunked:
-            value = backward_distill_loss(student, teacher, head, 2.0, mse_weight=0.5, scale=0.1, chunk_rows=8)
+            value = backward_distill_loss(student, teacher, head, 2.0, scale=0.1, chunk_rows=8)
         else:
-            loss = distill_loss_sum(student, teacher, head, 2.0, mse_weight=0.5)
+            loss = distill_loss_sum(student, teacher, head, 2.0)
             (loss * 0.1).backward()
             value = float(loss.detach())
         gradients.append((value, projection.weight.grad.clone()))
@@ -63,8 +63,8 @@ def loss_and_grads(model, blocks, naive: bool):
     for p in parameters:
         p.grad = None
     rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
-    student, teacher = SharedPrefixDistiller(model, naive=naive)(blocks.input_ids, blocks.position_ids, rows)
-    value = backward_distill_loss(student, teacher, logits_fn(model), 2.0, chunk_rows=16)
+    pair = SharedPrefixDistiller(model, naive=naive)(blocks.input_ids, blocks.position_ids, rows)
+    value = backward_distill_loss(pair.student, pair.teacher, model.lm_head, 2.0, chunk_rows=16)
     return value, [p.grad.clone() for p in parameters]
 
 
@@ -86,22 +86,22 @@ def test_teacher_rows_equal_the_plain_teacher_forward_per_document():
     blocks = pack([Document(a[0].tolist(), [True] * 10), Document(b[0].tolist(), [True] * 14)], seq_len=24)
     rows = torch.arange(24)
     with torch.no_grad():
-        student, teacher = SharedPrefixDistiller(model)(blocks.input_ids, blocks.position_ids, rows)
+        pair = SharedPrefixDistiller(model)(blocks.input_ids, blocks.position_ids, rows)
         model.set_swiftkv(False)
         alone = torch.cat([model.model(input_ids=x, use_cache=False).last_hidden_state[0] for x in (a, b)])
-    assert (model.model.norm(teacher) - alone).abs().max().item() < 1e-5
-    assert (student - teacher).abs().max().item() > 1e-2  # the random student really differs
+    assert (pair.teacher - alone).abs().max().item() < 1e-5
+    assert (pair.student - pair.teacher).abs().max().item() > 1e-2  # the random student really differs
 
 
 def test_one_step_changes_only_the_swiftkv_parameters():
     torch.manual_seed(3)
     model = tiny_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    settings = DistillSettings(source="tiny", batch_size=2, micro_batch=1, lr=1e-2)
+    settings = DistillSettings(source="tiny", batch_size=2, micro_batch=1, lr=1e-2, dtype="float32")
     parameters = freeze_all_but_swiftkv(model)
     optimizer = torch.optim.AdamW(parameters, lr=1e-2)
     blocks = blocks_for(model)
-    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, int(blocks.loss_mask.sum()), settings, World())
+    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == set(swiftkv_parameters(model))
     assert len(changed) == 3 * 3 + 1  # q/k/v_proj_swiftkv of layers 3..5 and norm_swiftkv
@@ -118,7 +118,8 @@ def run_settings(tmp_path, **overrides) -> DistillSettings:
     if not data.exists():
         write_jsonl(data, random_chats(60, seed=5))
     values = dict(source="tiny", data=str(data), tokens=32 * 4 * 4, heldout_tokens=64, seq_len=32, batch_size=4,
-                  micro_batch=2, lr=5e-3, eval_every=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ckpt"))
+                  micro_batch=2, lr=5e-3, eval_every=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
+                  dtype="float32")
     return DistillSettings(**{**values, **overrides})
 
 

@@ -153,6 +153,16 @@ class EarlyOutput:
     past_key_values: Cache | None
 
 
+@dataclass
+class PairHidden:
+    """Teacher and student over the same tokens (`forward_pair`)."""
+
+    teacher: torch.Tensor  # final hidden states after the final norm, selected rows, [rows, H]
+    student: torch.Tensor
+    teacher_probe: torch.Tensor | None = None  # residual stream entering the probe layer, all rows, [B*S, H]
+    student_probe: torch.Tensor | None = None
+
+
 class SwiftKVModelMixin:
     """The decoder stack. `hf_model_class` is the transformers model whose pieces are reused."""
 
@@ -219,28 +229,60 @@ class SwiftKVModelMixin:
                                     past_key_values=past_key_values, **kwargs)
         return EarlyOutput(hidden, position_embeddings, masks, cache_position, past_key_values)
 
-    def late(self, early: EarlyOutput, student: bool, keep_rows: RowSelection = None, **kwargs) -> torch.Tensor:
+    def late(self, early: EarlyOutput, student: bool, keep_rows: RowSelection = None,
+             layer_inputs: dict[int, torch.Tensor] | None = None, **kwargs) -> torch.Tensor:
         """Layers >= N on h_N (before the final norm). The teacher runs them as transformers does;
         the student takes every later layer's K/V from norm_swiftkv(h_N) and, with `keep_rows`,
-        runs the later layers on the kept rows only."""
+        runs the later layers on the kept rows only. `layer_inputs`, if given, maps later-layer
+        indices to None and gets the residual stream entering each of those layers filled in."""
         if student:
-            return self.late_student(early, keep_rows, **kwargs)
+            return self.late_student(early, keep_rows, layer_inputs, **kwargs)
         self.check_teacher_weights()
         hidden = early.hidden_states
         for i in range(self.split_layer, self.config.num_hidden_layers):
+            record_input(layer_inputs, i, hidden)
             hidden = self.layers[i](hidden, attention_mask=early.masks[self.layer_type(i)],
                                     position_embeddings=early.position_embeddings,
                                     past_key_values=early.past_key_values, **kwargs)
         return hidden if keep_rows is None else hidden[:, keep_rows]
 
-    def late_student(self, early: EarlyOutput, keep_rows: RowSelection, **kwargs) -> torch.Tensor:
+    def late_student(self, early: EarlyOutput, keep_rows: RowSelection, layer_inputs=None, **kwargs) -> torch.Tensor:
         kv_per_group = self.swiftkv_key_values(early)
         hidden, position_embeddings, masks = select_rows(early, keep_rows)
         for i in self.config.later_layers:
+            record_input(layer_inputs, i, hidden)
             hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
                                     position_embeddings=position_embeddings,
                                     swiftkv_kv=kv_per_group[self.config.group_of(i)], **kwargs)
         return hidden
+
+    def forward_pair(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                     rows: torch.Tensor | None = None, probe_layer: int | None = None,
+                     shared_prefix: bool = True) -> PairHidden:
+        """The teacher's and the student's final hidden states (after the final norm) over the same
+        tokens, with layers < N computed once for both: the SwiftKV math every consumer of a
+        teacher/student pair uses (calibration, distillation, evaluation).
+
+        `rows` selects flat positions of [batch * seq] (None: all). With one sequence the student
+        runs its later layers on those rows only (the prefill skip, exact). The teacher and the early
+        layers run without grad; the student follows the caller's grad mode. `probe_layer` also
+        returns, for every position, the residual stream entering that later layer.
+        `shared_prefix=False` runs layers < N again for the student (the reference way; same result)."""
+        one_sequence = input_ids.shape[0] == 1 and probe_layer is None  # a probe needs every row
+        keep_rows = rows if rows is not None and one_sequence else None
+        probes = {"teacher": {probe_layer: None}, "student": {probe_layer: None}} if probe_layer is not None else {}
+        with torch.no_grad():
+            early = self.embed_and_early(input_ids=input_ids, position_ids=position_ids)
+            teacher = flat_rows(self.late(early, student=False, layer_inputs=probes.get("teacher")), rows)
+        if not shared_prefix:
+            early = self.embed_and_early(input_ids=input_ids, position_ids=position_ids)
+        student = self.late(early, student=True, keep_rows=keep_rows, layer_inputs=probes.get("student"))
+        student = flat_rows(student, rows if keep_rows is None else None)
+        pair = PairHidden(self.norm(teacher), self.norm(student))
+        if probes:
+            pair.teacher_probe = flat_rows(probes["teacher"][probe_layer], None)
+            pair.student_probe = flat_rows(probes["student"][probe_layer], None)
+        return pair
 
     def swiftkv_key_values(self, early: EarlyOutput) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """K/V of each AcrossKV group for all tokens, appended to the group's cache slot."""
@@ -276,6 +318,17 @@ class SwiftKVModelMixin:
         hidden = self.late(early, student=student, keep_rows=keep_rows, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden),
                                        past_key_values=past_key_values if use_cache else None)
+
+
+def record_input(layer_inputs: dict | None, layer: int, hidden: torch.Tensor) -> None:
+    if layer_inputs is not None and layer in layer_inputs:
+        layer_inputs[layer] = hidden
+
+
+def flat_rows(hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """[batch, seq, H] -> [batch * seq, H], restricted to `rows` of the flat index if given."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return flat if rows is None else flat[rows]
 
 
 def select_rows(early: EarlyOutput, keep_rows: RowSelection):

@@ -87,12 +87,26 @@ def record_to_example(record: dict, where: str) -> Messages | str:
     """A chat (`messages` or ShareGPT `conversations`) or a text (`text`) record."""
     if isinstance(record, dict):
         if isinstance(record.get("messages"), list):
-            return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+            return [chat_message(m, where, i) for i, m in enumerate(record["messages"])]
         if isinstance(record.get("conversations"), list):
             return sharegpt_turns(record)
         if isinstance(record.get("text"), str):
             return record["text"]
     raise ValueError(f"{where}: expected a record with 'messages' (chat), 'conversations' (ShareGPT) or 'text'")
+
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def chat_message(message, where: str, index: int) -> dict:
+    """One `messages` entry, checked: a role the chat template knows and text content."""
+    if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        raise ValueError(f"{where}: messages[{index}] has role {role!r}; expected one of {list(CHAT_ROLES)}")
+    if not isinstance(message.get("content"), str):
+        raise ValueError(f"{where}: messages[{index}] ({message['role']}) has content "
+                         f"{message.get('content')!r}; expected a string")
+    return {"role": message["role"], "content": message["content"]}
 
 
 def read_text_folder(folder: Path) -> Iterator[str]:
@@ -229,23 +243,35 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
 
 
 def split_documents(examples: Iterable[Messages | str], tokenizer, seed: int, heldout_tokens: int,
-                    train_tokens: int, shuffle_window: int = 50_000) -> tuple[list[Document], list[Document]]:
+                    train_tokens: int, replies=None, shuffle_window: int = 50_000) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
-    each until its token budget is met. Only as many examples as needed are tokenized."""
+    each until its token budget is met. Only as many examples as needed are tokenized. With
+    `replies` (a `teacher_data.ReplyCache`), train documents are the examples' first prompts answered
+    by the teacher; the held-out documents stay the data's own, so every recipe is measured alike."""
     examples = list(_take(examples, shuffle_window))
     random.Random(seed).shuffle(examples)
-    heldout, train, budget = [], [], [heldout_tokens, train_tokens]
-    for example in examples:
-        target = heldout if budget[0] > 0 else train
-        if budget[0] <= 0 and budget[1] <= 0:
+    rest = iter(examples)
+    heldout = take_documents(rest, tokenizer, heldout_tokens)
+    if replies is not None:
+        from .teacher_data import teacher_documents
+
+        return heldout, teacher_documents(rest, tokenizer, train_tokens, replies)
+    return heldout, take_documents(rest, tokenizer, train_tokens)
+
+
+def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]:
+    """Tokenized documents from `examples` until they hold `tokens` tokens."""
+    documents = []
+    while tokens > 0:
+        example = next(examples, StopIteration)
+        if example is StopIteration:
             break
         document = tokenize(tokenizer, example)
-        if document is None:
-            continue
-        target.append(document)
-        budget[0 if target is heldout else 1] -= len(document.ids)
-    return heldout, train
+        if document is not None:
+            documents.append(document)
+            tokens -= len(document.ids)
+    return documents
 
 
 def _take(items: Iterable, n: int) -> Iterator:
@@ -256,9 +282,10 @@ def _take(items: Iterable, n: int) -> Iterator:
 
 
 def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,
-                seed: int) -> tuple[Blocks, Blocks]:
+                seed: int, replies=None) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`; train blocks shuffled with `seed`."""
-    heldout_docs, train_docs = split_documents(read_source(spec), tokenizer, seed, heldout_tokens, train_tokens)
+    heldout_docs, train_docs = split_documents(read_source(spec), tokenizer, seed, heldout_tokens, train_tokens,
+                                               replies)
     if not heldout_docs and not train_docs:
         raise ValueError(f"--data {spec!r} has no usable examples: it is empty, or no chat has an assistant "
                          "turn (the distillation loss covers assistant tokens only)")

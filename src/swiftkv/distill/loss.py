@@ -1,6 +1,6 @@
 """Distillation loss: T^2 * KL(teacher || student) on softmax(logits / T), plus optional hidden MSE.
 
-Inputs are the final hidden states (before the final norm) of the trained rows only, so the
+Inputs are the final hidden states (after the final norm) of the trained rows only, so the
 vocabulary projection runs only where the loss is defined. Full-vocab logits never exist for the
 whole batch: `backward_distill_loss` projects `chunk_rows` rows at a time, back-propagates each
 chunk into a detached copy of the hidden states, then sends the accumulated gradient through the
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # pre-norm hidden rows [M, H] -> logits [M, V]
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] -> logits [M, V] (lm_head)
 
 
 def kl_sum(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -31,32 +31,38 @@ def mse_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor) -> torch.Ten
 
 
 def distill_loss_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                     temperature: float, mse_weight: float = 0.0) -> torch.Tensor:
-    """The loss summed over rows, unchunked (reference for tests; needs all logits at once)."""
+                     temperature: float) -> torch.Tensor:
+    """The KL term summed over rows, unchunked (reference for tests; needs all logits at once)."""
     with torch.no_grad():
         teacher_logits = logits_fn(teacher_rows)
-    loss = kl_sum(logits_fn(student_rows), teacher_logits, temperature)
-    if mse_weight:
-        loss = loss + mse_weight * mse_sum(student_rows, teacher_rows)
-    return loss
+    return kl_sum(logits_fn(student_rows), teacher_logits, temperature)
 
 
 def backward_distill_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                          temperature: float, mse_weight: float = 0.0, scale: float = 1.0,
-                          chunk_rows: int = 256) -> float:
+                          temperature: float, scale: float = 1.0, chunk_rows: int = 256,
+                          also: torch.Tensor | None = None) -> float:
     """Back-propagate `scale * distill_loss_sum(...)` chunk by chunk; return the unscaled sum.
 
     `student_rows` must carry the graph to the trained parameters; `teacher_rows` is a constant.
+    `also` is another scalar loss term (already weighted and scaled, e.g. the hidden-state MSE) whose
+    gradient joins the same single backward pass through the model.
     """
     leaf = student_rows.detach().requires_grad_(True)
     total = 0.0
     for start in range(0, leaf.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        loss = distill_loss_sum(leaf[rows], teacher_rows[rows], logits_fn, temperature, mse_weight)
+        loss = distill_loss_sum(leaf[rows], teacher_rows[rows], logits_fn, temperature)
         (loss * scale).backward()
         total += float(loss.detach())
+    outputs, grads = [], []
     if leaf.grad is not None:
-        student_rows.backward(leaf.grad.to(student_rows.dtype))
+        outputs.append(student_rows)
+        grads.append(leaf.grad.to(student_rows.dtype))
+    if also is not None:
+        outputs.append(also)
+        grads.append(None)
+    if outputs:
+        torch.autograd.backward(outputs, grads)
     return total
 
 

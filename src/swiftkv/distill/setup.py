@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
+
+from ..sources import cache_root
 
 
 def set_threads() -> None:
@@ -20,10 +23,26 @@ def load_student(settings):
 
     model = load_model(settings.source, dtype=torch.float32)
     check_student(model, settings)
+    apply_init(model, settings)
     tokenizer = load_tokenizer(settings.source)
     if settings.teacher:
         check_teacher(model, tokenizer, settings.teacher)
     return model, tokenizer
+
+
+def apply_init(model, settings) -> None:
+    """The recipe's starting point: copy/mean are re-derived from the model's own teacher weights;
+    lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
+    from ..convert import init_copy
+
+    if settings.init in ("copy", "mean"):
+        init_copy(model, model, average_group=settings.init == "mean")
+    elif settings.init == "lstsq":
+        converted = (getattr(model.config, "swiftkv_conversion", None) or {}).get("init")
+        if converted != "lstsq":
+            raise ValueError(f"--init lstsq: {settings.source} was converted with --init {converted}; convert the "
+                             "source with `swiftkv convert ... --init lstsq` (it fits on calibration data) or pass "
+                             "--init keep / copy / mean")
 
 
 def check_student(model, settings) -> None:
@@ -60,3 +79,72 @@ def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
         if not torch.equal(teacher[name], tensor):
             raise ValueError(f"--teacher {teacher_source}: {name} differs from the student's copy; the shared-prefix "
                              "distillation needs the student converted from exactly this teacher")
+
+
+# --------------------------------------------------------------------------------------------------
+# Teacher-written targets
+# --------------------------------------------------------------------------------------------------
+
+
+def reply_cache(settings, tokenizer, may_generate: bool = True):
+    """The teacher-reply cache of a `--targets teacher` run (None for human targets). Only the main
+    process generates; the others read what it wrote."""
+    from ..dtypes import dtype_name, resolve_dtype
+    from .teacher_data import ReplyCache, vllm_generator
+
+    if settings.targets != "teacher":
+        return None
+    teacher = plain_teacher_folder(settings)
+    path = Path(settings.teacher_data) if settings.teacher_data else (
+        cache_root() / "distill" / f"teacher-replies-{weights_digest(teacher)}-{settings.reply_tokens}.jsonl")
+
+    def refuse(_prompts):
+        raise RuntimeError(f"teacher replies missing from {path}; the main process should have written them")
+
+    generate = vllm_generator(teacher, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)),
+                              tokenizer.eos_token_id) if may_generate else refuse
+    return ReplyCache(path, generate)
+
+
+def plain_teacher_folder(settings) -> Path:
+    """An HF folder of the plain teacher for vLLM: `--teacher`, or the SwiftKV folder's own teacher
+    weights saved as the base architecture (vLLM would run a SwiftKV folder as the student)."""
+    from ..sources import cached_folder, resolve_source
+
+    if settings.teacher:
+        return resolve_source(settings.teacher)
+    folder = resolve_source(settings.source)
+    return cached_folder(f"teacher-of-{weights_digest(folder)}", lambda out: save_plain_teacher(folder, out))
+
+
+def save_plain_teacher(folder: Path, out: Path) -> None:
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from ..sources import load_model, load_tokenizer
+
+    student = load_model(folder, dtype=torch.float32)
+    values = {k: v for k, v in student.config.to_dict().items() if "swiftkv" not in k and k not in PLAIN_DROP}
+    base_type = student.config.model_type.removesuffix("_swiftkv")
+    plain = AutoModelForCausalLM.from_config(CONFIG_MAPPING[base_type](**values))
+    weights = {k: v for k, v in student.state_dict().items() if "swiftkv" not in k}
+    plain.load_state_dict(weights, strict=False)
+    plain.tie_weights()
+    plain.save_pretrained(out)
+    load_tokenizer(folder).save_pretrained(out)
+
+
+PLAIN_DROP = ("model_type", "architectures", "num_key_value_layers", "key_value_group_size", "auto_map",
+              "transformers_version")
+
+
+def weights_digest(folder: Path) -> str:
+    """Content hash of a folder's weight files (stable across copies and rebuilds of the same weights)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]

@@ -10,25 +10,40 @@ import time
 
 import torch
 
+from ..dtypes import dtype_name
 from .data import load_blocks
-from .trainer import SharedPrefixDistiller, World, freeze_all_but_swiftkv, train_step
+from .trainer import (
+    BatchSizes,
+    SharedPrefixDistiller,
+    World,
+    cast_frozen,
+    compute_dtype,
+    freeze_all_but_swiftkv,
+    probe_layer_of,
+    train_step,
+)
 
 
 def timed_step(distiller, model, optimizer, blocks, settings) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
-    train_step(distiller, model, optimizer, blocks, int(blocks.loss_mask.sum()), settings, World())
+    train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def measure_shared_vs_naive(settings, steps: int) -> dict:
-    """`steps` optimizer steps each way (after one warm-up step each), alternating."""
+def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
+    """`steps` optimizer steps each way (after one warm-up step each), alternating; `naive=False`
+    times the shared-prefix way alone (training throughput)."""
     from .setup import load_student
 
     model, tokenizer = load_student(settings)
     train, _ = load_blocks(settings.data, tokenizer, settings.seq_len, settings.batch_size * (steps + 1) * settings.seq_len,
                            settings.seq_len, settings.seed)
     optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)  # lr 0: weights stay put
-    ways = {"shared": SharedPrefixDistiller(model), "naive": SharedPrefixDistiller(model, naive=True)}
+    cast_frozen(model, compute_dtype(settings, torch.device("cpu")))
+    probe = probe_layer_of(settings, model.config)
+    ways = {"shared": SharedPrefixDistiller(model, probe_layer=probe)}
+    if naive:
+        ways["naive"] = SharedPrefixDistiller(model, naive=True, probe_layer=probe)
     totals = {name: [0.0, 0.0] for name in ways}
     for step in range(steps + 1):
         blocks = train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
@@ -39,11 +54,13 @@ def measure_shared_vs_naive(settings, steps: int) -> dict:
                 totals[name][1] += cpu
     tokens = steps * settings.batch_size * settings.seq_len
     result = {"model": settings.source, "num_key_value_layers": model.config.num_key_value_layers,
-              "tokens_per_way": tokens, "seq_len": settings.seq_len, "bf16": settings.bf16,
+              "tokens_per_way": tokens, "seq_len": settings.seq_len,
+              "dtype": dtype_name(compute_dtype(settings, torch.device("cpu"))),
               "threads": torch.get_num_threads()}
     for name, (wall, cpu) in totals.items():
         result[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall, 1),
                         "tokens_per_cpu_s": round(tokens / cpu, 1)}
-    result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
-    result["speedup_cpu"] = round(totals["naive"][1] / totals["shared"][1], 3)
+    if naive:
+        result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
+        result["speedup_cpu"] = round(totals["naive"][1] / totals["shared"][1], 3)
     return result

@@ -3,7 +3,7 @@
 Why it is cheaper than the reference (ArcticTraining): layers < N are identical for teacher and
 student, so one forward through them (no grad) feeds both the teacher's later layers (no grad) and
 the student's (grad only into the SwiftKV projections). Only masked rows reach the vocabulary
-projection, in chunks. Runs on CPU (optionally with bf16 autocast); `torchrun` gives DDP (gloo on CPU, nccl on GPU).
+projection, in chunks. Runs on CPU or GPU, with bf16 autocast where bf16 is native; `torchrun` gives DDP (gloo on CPU, nccl on GPU).
 
 The loop is small functions: `lr_at`, `train_step`, `evaluate`, `save_checkpoint` / `load_checkpoint`,
 and `distill` wires them. A run is a pure function of its settings and step index (data order comes
@@ -23,50 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..modeling import swiftkv_parameters
+from ..dtypes import resolve_dtype
+from ..modeling import PairHidden, swiftkv_parameters
 from ..sources import atomic_file
 from .data import Blocks, load_blocks
-from .loss import agreement_stats, backward_distill_loss
-
-CHECKPOINT_FILE = "checkpoint.pt"
-# Settings that do not change the training trajectory; a resume may differ in them.
-RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume")
-
-
-@dataclass
-class DistillSettings:
-    source: str
-    out: str | None = None
-    data: str = "sharegpt"
-    teacher: str | None = None
-    tokens: int = 1_000_000  # train tokens (whole blocks, masked or not)
-    heldout_tokens: int = 32_768
-    seq_len: int = 1024
-    batch_size: int = 16  # blocks per optimizer step, over all processes
-    micro_batch: int = 2  # blocks per forward
-    lr: float = 2e-4
-    warmup: float = 0.05  # fraction of steps with linear warmup; linear decay to 0 after
-    weight_decay: float = 0.0
-    temperature: float = 2.0
-    mse_weight: float = 0.0
-    max_grad_norm: float = 1.0
-    bf16: bool = False  # measured slower than fp32 on this 2-core machine (docs/distillation.md)
-    chunk_rows: int = 512
-    naive: bool = False  # teacher and student each run all layers (the reference way), for comparison
-    seed: int = 0
-    eval_every: int = 50
-    checkpoint_every: int = 10
-    checkpoint_dir: str | None = None
-    stop_after: int | None = None  # leave after this many steps (checkpointed), e.g. to slice a long run
-    resume: bool = False
-    force: bool = False
-
-    def fingerprint(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_SETTINGS}
-
-    def checkpoint_path(self) -> Path | None:
-        folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)
-        return Path(folder) / CHECKPOINT_FILE if folder else None
+from .loss import agreement_stats, backward_distill_loss, mse_sum
+from .settings import DistillSettings
 
 
 @dataclass
@@ -104,33 +66,55 @@ def freeze_all_but_swiftkv(model: nn.Module) -> list[nn.Parameter]:
     return list(trained.values())
 
 
-class SharedPrefixDistiller(nn.Module):
-    """forward(blocks) -> (student rows, teacher rows): final hidden states, before the final norm, of
-    the trained positions. Layers < N run once for both (or twice with `naive`)."""
+def cast_frozen(model: nn.Module, dtype: torch.dtype) -> None:
+    """Frozen (teacher) weights in the compute dtype, trained ones kept fp32 (the master copy):
+    autocast would otherwise re-cast every frozen weight on every forward (measured: a fifth of a
+    bf16 step was such copies). The output folder is rebuilt from the source, so the teacher weights
+    written stay exactly the source's."""
+    if dtype == torch.float32:
+        return
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            parameter.data = parameter.data.to(dtype)
 
-    def __init__(self, model: nn.Module, naive: bool = False):
+
+class SharedPrefixDistiller(nn.Module):
+    """forward(blocks) -> PairHidden of the trained positions (`model.model.forward_pair`). Layers < N
+    run once for both, or twice with `naive`. A module, so that DDP can wrap it."""
+
+    def __init__(self, model: nn.Module, naive: bool = False, probe_layer: int | None = None):
         super().__init__()
         self.model = model
         self.naive = naive
+        self.probe_layer = probe_layer
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor):
-        inner = self.model.model
-        with torch.no_grad():
-            early = inner.embed_and_early(input_ids=input_ids, position_ids=position_ids)
-            teacher = inner.late(early, student=False)
-            if self.naive:
-                early = inner.embed_and_early(input_ids=input_ids, position_ids=position_ids)
-        student = inner.late(early, student=True)
-        width = student.shape[-1]
-        return student.reshape(-1, width)[rows], teacher.reshape(-1, width)[rows]
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor) -> PairHidden:
+        return self.model.model.forward_pair(input_ids, position_ids, rows, self.probe_layer,
+                                             shared_prefix=not self.naive)
 
 
-def logits_fn(model: nn.Module):
-    return lambda hidden: model.lm_head(model.model.norm(hidden))
+def probe_layer_of(settings: DistillSettings, config) -> int | None:
+    """The later layer whose input the MSE compares: transformers' hidden_states[k] is the input of
+    layer k (k < L), so index -2 is the input of the last layer."""
+    if not settings.mse_weight:
+        return None
+    layers = config.num_hidden_layers
+    layer = settings.mse_hidden_index % (layers + 1)
+    if not config.num_key_value_layers < layer < layers:
+        raise ValueError(f"--mse-hidden-index {settings.mse_hidden_index} is hidden_states[{layer}], the input of "
+                         f"layer {layer}; expected the input of a later layer {config.num_key_value_layers + 1}.."
+                         f"{layers - 1} (early layers are identical in teacher and student)")
+    return layer
 
 
-def autocast(enabled: bool, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+def autocast(dtype: torch.dtype, device: torch.device):
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def compute_dtype(settings: DistillSettings, device: torch.device) -> torch.dtype:
+    return resolve_dtype(settings.dtype, device)
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -157,21 +141,40 @@ def rank_blocks(train: Blocks, step: int, settings: DistillSettings, world: Worl
     return train.select(slice(start, start + per_rank))
 
 
+@dataclass
+class BatchSizes:
+    """Denominators of the global batch's mean loss (the same on every process)."""
+
+    targets: int  # trained positions (assistant tokens)
+    positions: int  # every position
+
+    @classmethod
+    def of(cls, blocks: Blocks) -> BatchSizes:
+        return cls(int(blocks.loss_mask.sum()), blocks.loss_mask.numel())
+
+
 def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, blocks: Blocks,
-               global_rows: int, settings: DistillSettings, world: World) -> float:
-    """One optimizer step over this process's blocks; returns this process's loss sum. Each
-    micro-batch's loss is scaled so the (DDP-averaged) gradient is that of the global mean loss."""
-    scale = world.size / max(1, global_rows)
+               sizes: BatchSizes, settings: DistillSettings, world: World) -> float:
+    """One optimizer step over this process's blocks; returns this process's share of the global
+    mean loss. Each micro-batch is scaled so the (DDP-averaged) gradient is that of the global mean."""
+    kl_count = sizes.targets if settings.kl_mean_over == "targets" else sizes.positions
     micro_batches = [blocks.select(slice(i, i + settings.micro_batch)) for i in range(0, len(blocks), settings.micro_batch)]
     total, device = 0.0, device_of(model)
+    dtype = compute_dtype(settings, device)
     for k, micro in enumerate(micro_batches):
         sync_later = world.ddp and k < len(micro_batches) - 1
-        with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(settings.bf16, device):
+        with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(dtype, device):
             micro = micro.to(device)
             rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
-            student, teacher = distiller(micro.input_ids, micro.position_ids, rows)
-            total += backward_distill_loss(student, teacher, logits_fn(model), settings.temperature,
-                                           settings.mse_weight, scale, settings.chunk_rows)
+            pair = distiller(micro.input_ids, micro.position_ids, rows)
+            mse_term = None
+            if pair.student_probe is not None:
+                mse = mse_sum(pair.student_probe, pair.teacher_probe) / max(1, sizes.positions)
+                mse_term = settings.mse_weight * mse * world.size
+                total += float(mse_term.detach()) / world.size
+            kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, settings.temperature,
+                                       world.size / max(1, kl_count), settings.chunk_rows, also=mse_term)
+            total += kl / max(1, kl_count)
     parameters = [p for p in model.parameters() if p.requires_grad]
     torch.nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
     optimizer.step()
@@ -185,12 +188,13 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
     distiller = SharedPrefixDistiller(model)
     totals = torch.zeros(3, dtype=torch.float64)
     mine = heldout.select(slice(world.rank, None, world.size))
+    device = device_of(model)
     for i in range(0, len(mine), settings.micro_batch):
-        micro = mine.select(slice(i, i + settings.micro_batch)).to(device_of(model))
-        with autocast(settings.bf16, device_of(model)):
+        micro = mine.select(slice(i, i + settings.micro_batch)).to(device)
+        with autocast(compute_dtype(settings, device), device):
             rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
-            student, teacher = distiller(micro.input_ids, micro.position_ids, rows)
-            totals += torch.tensor(agreement_stats(student, teacher, logits_fn(model), settings.chunk_rows),
+            pair = distiller(micro.input_ids, micro.position_ids, rows)
+            totals += torch.tensor(agreement_stats(pair.student, pair.teacher, model.lm_head, settings.chunk_rows),
                                    dtype=torch.float64)
     all_reduce(totals, world)
     kl, agree, rows = totals.tolist()
@@ -277,7 +281,7 @@ def check_batch(settings: DistillSettings, world: World) -> None:
 
 
 def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module:
-    distiller = SharedPrefixDistiller(model, naive=settings.naive)
+    distiller = SharedPrefixDistiller(model, naive=settings.naive, probe_layer=probe_layer_of(settings, model.config))
     if world.ddp:
         device_ids = [world.device.index] if world.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(distiller, device_ids=device_ids, broadcast_buffers=False)
@@ -289,6 +293,28 @@ def log(world: World, message: str) -> None:
         print(message, flush=True)
 
 
+def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple[Blocks, Blocks]:
+    """(train, held-out) blocks; with teacher targets the main process generates the missing
+    replies first (then frees the engine) and the other processes read them."""
+    from .setup import reply_cache
+
+    replies = reply_cache(settings, tokenizer, may_generate=world.is_main)
+    load = lambda: load_blocks(settings.data, tokenizer, settings.seq_len, settings.tokens,  # noqa: E731
+                               settings.heldout_tokens, settings.seed, replies)
+    if replies is None:
+        return load()
+    if world.ddp:
+        if world.is_main:
+            load()
+        torch.distributed.barrier()
+        replies = reply_cache(settings, tokenizer, may_generate=False)
+    blocks = load()
+    if world.is_main:
+        log(world, f"teacher replies: {len(replies.replies)} in {replies.path} ({replies.generated} generated now)")
+    getattr(replies.generate, "close", lambda: None)()
+    return blocks
+
+
 def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None) -> RunState:
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
     state; checkpoints go to `settings.checkpoint_path()` when it is set."""
@@ -297,14 +323,14 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     world = world or World()
     check_batch(settings, world)
     ckpt = settings.checkpoint_path()
-    train, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.tokens,
-                                 settings.heldout_tokens, settings.seed)
+    train, heldout = training_blocks(settings, tokenizer, world)
     total_steps = len(train) // settings.batch_size
     if total_steps == 0:
         raise ValueError(f"--tokens {settings.tokens} gives {len(train)} blocks, fewer than one --batch-size "
                          f"{settings.batch_size}; raise --tokens or lower --batch-size / --seq-len")
     model.to(world.device)
     parameters = freeze_all_but_swiftkv(model)
+    cast_frozen(model, compute_dtype(settings, world.device))
     optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
     state = load_checkpoint(ckpt, model, optimizer, settings) if settings.resume else RunState()
     state.total_steps = total_steps
@@ -319,11 +345,11 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     for step in progress:
         started = time.perf_counter()
         blocks = rank_blocks(train, step, settings, world)
-        global_rows = int(train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size)).loss_mask.sum())
+        sizes = BatchSizes.of(train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, settings.lr, settings.warmup)
-        loss = train_step(distiller, model, optimizer, blocks, global_rows, settings, world)
-        loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world)) / max(global_rows, 1)
+        loss = train_step(distiller, model, optimizer, blocks, sizes, settings, world)
+        loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
         state.step, seconds = step + 1, time.perf_counter() - started
         state.elapsed += seconds
         progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{group['lr']:.2e}")

@@ -40,6 +40,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swiftkv {args.command}: error: {error}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

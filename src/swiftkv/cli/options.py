@@ -1,0 +1,66 @@
+"""Command-line options generated from settings dataclasses, so each setting is declared once: its
+name, type, default and help live on the dataclass field; argparse only reads them.
+
+A field's metadata may carry `help`, `flag` (a different option name), `choices`, `parse` (a
+converter, e.g. token counts like `1M`) and `cli=False` (not an option). Options default to None on
+the command line so that "not given" stays distinguishable from "given the default": presets
+(e.g. distillation recipes) fill what the user left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+
+def option_name(field: dataclasses.Field) -> str:
+    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+
+
+def base_type(field: dataclasses.Field, owner: type) -> type:
+    """int, float, str or bool from an annotation such as `int | None`."""
+    hint = typing.get_type_hints(owner)[field.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser, settings_class: type, skip: tuple[str, ...] = (),
+                          defaults: dict[str, Any] | None = None) -> None:
+    """One option per field of `settings_class` (except `skip` and fields with metadata cli=False).
+    `defaults` are only shown in --help (e.g. a preset's values); the parsed value stays None when
+    the option is not given."""
+    shown = {f.name: f.default for f in dataclasses.fields(settings_class)} | (defaults or {})
+    for field in dataclasses.fields(settings_class):
+        if field.name in skip or not field.metadata.get("cli", True):
+            continue
+        kind = base_type(field, settings_class)
+        help_text = field.metadata.get("help", "")
+        default = shown.get(field.name)
+        if default not in (None, dataclasses.MISSING, False, ""):
+            help_text = f"{help_text} (default: {default})".strip()
+        if kind is bool:
+            parser.add_argument(option_name(field), dest=field.name, action="store_true", default=None,
+                                help=help_text)
+            continue
+        parser.add_argument(option_name(field), dest=field.name, default=None,
+                            type=field.metadata.get("parse", kind), choices=field.metadata.get("choices"),
+                            help=help_text.replace("%", "%%"))
+
+
+def given_values(args: argparse.Namespace, settings_class: type) -> dict[str, Any]:
+    """The settings the user gave on the command line (options left out are absent)."""
+    names = {f.name for f in dataclasses.fields(settings_class) if f.metadata.get("cli", True)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def parse_count(text: str) -> int:
+    """`1M`, `250k`, `65536` -> int."""
+    units = {"k": 1_000, "m": 1_000_000}
+    try:
+        if text[-1:].lower() in units:
+            return int(float(text[:-1]) * units[text[-1].lower()])
+        return int(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 65536, 250k, 1M)") from error

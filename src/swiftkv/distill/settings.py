@@ -1,0 +1,103 @@
+"""What a distillation run is: one dataclass, declared once. The command line is generated from it
+(`swiftkv.cli.options`), the checkpoint fingerprint is computed from it, and the two named recipes
+are partial assignments of it.
+
+Recipes (`--recipe`):
+  reference  ArcticTraining's SwiftKV recipe, reproduced: mean init; T^2 * KL at T = 2 on assistant
+             tokens, averaged over *all* positions (their `torch.mean` over the masked loss); plus
+             1.0 x MSE of `hidden_states[-2]` (the residual stream entering the last layer) over all
+             positions; lr 2e-4, 5% warmup, linear decay; the human-written replies of the data.
+  swiftkv    ours (the default), chosen by the equal-budget study in docs/distillation.md: lstsq init
+             and the teacher's own greedy replies as the assistant turns, so the student learns the
+             exact distribution it is judged against.
+Options given on the command line override the recipe's values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..cli.options import parse_count
+from ..dtypes import DTYPE_CHOICES
+
+CHECKPOINT_FILE = "checkpoint.pt"
+INITS = ("keep", "copy", "mean", "lstsq")
+TARGETS = ("human", "teacher")
+KL_MEAN_OVER = ("targets", "positions")
+# Settings that do not change the training trajectory; a resume may differ in them.
+RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume",
+                     "teacher_data")
+
+
+def opt(default, help: str, **metadata):  # noqa: A002 - mirrors argparse's keyword
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclass
+class DistillSettings:
+    source: str = opt(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
+    recipe: str = opt("swiftkv", "named preset of the settings below (reference = ArcticTraining's)",
+                      choices=None, cli=False)
+    out: str | None = opt(None, "final HF SwiftKV folder (written atomically)")
+    data: str = opt("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder")
+    teacher: str | None = opt(None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)")
+    init: str = opt("keep", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
+                    "mean (reference) or lstsq", choices=INITS)
+    targets: str = opt("human", "assistant turns to learn on: the data's own (human) or the teacher's greedy "
+                       "replies to the same prompts (teacher; generated once with vLLM and cached)", choices=TARGETS)
+    teacher_data: str | None = opt(None, "JSONL cache of the teacher's replies (default: in the swiftkv cache)")
+    reply_tokens: int = opt(512, "max tokens of a teacher-written reply")
+    tokens: int = opt(1_000_000, "train tokens (whole blocks, masked or not)", parse=parse_count)
+    heldout_tokens: int = opt(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
+    seq_len: int = opt(1024, "tokens per packed block")
+    batch_size: int = opt(16, "blocks per optimizer step, over all processes")
+    micro_batch: int = opt(2, "blocks per forward")
+    lr: float = opt(2e-4, "peak learning rate (AdamW)")
+    warmup: float = opt(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
+    weight_decay: float = opt(0.0, "AdamW weight decay")
+    temperature: float = opt(2.0, "softmax temperature of the T^2 * KL term")
+    kl_mean_over: str = opt("targets", "the KL sum is divided by the trained (assistant) positions, or by all "
+                            "positions as the reference does", choices=KL_MEAN_OVER)
+    mse_weight: float = opt(0.0, "weight of the hidden-state MSE term (all positions)")
+    mse_hidden_index: int = opt(-2, "which transformers hidden_states entry the MSE compares (-2: the input of "
+                                "the last layer, as the reference); must be a later layer's input")
+    max_grad_norm: float = opt(1.0, "gradient clipping")
+    dtype: str = opt("auto", "compute dtype: auto = bf16 autocast where bf16 is native, else fp32 "
+                     "(master weights and loss stay fp32)", choices=DTYPE_CHOICES)
+    chunk_rows: int = opt(512, "positions per vocabulary chunk of the loss")
+    naive: bool = opt(False, "teacher and student each run all layers (the reference way), for comparison")
+    seed: int = opt(0, "data split and order")
+    eval_every: int = opt(50, "steps between held-out evaluations")
+    checkpoint_every: int = opt(10, "steps between checkpoints")
+    checkpoint_dir: str | None = opt(None, "default: OUT.ckpt")
+    stop_after: int | None = opt(None, "stop (checkpointed) after this many steps, e.g. to slice a long run")
+    resume: bool = opt(False, "continue from the checkpoint")
+    force: bool = opt(False, "overwrite OUT / start over an existing checkpoint")
+
+    def fingerprint(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_SETTINGS}
+
+    def checkpoint_path(self) -> Path | None:
+        folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)
+        return Path(folder) / CHECKPOINT_FILE if folder else None
+
+
+RECIPES: dict[str, dict] = {
+    "reference": {"init": "mean", "targets": "human", "temperature": 2.0, "kl_mean_over": "positions",
+                  "mse_weight": 1.0, "mse_hidden_index": -2, "lr": 2e-4, "warmup": 0.05, "weight_decay": 0.0},
+    "swiftkv": {"init": "lstsq", "targets": "teacher", "temperature": 2.0, "kl_mean_over": "targets",
+                "mse_weight": 1.0, "mse_hidden_index": -2, "lr": 2e-4, "warmup": 0.05, "weight_decay": 0.0},
+}
+DEFAULT_RECIPE = "swiftkv"
+
+
+def settings_for(source: str, recipe: str = DEFAULT_RECIPE, **given) -> DistillSettings:
+    """The recipe's values, then the ones given explicitly (None means "not given")."""
+    if recipe not in RECIPES:
+        raise ValueError(f"--recipe {recipe!r} is unknown; expected one of {sorted(RECIPES)}")
+    unknown = set(given) - {f.name for f in fields(DistillSettings)}
+    if unknown:
+        raise TypeError(f"unknown distillation settings: {sorted(unknown)}")
+    chosen = {k: v for k, v in given.items() if v is not None}
+    return DistillSettings(source=source, recipe=recipe, **{**RECIPES[recipe], **chosen})

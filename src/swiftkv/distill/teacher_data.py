@@ -1,0 +1,180 @@
+"""Teacher-written assistant turns (`--targets teacher`): for each training prompt, the teacher's own
+greedy reply replaces the human one, so the student learns on exactly the distribution it is judged
+against (the teacher's own answers), not on text the teacher would never write.
+
+Replies are generated once with vLLM (the plain teacher model, batched) and appended to a JSONL
+file, one complete record per line, fsync'd batch by batch. A killed run loses at most the batch in
+flight: on restart a truncated last line is cut off, records already there are reused (first one
+wins for a repeated key), and only the missing prompts are generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .data import Document, Messages
+
+GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
+MAX_PROMPT_TOKENS = 1024  # longer first turns are skipped (the reply would not fit a block)
+
+
+@dataclass
+class Reply:
+    ids: list[int]  # the teacher's tokens, its end-of-turn token included when it stopped by itself
+    finished: bool
+
+
+Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greedy replies
+
+
+def first_turn(messages: Messages) -> Messages | None:
+    """The conversation up to and including its first user turn (system prompt kept)."""
+    for index, message in enumerate(messages):
+        if message["role"] == "user":
+            return messages[: index + 1] if message["content"].strip() else None
+    return None
+
+
+def prompt_key(prompt_ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:24]
+
+
+# --------------------------------------------------------------------------------------------------
+# The reply file
+# --------------------------------------------------------------------------------------------------
+
+
+def read_replies(path: Path) -> dict[str, Reply]:
+    """Complete records of `path`; a torn last line (a kill mid-write) is cut off the file."""
+    if not path.is_file():
+        return {}
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with path.open("r+b") as handle:
+            handle.truncate(len(complete))
+    replies: dict[str, Reply] = {}
+    for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line)
+            replies.setdefault(record["key"], Reply(record["reply_ids"], record["finished"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}:{number}: not a teacher-reply record ({error}); delete the file to "
+                             "regenerate it") from error
+    return replies
+
+
+def append_replies(path: Path, records: dict[str, Reply]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        for key, reply in records.items():
+            handle.write(json.dumps({"key": key, "reply_ids": reply.ids, "finished": reply.finished}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class ReplyCache:
+    """The teacher's replies by prompt, generated on demand and kept in a JSONL file."""
+
+    def __init__(self, path: Path, generate: Generate):
+        self.path = path
+        self.generate = generate
+        self.replies = read_replies(path)
+        self.generated = 0
+
+    def get(self, prompts: list[list[int]]) -> list[Reply]:
+        keys = [prompt_key(p) for p in prompts]
+        missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self.replies}
+        if missing:
+            new = dict(zip(missing, self.generate(list(missing.values())), strict=True))
+            append_replies(self.path, new)
+            self.replies.update(new)
+            self.generated += len(new)
+        return [self.replies[k] for k in keys]
+
+
+# --------------------------------------------------------------------------------------------------
+# Documents
+# --------------------------------------------------------------------------------------------------
+
+
+def prompt_ids_of(tokenizer, example) -> list[int] | None:
+    if not isinstance(example, list):
+        return None  # plain text has no prompt to answer
+    prompt = first_turn(example)
+    if prompt is None:
+        return None
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return list(ids) if len(ids) <= MAX_PROMPT_TOKENS else None
+
+
+def teacher_documents(examples: Iterable, tokenizer, tokens: int, cache: ReplyCache,
+                      batch: int = GENERATION_BATCH) -> list[Document]:
+    """Documents of prompt + teacher reply (only the reply is a target) until `tokens` are reached."""
+    documents: list[Document] = []
+    prompts = (p for p in (prompt_ids_of(tokenizer, e) for e in examples) if p is not None)
+    while tokens > 0:
+        chunk = list(take(prompts, batch))
+        if not chunk:
+            break
+        for prompt, reply in zip(chunk, cache.get(chunk), strict=True):
+            if tokens <= 0 or not reply.ids:
+                continue
+            documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids)))
+            tokens -= len(prompt) + len(reply.ids)
+    return documents
+
+
+def take(items: Iterator, n: int) -> Iterator:
+    for _ in range(n):
+        try:
+            yield next(items)
+        except StopIteration:
+            return
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation with vLLM
+# --------------------------------------------------------------------------------------------------
+
+
+def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_id: int) -> Generate:
+    """Greedy replies from the plain teacher on vLLM (the engine starts on the first call)."""
+    state = {}
+
+    def generate(prompts: list[list[int]]) -> list[Reply]:
+        if "llm" not in state:
+            state["llm"] = start_engine(teacher_folder, max_tokens, dtype)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        outputs = state["llm"].generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [reply_of(out.outputs[0], eos_token_id) for out in outputs]
+
+    generate.close = lambda: state.pop("llm", None)  # type: ignore[attr-defined]
+    return generate
+
+
+def start_engine(folder: Path, max_tokens: int, dtype: str):
+    from vllm import LLM
+
+    from ..vllm.env import configure_cpu_env
+
+    configure_cpu_env()
+    return LLM(model=str(folder), dtype=dtype, seed=0, max_model_len=MAX_PROMPT_TOKENS + max_tokens,
+               kv_cache_memory_bytes=2 * 2**30, enable_prefix_caching=False)
+
+
+def reply_of(completion, eos_token_id: int) -> Reply:
+    ids = list(completion.token_ids)
+    finished = completion.finish_reason == "stop"
+    if finished and (not ids or ids[-1] != eos_token_id):
+        ids.append(eos_token_id)  # the student must learn where the teacher stops
+    return Reply(ids, finished)

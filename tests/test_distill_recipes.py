@@ -1,0 +1,126 @@
+"""Distillation recipes: the presets, the reference loss (T^2 KL over all positions + MSE of
+hidden_states[-2]), teacher-written targets (cache, resume) and bad chat records."""
+
+import json
+
+import pytest
+import torch
+
+from swiftkv.cli import main
+from swiftkv.distill.data import Document, pack, read_source
+from swiftkv.distill.loss import kl_sum
+from swiftkv.distill.settings import RECIPES, settings_for
+from swiftkv.distill.teacher_data import ReplyCache, prompt_ids_of, read_replies, teacher_documents
+from swiftkv.distill.trainer import (
+    BatchSizes,
+    SharedPrefixDistiller,
+    World,
+    freeze_all_but_swiftkv,
+    probe_layer_of,
+    train_step,
+)
+from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, tiny_tokenizer, write_jsonl
+
+
+def test_recipes_are_presets_that_explicit_options_override():
+    reference = settings_for("m", "reference")
+    assert (reference.init, reference.targets, reference.temperature, reference.kl_mean_over) == \
+        ("mean", "human", 2.0, "positions")
+    assert (reference.mse_weight, reference.mse_hidden_index, reference.lr, reference.warmup) == (1.0, -2, 2e-4, 0.05)
+    assert settings_for("m", "reference", lr=1e-3, init=None).lr == 1e-3  # None = not given
+    assert settings_for("m").recipe == "swiftkv" and settings_for("m").init == RECIPES["swiftkv"]["init"]
+    with pytest.raises(ValueError, match=r"--recipe 'nope' is unknown; expected one of \['reference', 'swiftkv'\]"):
+        settings_for("m", "nope")
+
+
+def test_cli_names_the_valid_recipes(tmp_path, capsys):
+    folder = save_tiny_folder(tmp_path / "m")
+    assert main(["distill", str(folder), "--recipe", "fast", "--out", str(tmp_path / "o")]) == 2
+    assert "expected one of ['reference', 'swiftkv']" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_probe_is_transformers_hidden_states_minus_two():
+    """The MSE compares `hidden_states[-2]` as transformers returns it (the input of the last layer)."""
+    torch.manual_seed(0)
+    model = tiny_model()
+    ids = torch.randint(3, 128, (2, 10))
+    positions = torch.arange(10).expand(2, 10)
+    settings = settings_for("tiny", "reference")
+    layer = probe_layer_of(settings, model.config)
+    assert layer == model.config.num_hidden_layers - 1
+    with torch.no_grad():
+        pair = model.model.forward_pair(ids, positions, None, probe_layer=layer)
+        model.set_swiftkv(False)
+        teacher = model(ids, output_hidden_states=True).hidden_states[-2]
+        model.set_swiftkv(True)
+        student = model(ids, output_hidden_states=True).hidden_states[-2]
+    assert (pair.teacher_probe - teacher.reshape(-1, teacher.shape[-1])).abs().max().item() < 1e-5
+    assert (pair.student_probe - student.reshape(-1, student.shape[-1])).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="expected the input of a later layer"):
+        probe_layer_of(settings_for("tiny", "reference", mse_hidden_index=2), model.config)
+
+
+def test_reference_loss_is_kl_over_all_positions_plus_mse():
+    """train_step's reported loss = T^2 * sum(KL on targets) / all positions + mean squared error."""
+    torch.manual_seed(1)
+    model = tiny_model()
+    docs = [Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)]
+    blocks = pack(docs, 24, max_blocks=2)
+    settings = settings_for("tiny", "reference", init="keep", batch_size=2, micro_batch=1, lr=0.0, dtype="float32")
+    layer = probe_layer_of(settings, model.config)
+    with torch.no_grad():
+        rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
+        pair = model.model.forward_pair(blocks.input_ids, blocks.position_ids, rows, probe_layer=layer)
+        kl = kl_sum(model.lm_head(pair.student), model.lm_head(pair.teacher), 2.0)
+        mse = (pair.student_probe - pair.teacher_probe).pow(2).mean()
+    expected = float(kl) / blocks.loss_mask.numel() + float(mse)
+    optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)
+    distiller = SharedPrefixDistiller(model, probe_layer=layer)
+    loss = train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert float(mse) > 1e-4  # the MSE term is really there
+
+
+def fake_teacher(calls: list):
+    """A deterministic stand-in generator for the cache logic (real generation: the vllm-marked test)."""
+    from swiftkv.distill.teacher_data import Reply
+
+    def generate(prompts):
+        calls.append(len(prompts))
+        return [Reply([3 + (sum(p) + k) % 50 for k in range(5)] + [2], True) for p in prompts]
+
+    return generate
+
+
+def test_teacher_documents_train_only_on_the_reply_and_resume_without_duplicates(tmp_path):
+    tokenizer = tiny_tokenizer()
+    chats = [c["messages"] for c in random_chats(30, seed=3)]
+    path = tmp_path / "replies.jsonl"
+    calls = []
+    first = teacher_documents(iter(chats), tokenizer, 200, ReplyCache(path, fake_teacher(calls)), batch=4)
+    assert sum(calls) == len(read_replies(path)) >= len(first) > 0
+    prompt = prompt_ids_of(tokenizer, chats[0])
+    assert first[0].ids[:len(prompt)] == prompt and not any(first[0].is_target[:len(prompt)])
+    assert all(first[0].is_target[len(prompt):]) and first[0].ids[-1] == tokenizer.eos_token_id
+    # A kill mid-write leaves a torn last line: it is cut off, the rest reused, nothing duplicated.
+    with path.open("a") as handle:
+        handle.write('{"key": "abc", "reply_ids": [4, 5')
+    done = len(read_replies(path))
+    assert path.read_text().endswith("\n")
+    calls.clear()
+    again = teacher_documents(iter(chats), tokenizer, 400, ReplyCache(path, fake_teacher(calls)), batch=4)
+    keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
+    assert len(keys) == len(set(keys)) == done + sum(calls)
+    assert [d.ids for d in again[:len(first)]] == [d.ids for d in first]
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    ({"content": "hi"}, "messages[1] has role None; expected one of ['system', 'user', 'assistant']"),
+    ({"role": "assistant", "content": None}, "messages[1] (assistant) has content None; expected a string"),
+])
+def test_bad_chat_record_names_file_and_line(tmp_path, message, expected):
+    path = write_jsonl(tmp_path / "chats.jsonl", [random_chats(1)[0],
+                                                  {"messages": [{"role": "user", "content": "a"}, message]}])
+    with pytest.raises(ValueError, match=rf"chats.jsonl:2: {__import__('re').escape(expected)}"):
+        list(read_source(str(path)))
