@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 import swiftkv  # noqa: F401 - registers the Auto classes
 from swiftkv.cli import main
-from swiftkv.convert import convert, ridge_fit
+from swiftkv.calibration import ridge_fit
+from swiftkv.convert import convert
 from tests.tiny import WORDS, save_tiny_teacher
 
 N, G = 2, 2

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.modeling import swiftkv_parameters
+from swiftkv.model import swiftkv_parameters
 from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, write_jsonl
 
 TRAIN_ARGS = ["--tokens", "512", "--heldout-tokens", "64", "--seq-len", "32", "--batch-size", "4",

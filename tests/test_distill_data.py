@@ -5,8 +5,10 @@ import json
 import pytest
 import torch
 
-from swiftkv.corpus import iter_json_array
-from swiftkv.distill.data import Document, load_blocks, pack, read_source, tokenize
+from swiftkv.data.chat import read_source
+from swiftkv.data.packing import load_blocks, pack
+from swiftkv.data.sharegpt import iter_json_array
+from swiftkv.data.tokens import Document, tokenize
 from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
 
 

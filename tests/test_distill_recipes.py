@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from swiftkv.cli import main
-from swiftkv.distill.data import Document, pack, read_source
-from swiftkv.distill.loss import kl_sum
+from swiftkv.data.chat import read_source
+from swiftkv.data.packing import pack
+from swiftkv.data.tokens import Document
 from swiftkv.distill.settings import RECIPES, settings_for
 from swiftkv.distill.teacher_data import ReplyCache, prompt_ids_of, read_replies, teacher_documents
 from swiftkv.distill.trainer import (
@@ -19,6 +20,7 @@ from swiftkv.distill.trainer import (
     probe_layer_of,
     train_step,
 )
+from swiftkv.metrics import kl_sum
 from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, tiny_tokenizer, write_jsonl
 
 

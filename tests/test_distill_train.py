@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from swiftkv.distill.data import Document, pack
+from swiftkv.data.packing import pack
+from swiftkv.data.tokens import Document
 from swiftkv.distill.loss import backward_distill_loss, distill_loss_sum
-from swiftkv.distill.params import save_swiftkv_params
 from swiftkv.distill.trainer import (
     BatchSizes,
     DistillSettings,
@@ -17,6 +17,7 @@ from swiftkv.distill.trainer import (
     swiftkv_parameters,
     train_step,
 )
+from swiftkv.model.surgery import save_swiftkv_params
 from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
 
 

@@ -34,12 +34,12 @@ def free_port() -> int:
 
 def build_smollm2_swiftkv(path):
     """SmolLM2-135M -> SwiftKV N=15, G=5, copy init, trimmed (the later layers' q/k/v dropped)."""
-    from swiftkv.convert import build_swiftkv_model, init_copy, trimmed_copy
+    from swiftkv.model.surgery import build_swiftkv_model, copy_init_params, load_trained, trimmed_copy
     from swiftkv.sources import load_model, load_tokenizer
 
     teacher = load_model("smollm2-135m-instruct", dtype=torch.float32)
     model = build_swiftkv_model(teacher, 15, 5)
-    init_copy(model, teacher, average_group=True)
+    load_trained(model, copy_init_params(model, average_group=True))
     model = trimmed_copy(model)
     model.save_pretrained(path)
     tokenizer = load_tokenizer("smollm2-135m-instruct")

@@ -6,14 +6,20 @@ Importing the package registers the SwiftKV configs and models with transformers
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .configuration import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, SwiftKVConfigError
-from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM
+from .model import (
+    LlamaSwiftKVConfig,
+    LlamaSwiftKVForCausalLM,
+    Qwen2SwiftKVConfig,
+    Qwen2SwiftKVForCausalLM,
+    SwiftKVConfigError,
+)
+from .model.families import FAMILIES
 
 __version__ = "0.1.0"
 
-for _config, _model in ((LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM), (Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)):
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModelForCausalLM.register(_config, _model, exist_ok=True)
+for _family in FAMILIES.values():
+    AutoConfig.register(_family.swiftkv_type, _family.config_class, exist_ok=True)
+    AutoModelForCausalLM.register(_family.config_class, _family.model_class, exist_ok=True)
 
 __all__ = [
     "LlamaSwiftKVConfig",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .sources import write_atomic
+from .files import write_atomic
 
 
 @dataclass

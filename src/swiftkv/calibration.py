@@ -1,18 +1,22 @@
-"""Calibration for conversion: teacher activations on a few thousand tokens, and how well a converted
-student reproduces the teacher's K/V and next-token predictions on held-out tokens."""
+"""Calibration for conversion: the teacher's activations on a few thousand tokens, the lstsq init
+fitted to them, and how well an init reproduces the teacher on held-out tokens.
+
+lstsq (ours): each AcrossKV group's k/v_proj_swiftkv <- the ridge least-squares map from
+s = norm_swiftkv(h_N) to the teacher's pre-RoPE K/V of the group's layers. The student then starts
+with K/V close to the teacher's, which distillation would otherwise have to learn.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from .corpus import iter_sharegpt, iter_text_files
+from .data.chat import read_source
+from .data.tokens import tokenize
+from .metrics import agreement_stats
+from .model.modeling import swiftkv_parameters
 
 BLOCK_LEN = 512
 
@@ -26,32 +30,17 @@ class TeacherStats:
     values: dict[int, torch.Tensor]
 
 
-def iter_documents(tokenizer, source: str) -> Iterator[list[int]]:
-    """Token ids of each document: `sharegpt` (chat-templated), a .jsonl of `messages`, or text files."""
-    if source == "sharegpt":
-        for messages in iter_sharegpt():
-            yield tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False)
-        return
-    path = Path(source)
-    if not path.exists():
-        raise FileNotFoundError(f"--calib-data {source!r}: expected 'sharegpt', a .jsonl chat file, "
-                                "or a text file/folder")
-    if path.suffix == ".jsonl":
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                yield tokenizer.apply_chat_template(json.loads(line)["messages"], tokenize=True, return_dict=False)
-        return
-    for text in iter_text_files(path):
-        yield tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
-
-
 def token_blocks(tokenizer, source: str, fit_tokens: int, eval_tokens: int,
                  block_len: int = BLOCK_LEN) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Disjoint fit and held-out blocks of `block_len` tokens, packed from consecutive documents."""
+    """Disjoint fit and held-out blocks of `block_len` tokens, packed from consecutive documents of
+    the `--calib-data` source (read in order, no shuffle)."""
     wanted = -(-fit_tokens // block_len) + -(-eval_tokens // block_len)
     blocks, buffer = [], []
-    for ids in iter_documents(tokenizer, source):
-        buffer.extend(ids[: 4 * block_len])  # cap very long documents so the sample stays varied
+    for example in read_source(source, option="--calib-data"):
+        document = tokenize(tokenizer, example)
+        if document is None:
+            continue
+        buffer.extend(document.ids[: 4 * block_len])  # cap very long documents so the sample stays varied
         while len(buffer) >= block_len and len(blocks) < wanted:
             blocks.append(torch.tensor(buffer[:block_len]))
             buffer = buffer[block_len:]
@@ -65,20 +54,20 @@ def token_blocks(tokenizer, source: str, fit_tokens: int, eval_tokens: int,
 
 
 @torch.no_grad()
-def teacher_stats(teacher, blocks: list[torch.Tensor], num_key_value_layers: int, desc: str) -> TeacherStats:
-    """Run the teacher and record h_N and every later layer's pre-RoPE K/V through hooks."""
-    layers = teacher.model.layers
-    later = range(num_key_value_layers, len(layers))
+def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
+    """Run the teacher path of a SwiftKV model and record h_N and every later layer's pre-RoPE K/V
+    (hooks on the teacher's own k/v projections, which only the teacher path calls)."""
+    later = model.config.later_layers
     h_n, keys, values = [], {j: [] for j in later}, {j: [] for j in later}
-    hooks = [layers[num_key_value_layers].register_forward_pre_hook(
-        lambda _m, args, _kw: h_n.append(args[0].flatten(0, 1).float()), with_kwargs=True)]
+    hooks = []
     for j in later:
-        attention = layers[j].self_attn
-        hooks.append(attention.k_proj.register_forward_hook(record_into(keys[j])))
-        hooks.append(attention.v_proj.register_forward_hook(record_into(values[j])))
+        hooks.append(model.model.layers[j].self_attn.k_proj.register_forward_hook(record_into(keys[j])))
+        hooks.append(model.model.layers[j].self_attn.v_proj.register_forward_hook(record_into(values[j])))
     try:
         for block in tqdm(blocks, desc=desc, leave=False):
-            teacher(block[None], logits_to_keep=1)
+            early = model.model.embed_and_early(input_ids=block[None])
+            h_n.append(early.hidden_states.flatten(0, 1).float())
+            model.model.late(early, student=False)
     finally:
         for hook in hooks:
             hook.remove()
@@ -88,6 +77,41 @@ def teacher_stats(teacher, blocks: list[torch.Tensor], num_key_value_layers: int
 
 def record_into(store: list):
     return lambda _module, _inputs, output: store.append(output.flatten(0, 1).float())
+
+
+@torch.no_grad()
+def lstsq_params(model, stats: TeacherStats, ridge: float) -> dict[str, torch.Tensor]:
+    """The SwiftKV parameters of `model` with each group owner's k/v_proj_swiftkv replaced by the
+    ridge fit from s to the mean of its group's teacher K/V (the rest as they are)."""
+    config = model.config
+    params = {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()}
+    s = model.model.norm_swiftkv(stats.h_n.to(model.dtype)).float()
+    for owner in range(config.num_key_value_layers, config.num_hidden_layers, config.key_value_group_size):
+        members = range(owner, owner + config.key_value_group_size)
+        prefix = f"model.layers.{owner}.self_attn"
+        for name, targets in (("k", stats.keys), ("v", stats.values)):
+            with_bias = f"{prefix}.{name}_proj_swiftkv.bias" in params
+            weight, bias = ridge_fit(s, torch.stack([targets[j] for j in members]).mean(0), ridge, with_bias)
+            params[f"{prefix}.{name}_proj_swiftkv.weight"] = weight
+            if bias is not None:
+                params[f"{prefix}.{name}_proj_swiftkv.bias"] = bias
+    return params
+
+
+def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool):
+    """argmin_W ||x W^T + b - y||^2 + lambda ||W||^2 in float64, lambda relative to x's scale."""
+    x, y = x.double(), y.double()
+    if with_bias:
+        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+    gram = x.T @ x
+    lam = ridge * gram.diagonal().mean()
+    solution = torch.linalg.solve(gram + lam * torch.eye(len(gram), dtype=x.dtype), x.T @ y).T.float()
+    return (solution[:, :-1], solution[:, -1]) if with_bias else (solution, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Measurement
+# --------------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -106,15 +130,10 @@ def kv_relative_error(model, stats: TeacherStats) -> dict[str, list[float]]:
 
 @torch.no_grad()
 def agreement(model, blocks: list[torch.Tensor]) -> tuple[float, float]:
-    """Teacher-forced top-1 agreement and mean KL(teacher || student) per token. Teacher and student
-    share layers < N exactly, so those run once."""
-    same, kl, count = 0, 0.0, 0
+    """Teacher-forced top-1 agreement and mean KL(teacher || student) per token, every position."""
+    kl, same, count = 0.0, 0, 0
     for block in blocks:
-        early = model.model.embed_and_early(input_ids=block[None])
-        teacher = model.lm_head(model.model.norm(model.model.late(early, student=False))).float()[0]
-        student = model.lm_head(model.model.norm(model.model.late(early, student=True))).float()[0]
-        same += int((teacher.argmax(-1) == student.argmax(-1)).sum())
-        log_t, log_s = F.log_softmax(teacher, -1), F.log_softmax(student, -1)
-        kl += float((log_t.exp() * (log_t - log_s)).sum())
-        count += len(block)
+        pair = model.model.forward_pair(block[None])
+        block_kl, block_same, rows = agreement_stats(pair.student, pair.teacher, model.lm_head)
+        kl, same, count = kl + block_kl, same + block_same, count + rows
     return same / count, kl / count

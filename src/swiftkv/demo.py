@@ -16,10 +16,10 @@ DISTILLED_ALIAS = f"{SMOLLM2_ALIAS}-swiftkv50"
 
 def long_prompt_ids(tokenizer, tokens: int) -> torch.Tensor:
     """A chat prompt of about `tokens` tokens: a long document followed by a question about it."""
-    from .corpus import iter_sharegpt
+    from .data.chat import read_source
 
     text = ""
-    for messages in iter_sharegpt():
+    for messages in filter(None, read_source("sharegpt")):
         text += "\n\n".join(m["content"] for m in messages) + "\n\n"
         if len(tokenizer(text)["input_ids"]) > tokens:
             break

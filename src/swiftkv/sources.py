@@ -8,83 +8,25 @@ SwiftKV parameters this project distilled and ships in `swiftkv/weights/`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
+from .files import atomic_output_dir, cached_folder
+from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES
+
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "llama_swiftkv", "qwen2_swiftkv")
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SWIFTKV_CACHE", Path.home() / ".cache" / "swiftkv"))
 
 
 def available_aliases() -> list[str]:
     distilled = sorted(p.name for p in WEIGHTS_DIR.glob("*") if (p / "swiftkv.json").is_file())
     return [SMOLLM2_ALIAS, *distilled]
-
-
-# --------------------------------------------------------------------------------------------------
-# Atomic output
-# --------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_output_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
-    """Yield a temp folder beside `dst`; on success it becomes `dst`, on error it disappears.
-    Readers never see a half-written `dst`, and an existing `dst` survives a failed overwrite."""
-    dst = Path(dst)
-    if dst.exists() and not force:
-        raise FileExistsError(f"output folder {dst} already exists; pass --force to overwrite it")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, dst)
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path beside `path` (same suffix, so writers that infer the format still work);
-    it replaces `path` on success and is removed on error, so `path` is never half-written."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    try:
-        yield tmp
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Rename `src` to `dst`, replacing an existing `dst` only after `src` is complete."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        dst.rename(old)
-    src.rename(dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,9 +59,9 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     arch = gguf_architecture(gguf_path)
-    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+    if arch not in BASE_MODEL_TYPES:
         raise ValueError(f"{gguf_path}: GGUF architecture {arch!r} is not supported; expected one of "
-                         f"{list(SUPPORTED_GGUF_ARCHITECTURES)}")
+                         f"{list(BASE_MODEL_TYPES)}")
     folder, name = str(gguf_path.parent), gguf_path.name
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -130,21 +72,6 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
     with atomic_output_dir(out) as tmp:
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
-
-
-def cached_folder(key: str, build) -> Path:
-    """An HF folder in the cache, built once by `build(path)` (which must create `path`). Concurrent
-    builders each work in their own temp folder; the first rename wins, later ones are discarded."""
-    path = cache_root() / key
-    if (path / "config.json").is_file():
-        return path
-    cache_root().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{key}.", dir=cache_root()) as tmp:
-        built = Path(tmp) / key
-        build(built)
-        with contextlib.suppress(OSError):  # another process finished first: same content
-            built.rename(path)
-    return path
 
 
 # --------------------------------------------------------------------------------------------------
@@ -230,15 +157,15 @@ def load_tokenizer(src: str | os.PathLike):
 
 def build_distilled(alias: str, out: Path) -> None:
     """Base model + committed SwiftKV parameters -> a complete SwiftKV HF folder."""
-    from safetensors.torch import load_file
+    from .model.surgery import build_swiftkv_model, load_trained, read_trained, write_swiftkv_folder
 
-    from .convert import convert
-
-    spec = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())
-    trained = load_file(WEIGHTS_DIR / alias / "swiftkv.safetensors")
-    convert(spec["base"], out, num_key_value_layers=spec["num_key_value_layers"],
-            key_value_group_size=spec.get("key_value_group_size", 1), init="copy",
-            overrides=trained, provenance={"alias": alias, "weights": f"swiftkv/weights/{alias}"})
+    spec, trained = read_trained(WEIGHTS_DIR / alias)
+    model = build_swiftkv_model(load_model(spec["base"]), spec["num_key_value_layers"],
+                                spec.get("key_value_group_size", 1))
+    load_trained(model, trained)
+    info = {"source": spec["base"], "init": "distilled", "trimmed": False, "alias": alias,
+            "weights": f"swiftkv/weights/{alias}"}
+    write_swiftkv_folder(model, load_tokenizer(spec["base"]), out, info)
 
 
 def export(src: str, out: str | os.PathLike, force: bool = False) -> Path:

@@ -77,13 +77,14 @@ def run(args) -> int:
 
 def write_output(settings, model, tokenizer, summary: dict) -> None:
     """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary."""
-    from ..convert import load_overrides
-    from ..modeling import swiftkv_parameters
-    from ..sources import atomic_output_dir, load_model
+    from ..files import atomic_output_dir
+    from ..model.modeling import swiftkv_parameters
+    from ..model.surgery import load_trained
+    from ..sources import load_model
 
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
     output = load_model(settings.source, dtype=torch.float32)
-    load_overrides(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
+    load_trained(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
     output.config.swiftkv = True
     with atomic_output_dir(settings.out, force=True) as tmp:
         output.save_pretrained(tmp)
@@ -93,7 +94,7 @@ def write_output(settings, model, tokenizer, summary: dict) -> None:
 
 def heldout_agreement(settings) -> dict:
     """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
-    from .data import load_blocks
+    from ..data.packing import load_blocks
     from .setup import load_student
     from .trainer import World, evaluate
 

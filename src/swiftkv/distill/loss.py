@@ -9,20 +9,9 @@ model in one call. Peak memory is one chunk of logits, and no logits are recompu
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 
-LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] -> logits [M, V] (lm_head)
-
-
-def kl_sum(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Sum over rows of T^2 * KL(softmax(teacher / T) || softmax(student / T)), in fp32."""
-    student_logp = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    teacher_logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    kl = (teacher_logp.exp() * (teacher_logp - student_logp)).sum()
-    return kl * temperature**2
+from ..metrics import LogitsFn, kl_sum
 
 
 def mse_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor) -> torch.Tensor:
@@ -64,16 +53,3 @@ def backward_distill_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor
     if outputs:
         torch.autograd.backward(outputs, grads)
     return total
-
-
-@torch.no_grad()
-def agreement_stats(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                    chunk_rows: int = 256) -> tuple[float, int, int]:
-    """(sum of KL(teacher || student) at T = 1, rows whose top-1 tokens agree, rows) for evaluation."""
-    kl, agree = 0.0, 0
-    for start in range(0, student_rows.shape[0], chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        student_logits, teacher_logits = logits_fn(student_rows[rows]), logits_fn(teacher_rows[rows])
-        kl += float(kl_sum(student_logits, teacher_logits, 1.0))
-        agree += int((student_logits.argmax(-1) == teacher_logits.argmax(-1)).sum())
-    return kl, agree, student_rows.shape[0]

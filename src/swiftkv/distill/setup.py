@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..sources import cache_root
+from ..files import cache_root, cached_folder, weights_digest
 
 
 def set_threads() -> None:
@@ -33,10 +33,10 @@ def load_student(settings):
 def apply_init(model, settings) -> None:
     """The recipe's starting point: copy/mean are re-derived from the model's own teacher weights;
     lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
-    from ..convert import init_copy
+    from ..model.surgery import copy_init_params, load_trained
 
     if settings.init in ("copy", "mean"):
-        init_copy(model, model, average_group=settings.init == "mean")
+        load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
     elif settings.init == "lstsq":
         converted = (getattr(model.config, "swiftkv_conversion", None) or {}).get("init")
         if converted != "lstsq":
@@ -109,7 +109,7 @@ def reply_cache(settings, tokenizer, may_generate: bool = True):
 def plain_teacher_folder(settings) -> Path:
     """An HF folder of the plain teacher for vLLM: `--teacher`, or the SwiftKV folder's own teacher
     weights saved as the base architecture (vLLM would run a SwiftKV folder as the student)."""
-    from ..sources import cached_folder, resolve_source
+    from ..sources import resolve_source
 
     if settings.teacher:
         return resolve_source(settings.teacher)
@@ -118,33 +118,8 @@ def plain_teacher_folder(settings) -> Path:
 
 
 def save_plain_teacher(folder: Path, out: Path) -> None:
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
+    from ..model.surgery import plain_teacher
     from ..sources import load_model, load_tokenizer
 
-    student = load_model(folder, dtype=torch.float32)
-    values = {k: v for k, v in student.config.to_dict().items() if "swiftkv" not in k and k not in PLAIN_DROP}
-    base_type = student.config.model_type.removesuffix("_swiftkv")
-    plain = AutoModelForCausalLM.from_config(CONFIG_MAPPING[base_type](**values))
-    weights = {k: v for k, v in student.state_dict().items() if "swiftkv" not in k}
-    plain.load_state_dict(weights, strict=False)
-    plain.tie_weights()
-    plain.save_pretrained(out)
+    plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(out)
     load_tokenizer(folder).save_pretrained(out)
-
-
-PLAIN_DROP = ("model_type", "architectures", "num_key_value_layers", "key_value_group_size", "auto_map",
-              "transformers_version")
-
-
-def weights_digest(folder: Path) -> str:
-    """Content hash of a folder's weight files (stable across copies and rebuilds of the same weights)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()[:16]

@@ -10,8 +10,8 @@ import time
 
 import torch
 
+from ..data.packing import load_blocks
 from ..dtypes import dtype_name
-from .data import load_blocks
 from .trainer import (
     BatchSizes,
     SharedPrefixDistiller,

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import Document, Messages
+from ..data.chat import first_user_prompt
+from ..data.tokens import Document
 
 GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
 MAX_PROMPT_TOKENS = 1024  # longer first turns are skipped (the reply would not fit a block)
@@ -30,14 +31,6 @@ class Reply:
 
 
 Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greedy replies
-
-
-def first_turn(messages: Messages) -> Messages | None:
-    """The conversation up to and including its first user turn (system prompt kept)."""
-    for index, message in enumerate(messages):
-        if message["role"] == "user":
-            return messages[: index + 1] if message["content"].strip() else None
-    return None
 
 
 def prompt_key(prompt_ids: list[int]) -> str:
@@ -106,7 +99,7 @@ class ReplyCache:
 def prompt_ids_of(tokenizer, example) -> list[int] | None:
     if not isinstance(example, list):
         return None  # plain text has no prompt to answer
-    prompt = first_turn(example)
+    prompt = first_user_prompt(example)
     if prompt is None:
         return None
     text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)

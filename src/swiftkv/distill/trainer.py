@@ -23,11 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..data.packing import Blocks, load_blocks
 from ..dtypes import resolve_dtype
-from ..modeling import PairHidden, swiftkv_parameters
-from ..sources import atomic_file
-from .data import Blocks, load_blocks
-from .loss import agreement_stats, backward_distill_loss, mse_sum
+from ..files import atomic_file, check_new_output
+from ..metrics import agreement_stats
+from ..model.modeling import PairHidden, swiftkv_parameters
+from .loss import backward_distill_loss, mse_sum
 from .settings import DistillSettings
 
 
@@ -246,8 +247,8 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSe
 
 def check_start(settings: DistillSettings) -> Path | None:
     """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume."""
-    if settings.out and Path(settings.out).exists() and not settings.force:
-        raise FileExistsError(f"output folder {settings.out} already exists; pass --force to overwrite it")
+    if settings.out:
+        check_new_output(settings.out, settings.force)
     path = settings.checkpoint_path()
     if path is not None and path.exists() and not settings.resume and not settings.force:
         raise FileExistsError(f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over")

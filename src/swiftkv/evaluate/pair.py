@@ -8,13 +8,13 @@ memory, layers < N computed once). Otherwise the two models run separately ("sep
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..files import folder_fingerprint
 from ..sources import check_supported, load_model, load_tokenizer, resolve_source
 
 STUDENT, TEACHER = "student", "teacher"
@@ -68,16 +68,6 @@ def keep_rows_or_all(keep_rows: RowSelection):
 
 def is_swiftkv(model) -> bool:
     return getattr(model.config, "num_key_value_layers", None) is not None
-
-
-def folder_fingerprint(folder: Path) -> str:
-    """Identity of a model folder for the results cache: its config plus the name, size and mtime of
-    every weight file (a re-conversion rewrites them, so stale results are never reused)."""
-    digest = hashlib.sha256((folder / "config.json").read_bytes())
-    for weights in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
-        stat = weights.stat()
-        digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:20]
 
 
 def check_causal_lm(folder: Path) -> None:

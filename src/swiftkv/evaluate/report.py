@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..sources import atomic_file, write_atomic
+from ..files import atomic_file, write_atomic
 from .pair import STUDENT, TEACHER
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
+from ..data.chat import first_user_prompt
+from ..data.heldout import heldout_conversations
 from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
-from .heldout import first_user_prompt, heldout_conversations
 from .loglikelihood import LoglikelihoodScorer
 from .pair import describe, load_pair
 from .store import ResultStore

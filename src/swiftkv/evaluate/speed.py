@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..sources import write_atomic
+from ..files import write_atomic
 from .harness import load_task
 from .loglikelihood import LoglikelihoodScorer
 from .pair import STUDENT, TEACHER, load_pair

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..sources import cache_root
+from ..files import cache_root
 
 # Bump when the way a result is computed changes, so old entries stop matching.
 PROTOCOL = "v1"

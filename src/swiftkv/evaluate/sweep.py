@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..sources import write_atomic
+from ..files import write_atomic
 from .report import write_report
 from .run import EvalSettings, evaluate_models
 

@@ -46,7 +46,7 @@ from transformers.models.qwen2.modeling_qwen2 import (
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .configuration import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
+from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
 
 RowSelection = slice | torch.Tensor | None
 

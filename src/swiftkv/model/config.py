@@ -19,6 +19,19 @@ class SwiftKVConfigError(ValueError):
     """A SwiftKV setting that cannot describe a valid model."""
 
 
+def head_dim_of(config) -> int:
+    """Per-head width: the config's own `head_dim` where it has one, else hidden / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def num_key_value_layers_for(num_layers: int, swiftkv_fraction: float) -> int:
+    """N for a fraction F of the layers becoming SwiftKV (later) layers: N = L - round(F * L),
+    kept within [1, L - 1] so that at least one early and one later layer remain."""
+    if not 0.0 < swiftkv_fraction < 1.0:
+        raise SwiftKVConfigError(f"SwiftKV fraction {swiftkv_fraction} is out of range; expected 0 < F < 1")
+    return min(max(num_layers - round(swiftkv_fraction * num_layers), 1), num_layers - 1)
+
+
 class SwiftKVConfigMixin:
     """Derived SwiftKV geometry. Needs `num_hidden_layers`, `num_key_value_layers`, `key_value_group_size`."""
 

@@ -1,0 +1,121 @@
+"""The `--data` grammar of convert (calibration), distill and eval: every source yields examples,
+each a chat (`messages`: [{"role": "system" | "user" | "assistant", "content": str}, ...]) or a
+plain text (str).
+
+  sharegpt        the offline ShareGPT wheel, training part (the held-out records are never read
+                  as data; they stay in the stream as None so seeded shuffles keep their order)
+  FILE.jsonl      one record per line: {"messages": [...]}, {"conversations": [...]} (ShareGPT) or {"text": ...}
+  FILE.json       a JSON array of such records
+  FILE.txt/.md/.rst, or a FOLDER of them   plain text, one example per file
+  FOLDER          a `datasets.save_to_disk` folder of such records
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import sharegpt
+
+SHAREGPT_ALIAS = "sharegpt"
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+CHAT_ROLES = ("system", "user", "assistant")
+DATA_HELP = "'sharegpt', a .jsonl/.json chat or text file, a .txt/.md/.rst file or folder, or a datasets.save_to_disk folder"
+
+Messages = list[dict]
+Example = Messages | str
+
+
+def chat_message(message, where: str, index: int) -> dict:
+    """One `messages` entry, checked: a role the chat template knows and text content."""
+    if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        raise ValueError(f"{where}: messages[{index}] has role {role!r}; expected one of {list(CHAT_ROLES)}")
+    if not isinstance(message.get("content"), str):
+        raise ValueError(f"{where}: messages[{index}] ({message['role']}) has content "
+                         f"{message.get('content')!r}; expected a string")
+    return {"role": message["role"], "content": message["content"]}
+
+
+def from_first_user(messages: Messages) -> Messages | None:
+    """The conversation from its first user turn on (a reply with no question before it is not a
+    chat turn to judge)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    return None if first is None else messages[first:]
+
+
+def first_user_prompt(messages: Messages) -> Messages | None:
+    """The conversation up to and including its first user turn: the prompt a model answers."""
+    for index, message in enumerate(messages):
+        if message["role"] == "user":
+            return messages[: index + 1] if message["content"].strip() else None
+    return None
+
+
+def record_to_example(record, where: str) -> Example | None:
+    """A chat (`messages` or ShareGPT `conversations`) or a text (`text`) record."""
+    if isinstance(record, dict):
+        if isinstance(record.get("messages"), list):
+            return [chat_message(m, where, i) for i, m in enumerate(record["messages"])]
+        if isinstance(record.get("conversations"), list):
+            return sharegpt.messages_of(record)
+        if isinstance(record.get("text"), str):
+            return record["text"]
+    raise ValueError(f"{where}: expected a record with 'messages' (chat), 'conversations' (ShareGPT) or 'text'")
+
+
+def read_jsonl(path: Path) -> Iterator[Example | None]:
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
+            yield record_to_example(record, f"{path}:{number}")
+
+
+def read_text_files(path: Path) -> Iterator[str]:
+    """One example per text file (a file, or every *.txt / *.md / *.rst below a folder, sorted)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES
+                                                 and p.is_file())
+    for file in files:
+        yield file.read_text(encoding="utf-8", errors="replace")
+
+
+def read_hf_dataset(folder: Path) -> Iterator[Example | None]:
+    import datasets
+
+    dataset = datasets.load_from_disk(str(folder))
+    if isinstance(dataset, datasets.DatasetDict):
+        dataset = dataset["train"] if "train" in dataset else next(iter(dataset.values()))
+    for index, record in enumerate(dataset):
+        yield record_to_example(record, f"{folder}[{index}]")
+
+
+def read_sharegpt() -> Iterator[Messages | None]:
+    for index, record in enumerate(sharegpt.iter_json_array(sharegpt.sharegpt_file())):
+        yield sharegpt.messages_of(record) if index < sharegpt.HELDOUT_START else None
+
+
+def read_source(spec: str, option: str = "--data") -> Iterator[Example | None]:
+    """The examples of a `--data` value (None marks an example that is to be skipped)."""
+    if spec == SHAREGPT_ALIAS:
+        yield from read_sharegpt()
+        return
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"{option} {spec!r}: no such file or folder; expected {DATA_HELP}")
+    if path.is_dir():
+        is_dataset = (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
+        yield from read_hf_dataset(path) if is_dataset else read_text_files(path)
+    elif path.suffix == ".jsonl":
+        yield from read_jsonl(path)
+    elif path.suffix == ".json":
+        yield from (record_to_example(r, f"{path}[{i}]") for i, r in enumerate(sharegpt.iter_json_array(path)))
+    elif path.suffix in TEXT_SUFFIXES:
+        yield from read_text_files(path)
+    else:
+        raise ValueError(f"{option} {spec!r}: unknown file type {path.suffix!r}; expected {DATA_HELP}")

@@ -1,0 +1,64 @@
+"""Chats and texts as token documents with a per-token target flag: the one definition of which
+tokens a student is trained and judged on (distill's loss mask, eval's chat agreement).
+
+For a chat the targets are each assistant turn's content and its end-of-turn token (the student also
+learns where to stop), never the role header, and only for turns that answer a user turn. The spans
+are found template-agnostically: an assistant turn is what rendering it adds after the generation
+prompt of the turns before it; characters become tokens through the tokenizer's offsets. A plain
+text is a target everywhere, with EOS appended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .chat import Example, Messages
+
+
+@dataclass
+class Document:
+    ids: list[int]
+    is_target: list[bool]  # token i is a training target (predicted from position i - 1)
+
+
+def assistant_char_spans(tokenizer, messages: Messages) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered chat and the character span of each assistant turn that follows a user turn.
+    A turn whose rendering is not a prefix of the whole (an unusual template) is left out."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans, answered = [], False
+    for k, message in enumerate(messages):
+        answered = answered or message["role"] == "user"
+        if message["role"] != "assistant" or not answered:
+            continue
+        before = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: k + 1], tokenize=False)
+        if text.startswith(upto) and upto.startswith(before):
+            spans.append((len(before), len(upto)))
+    return text, spans
+
+
+def tokenize_chat(tokenizer, messages: Messages) -> Document:
+    text, spans = assistant_char_spans(tokenizer, messages)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    is_target = [any(a <= start < b for a, b in spans) for start, _ in encoded["offset_mapping"]]
+    return Document(list(encoded["input_ids"]), is_target)
+
+
+def tokenize_text(tokenizer, text: str) -> Document:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None:
+        ids = [*ids, tokenizer.eos_token_id]
+    return Document(list(ids), [True] * len(ids))
+
+
+def tokenize(tokenizer, example: Example | None) -> Document | None:
+    """A document, or None for an example that cannot teach anything (skipped, empty, or a chat
+    without a non-empty assistant turn)."""
+    if example is None:
+        return None
+    if isinstance(example, str):
+        return tokenize_text(tokenizer, example) if example.strip() else None
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in example):
+        return None
+    document = tokenize_chat(tokenizer, example)
+    return document if any(document.is_target) else None

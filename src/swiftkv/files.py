@@ -1,0 +1,151 @@
+"""Everything swiftkv writes goes through here: atomic files and folders (temp beside the target,
+then rename), the cache, identities of model folders, and cleanup of temp data left by dead runs.
+
+Readers never see a half-written output: a crash or a kill leaves the previous version (or
+nothing), plus at most a temp file whose name starts with "." and contains ".tmp-"; the next write
+to the same place removes such leftovers when the process that made them is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+TEMP_MARK = ".tmp-"
+_TEMP_PID = re.compile(r"\.tmp-(\d+)")
+
+
+def cache_root() -> Path:
+    """The swiftkv cache (converted GGUFs, rebuilt aliases, eval results, teacher replies)."""
+    return Path(os.environ.get("SWIFTKV_CACHE", Path.home() / ".cache" / "swiftkv"))
+
+
+def check_new_output(path: str | os.PathLike, force: bool, what: str = "output folder") -> Path:
+    """Refuse to clobber an existing output unless --force, before any long work starts."""
+    path = Path(path)
+    if path.exists() and not force:
+        raise FileExistsError(f"{what} {path} already exists; pass --force to overwrite it")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Atomic outputs
+# --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_output_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield a temp folder beside `dst`; on success it becomes `dst`, on error it disappears.
+    Readers never see a half-written `dst`, and an existing `dst` survives a failed overwrite."""
+    dst = check_new_output(dst, force)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(dst)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TEMP_MARK}{os.getpid()}-", dir=dst.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, dst)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path beside `path` (same suffix, so writers that infer the format still work);
+    it replaces `path` on success and is removed on error, so `path` is never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    tmp = path.with_name(f".{path.stem}{TEMP_MARK}{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst`, replacing an existing `dst` only after `src` is complete."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old{TEMP_MARK}{os.getpid()}")
+        dst.rename(old)
+    src.rename(dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_temps(target: Path) -> None:
+    """Delete temp files/folders that earlier writes of `target` left when their process died."""
+    for leftover in target.parent.glob(f".{target.stem}*{TEMP_MARK}*"):
+        match = _TEMP_PID.search(leftover.name)
+        if match and not process_alive(int(match.group(1))):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache and identities
+# --------------------------------------------------------------------------------------------------
+
+
+def cached_folder(key: str, build) -> Path:
+    """A folder in the cache, built once by `build(path)` (which must create `path`). Concurrent
+    builders each work in their own temp folder; the first rename wins, later ones are discarded."""
+    path = cache_root() / key
+    if (path / "config.json").is_file():
+        return path
+    cache_root().mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    with tempfile.TemporaryDirectory(prefix=f".{key}{TEMP_MARK}{os.getpid()}-", dir=cache_root()) as tmp:
+        built = Path(tmp) / key
+        build(built)
+        with contextlib.suppress(OSError):  # another process finished first: same content
+            built.rename(path)
+    return path
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """Cheap identity of a model folder for result caches: its config plus the name, size and mtime
+    of every weight file (a re-conversion rewrites them, so stale results are never reused)."""
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for weights in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+        stat = weights.stat()
+        digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+def weights_digest(folder: Path) -> str:
+    """Content hash of a folder's weight files: the same for copies and rebuilds of the same weights."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]

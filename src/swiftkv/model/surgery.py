@@ -1,0 +1,177 @@
+"""Model surgery: build a SwiftKV model from a plain one, initialise its new parameters, trim the
+dead weight, move the trained SwiftKV tensors in and out, and recover the plain teacher. Pure
+functions on models (no file formats beyond the trained-tensor files, no calibration data), used
+by convert, distill, the shipped aliases and the tests.
+
+Initialisations (norm_swiftkv <- input_layernorm of layer N in every case):
+  copy  q/k/v_proj_swiftkv <- the layer's own q/k/v_proj (k/v from the group owner)
+  mean  like copy, but k/v_proj_swiftkv <- mean of the group's k/v_proj (the reference init)
+(lstsq, fitted on calibration data, lives in `swiftkv.calibration`.)
+
+Trained-tensor files (what the project commits for its distilled aliases):
+`<folder>/swiftkv.safetensors` holds `model.layers.{i}.self_attn.{q,k,v}_proj_swiftkv.weight`
+(+ bias) and `model.norm_swiftkv.weight`; `<folder>/swiftkv.json` names the base model and geometry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..files import atomic_file, atomic_output_dir, write_atomic
+from .families import FAMILIES, family_of
+from .modeling import swiftkv_parameters
+
+INITS = ("copy", "mean")
+# Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
+# stock lm-eval `hf` model) opens the folder with trust_remote_code=True even without `import swiftkv`.
+AUTO_SHIM = "swiftkv_auto"
+AUTO_SHIM_SOURCE = '''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
+swiftkv package. Load it after `import swiftkv`, or with trust_remote_code=True."""
+try:
+    from swiftkv import (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM,  # noqa: F401
+                         Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)
+except ImportError as error:
+    raise ImportError("this is a SwiftKV checkpoint (model_type llama_swiftkv / qwen2_swiftkv): "
+                      "install the swiftkv package to load it") from error
+'''
+
+
+def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size: int):
+    """The SwiftKV config of a plain Llama/Qwen2 config; raises SwiftKVConfigError on bad N/G."""
+    base_type = base_config.model_type
+    if base_type not in FAMILIES:
+        raise ValueError(f"cannot convert model_type {base_type!r}: already SwiftKV or unsupported; "
+                         f"expected one of {list(FAMILIES)}")
+    config_class = FAMILIES[base_type].config_class
+    values = {k: v for k, v in base_config.to_dict().items() if k not in ("model_type", "architectures")}
+    values.pop("transformers_version", None)
+    return config_class(**values, swiftkv=True, num_key_value_layers=num_key_value_layers,
+                        key_value_group_size=key_value_group_size)
+
+
+def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size: int):
+    """A SwiftKV model holding the teacher's weights; the new parameters still need an init. It is
+    never trimmed here: measuring an init runs its teacher path (`trimmed_copy` trims at write time)."""
+    config = swiftkv_config(teacher.config, num_key_value_layers, key_value_group_size)
+    model_class = FAMILIES[teacher.config.model_type].model_class
+    model = model_class(config).to(teacher.dtype).eval()
+    weights = {k: v for k, v in teacher.state_dict().items() if k in model.state_dict()}
+    missing, _ = model.load_state_dict(weights, strict=False)
+    not_swiftkv = [k for k in missing if "swiftkv" not in k and k != "lm_head.weight"]
+    if not_swiftkv:
+        raise ValueError(f"the source checkpoint lacks weights the model needs: {not_swiftkv[:5]}")
+    model.tie_weights()
+    return model
+
+
+@torch.no_grad()
+def copy_init_params(model, average_group: bool = False) -> dict[str, torch.Tensor]:
+    """The reference inits, from the model's own (teacher) weights: norm_swiftkv <- input_layernorm(N);
+    q <- the layer's q_proj; k/v <- the owner's k/v_proj (`average_group`: the group's mean, the
+    reference's "mean" init)."""
+    config, layers = model.config, model.model.layers
+    n, g = config.num_key_value_layers, config.key_value_group_size
+    params = {"model.norm_swiftkv.weight": layers[n].input_layernorm.weight.detach().clone()}
+    for i in config.later_layers:
+        prefix = f"model.layers.{i}.self_attn"
+        params.update(mean_linear(f"{prefix}.q_proj_swiftkv", [layers[i].self_attn.q_proj]))
+        if config.is_kv_owner(i):
+            members = range(i, i + g) if average_group else range(i, i + 1)
+            for name in ("k_proj", "v_proj"):
+                sources = [getattr(layers[j].self_attn, name) for j in members]
+                params.update(mean_linear(f"{prefix}.{name}_swiftkv", sources))
+    return params
+
+
+def mean_linear(name: str, sources: list[torch.nn.Linear]) -> dict[str, torch.Tensor]:
+    out = {f"{name}.weight": torch.stack([s.weight.detach() for s in sources]).mean(0)}
+    if sources[0].bias is not None:
+        out[f"{name}.bias"] = torch.stack([s.bias.detach() for s in sources]).mean(0)
+    return out
+
+
+@torch.no_grad()
+def load_trained(model, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy SwiftKV tensors (by parameter name) into `model`, checking names and shapes."""
+    params = swiftkv_parameters(model)
+    unknown = sorted(set(tensors) - set(params))
+    if unknown:
+        raise ValueError(f"SwiftKV weights {unknown[:3]} do not exist in this model "
+                         f"(N={model.config.num_key_value_layers}, G={model.config.key_value_group_size})")
+    for name, tensor in tensors.items():
+        if tensor.shape != params[name].shape:
+            raise ValueError(f"SwiftKV weight {name} has shape {tuple(tensor.shape)}; "
+                             f"expected {tuple(params[name].shape)}")
+        params[name].copy_(tensor.to(params[name].dtype))
+
+
+def trimmed_copy(model):
+    """The same model without the later layers' original q/k/v (dead weight for the student)."""
+    config = model.config.__class__(**{**model.config.to_dict(), "swiftkv_trimmed": True})
+    trimmed = type(model)(config).to(model.dtype).eval()
+    weights = {k: v for k, v in model.state_dict().items() if k in trimmed.state_dict()}
+    trimmed.load_state_dict(weights, strict=False)
+    trimmed.tie_weights()
+    return trimmed
+
+
+def plain_teacher(model):
+    """The teacher of an (untrimmed) SwiftKV model as a plain model of its base architecture: the
+    same weights without the SwiftKV parameters (vLLM, for one, runs a SwiftKV folder as the student)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    values = {k: v for k, v in model.config.to_dict().items() if "swiftkv" not in k and k not in PLAIN_DROP}
+    base_type = family_of(model.config.model_type).base_type
+    plain = AutoModelForCausalLM.from_config(CONFIG_MAPPING[base_type](**values)).to(model.dtype)
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "swiftkv" not in k}, strict=False)
+    plain.tie_weights()
+    return plain.eval()
+
+
+PLAIN_DROP = ("model_type", "architectures", "num_key_value_layers", "key_value_group_size", "auto_map",
+              "transformers_version")
+
+
+def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base: str,
+                        dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the trained SwiftKV tensors of `model` (a few MB) and their geometry into `folder`;
+    each file is written beside its final name and then renamed."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: p.detach().to(dtype).contiguous() for name, p in swiftkv_parameters(model).items()}
+    if not tensors:
+        raise ValueError("the model has no SwiftKV parameters (q/k/v_proj_swiftkv, norm_swiftkv) to save")
+    spec = {"base": base, "num_key_value_layers": model.config.num_key_value_layers,
+            "key_value_group_size": model.config.key_value_group_size}
+    with atomic_file(folder / "swiftkv.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    write_atomic(folder / "swiftkv.json", json.dumps(spec, indent=2) + "\n")
+    return folder
+
+
+def read_trained(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(spec, tensors) of a trained-tensor folder written by `save_swiftkv_params`."""
+    folder = Path(folder)
+    return json.loads((folder / "swiftkv.json").read_text()), load_file(folder / "swiftkv.safetensors")
+
+
+def write_swiftkv_folder(model, tokenizer, dst: str | os.PathLike, info: dict, force: bool = False,
+                         extra_files: dict[str, str] | None = None) -> None:
+    """A SwiftKV model as an HF folder, atomically: weights, config (with `swiftkv_conversion` =
+    `info` and an auto_map to the shim that points plain transformers at this package), tokenizer."""
+    model.config.swiftkv_conversion = {**info, "date": time.strftime("%Y-%m-%d")}
+    model.config.auto_map = {"AutoConfig": f"{AUTO_SHIM}.{type(model.config).__name__}",
+                             "AutoModelForCausalLM": f"{AUTO_SHIM}.{type(model).__name__}"}
+    with atomic_output_dir(dst, force=force) as tmp:
+        model.save_pretrained(tmp)
+        (tmp / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
