@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
+from ..data.chat import from_first_user
+from ..data.tokens import tokenize_chat
+from ..metrics import kl_per_row, top1_matches
 from .pair import STUDENT, TEACHER, ModelPair, is_swiftkv
 from .store import ResultStore, request_key
 
@@ -27,27 +30,13 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False)
 
 
 def assistant_token_mask(tokenizer, messages: list[dict], max_tokens: int) -> tuple[list[int], list[bool]] | None:
-    """Token ids of the rendered conversation and which tokens belong to assistant replies. Replies are
-    located by rendering the conversation prefix before and after each reply (chat templates render
-    prefixes as prefixes); None if the template does not."""
-    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-    if first_user is None:
+    """Token ids of the conversation from its first user turn on (at most `max_tokens`) and which
+    tokens are assistant replies: the same target definition distillation trains on."""
+    messages = from_first_user(messages)
+    if messages is None:
         return None
-    messages = messages[first_user:]  # a reply with no question before it is not a chat turn to learn
-    full = render(tokenizer, messages)
-    spans = []
-    for index, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(render(tokenizer, messages[:index], add_generation_prompt=True))
-        end_text = render(tokenizer, messages[:index + 1])
-        if not full.startswith(end_text):
-            return None
-        spans.append((start, len(end_text)))
-    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = encoded["input_ids"][:max_tokens]
-    mask = [any(s <= offset[0] < e for s, e in spans) for offset in encoded["offset_mapping"][:max_tokens]]
-    return ids, mask
+    document = tokenize_chat(tokenizer, messages)
+    return document.ids[:max_tokens], document.is_target[:max_tokens]
 
 
 @torch.inference_mode()
@@ -56,15 +45,13 @@ def conversation_stats(pair: ModelPair, ids: list[int], mask: list[bool]) -> dic
     positions = [t for t in range(len(ids) - 1) if mask[t + 1]]
     if not positions:
         return {"tokens": 0, "kl": 0.0, "top1": 0, "nll_teacher": 0.0, "nll_student": 0.0}
-    input_ids = torch.tensor([ids])
-    hidden = pair.final_hidden(input_ids, None, (TEACHER, STUDENT))
+    rows = torch.tensor(positions)
+    hidden = pair.final_hidden(torch.tensor([ids]), rows, (TEACHER, STUDENT))
+    logits = {role: pair.lm_head(role)(hidden[role][0]).float() for role in (TEACHER, STUDENT)}
     targets = torch.tensor([ids[t + 1] for t in positions])
-    logp = {role: torch.log_softmax(pair.lm_head(role)(hidden[role][0, positions]).float(), dim=-1)
-            for role in (TEACHER, STUDENT)}
-    kl = (logp[TEACHER].exp() * (logp[TEACHER] - logp[STUDENT])).sum(-1)
-    nll = {role: -logp[role].gather(-1, targets[:, None]).sum().item() for role in logp}
-    return {"tokens": len(positions), "kl": kl.sum().item(),
-            "top1": int((logp[TEACHER].argmax(-1) == logp[STUDENT].argmax(-1)).sum()),
+    nll = {role: -torch.log_softmax(x, -1).gather(-1, targets[:, None]).sum().item() for role, x in logits.items()}
+    return {"tokens": len(positions), "kl": kl_per_row(logits[STUDENT], logits[TEACHER]).sum().item(),
+            "top1": top1_matches(logits[STUDENT], logits[TEACHER]),
             "nll_teacher": nll[TEACHER], "nll_student": nll[STUDENT]}
 
 
@@ -104,15 +91,11 @@ def summarize_teacher_forced(stats: list[dict]) -> dict:
 @torch.inference_mode()
 def greedy_tokens(pair: ModelPair, role: str, prompt_ids: list[int], new_tokens: int) -> list[int]:
     model = pair.model_of(role)
-    if is_swiftkv(model):  # shared mode: the same model plays the teacher with swiftkv off
-        model.set_swiftkv(role == STUDENT)
-    try:
-        input_ids = torch.tensor([prompt_ids])
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=pair.tokenizer.eos_token_id)
-    finally:
-        if is_swiftkv(model):
-            model.set_swiftkv(model is pair.student)
+    # In shared mode the same model plays the teacher: the path is chosen per call, nothing is flipped.
+    path = {"swiftkv": role == STUDENT} if is_swiftkv(model) else {}
+    input_ids = torch.tensor([prompt_ids])
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
+                         do_sample=False, pad_token_id=pair.tokenizer.eos_token_id, **path)
     return out[0, len(prompt_ids):].tolist()
 
 

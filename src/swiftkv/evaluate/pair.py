@@ -19,7 +19,6 @@ from ..sources import check_supported, load_model, load_tokenizer, resolve_sourc
 
 STUDENT, TEACHER = "student", "teacher"
 ROLES = (TEACHER, STUDENT)
-RowSelection = torch.Tensor | slice | None
 
 
 @dataclass
@@ -43,27 +42,28 @@ class ModelPair:
         return self.teacher if role == TEACHER and self.teacher is not None else self.student
 
     @torch.inference_mode()
-    def final_hidden(self, input_ids: torch.Tensor, keep_rows: RowSelection, roles) -> dict[str, torch.Tensor]:
-        """Post-norm hidden states of the kept rows for each role (lm_head is left to the caller, so
-        it only runs on the rows that are scored)."""
-        out, early = {}, None
+    def final_hidden(self, input_ids: torch.Tensor, keep_rows: torch.Tensor | None, roles) -> dict[str, torch.Tensor]:
+        """Post-norm hidden states [batch, kept positions, H] of each role, `keep_rows` being sequence
+        positions (None: all). lm_head is left to the caller, so it only runs on the rows scored. In
+        shared mode one `forward_pair` serves both roles (layers < N once)."""
+        batch, seq = input_ids.shape
+        positions = torch.arange(seq) if keep_rows is None else torch.as_tensor(keep_rows)
+        if self.teacher is None:
+            rows = (torch.arange(batch)[:, None] * seq + positions[None]).reshape(-1)
+            pair = self.student.model.forward_pair(input_ids, rows=rows)
+            both = {TEACHER: pair.teacher, STUDENT: pair.student}
+            return {role: both[role].view(batch, len(positions), -1) for role in roles}
+        out = {}
         for role in roles:
             model = self.model_of(role)
-            if not is_swiftkv(model):
-                out[role] = model.model(input_ids=input_ids).last_hidden_state[:, keep_rows_or_all(keep_rows)]
-                continue
-            if early is None or self.teacher is not None:
-                early = model.model.embed_and_early(input_ids=input_ids)
-            late = model.model.late(early, student=role == STUDENT, keep_rows=keep_rows)
-            out[role] = model.model.norm(late)
+            if is_swiftkv(model):  # the student alone: its later layers on the kept positions only
+                out[role] = model.model(input_ids=input_ids, keep_rows=positions).last_hidden_state
+            else:
+                out[role] = model.model(input_ids=input_ids).last_hidden_state[:, positions]
         return out
 
     def lm_head(self, role: str) -> torch.nn.Module:
         return self.model_of(role).lm_head
-
-
-def keep_rows_or_all(keep_rows: RowSelection):
-    return slice(None) if keep_rows is None else keep_rows
 
 
 def is_swiftkv(model) -> bool:

@@ -263,22 +263,21 @@ class SwiftKVModelMixin:
         tokens, with layers < N computed once for both: the SwiftKV math every consumer of a
         teacher/student pair uses (calibration, distillation, evaluation).
 
-        `rows` selects flat positions of [batch * seq] (None: all). With one sequence the student
-        runs its later layers on those rows only (the prefill skip, exact). The teacher and the early
-        layers run without grad; the student follows the caller's grad mode. `probe_layer` also
-        returns, for every position, the residual stream entering that later layer.
-        `shared_prefix=False` runs layers < N again for the student (the reference way; same result)."""
-        one_sequence = input_ids.shape[0] == 1 and probe_layer is None  # a probe needs every row
-        keep_rows = rows if rows is not None and one_sequence else None
+        `rows` selects flat positions of [batch * seq] (None: all). The student runs its later layers
+        only on the sequence positions some row needs (the prefill skip; exact, because its later
+        K/V come from every token's h_N). The teacher and the early layers run without grad; the
+        student follows the caller's grad mode. `probe_layer` also returns, for every position, the
+        residual stream entering that later layer. `shared_prefix=False` runs layers < N again for
+        the student (the reference way; same result)."""
         probes = {"teacher": {probe_layer: None}, "student": {probe_layer: None}} if probe_layer is not None else {}
         with torch.no_grad():
             early = self.embed_and_early(input_ids=input_ids, position_ids=position_ids)
             teacher = flat_rows(self.late(early, student=False, layer_inputs=probes.get("teacher")), rows)
         if not shared_prefix:
             early = self.embed_and_early(input_ids=input_ids, position_ids=position_ids)
-        student = self.late(early, student=True, keep_rows=keep_rows, layer_inputs=probes.get("student"))
-        student = flat_rows(student, rows if keep_rows is None else None)
-        pair = PairHidden(self.norm(teacher), self.norm(student))
+        positions, student_rows = student_selection(rows, input_ids.shape[1], probe_layer is None)
+        student = self.late(early, student=True, keep_rows=positions, layer_inputs=probes.get("student"))
+        pair = PairHidden(self.norm(teacher), self.norm(flat_rows(student, student_rows)))
         if probes:
             pair.teacher_probe = flat_rows(probes["teacher"][probe_layer], None)
             pair.student_probe = flat_rows(probes["student"][probe_layer], None)
@@ -309,12 +308,16 @@ class SwiftKVModelMixin:
     @merge_with_config_defaults
     @capture_outputs
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=None, keep_rows: RowSelection = None, **kwargs):
+                inputs_embeds=None, use_cache=None, keep_rows: RowSelection = None, swiftkv: bool | None = None,
+                **kwargs):
+        """`swiftkv` picks the path for this call (True: student, False: teacher); None uses
+        `config.swiftkv`, the folder's default."""
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         early = self.embed_and_early(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
                                      **kwargs)
-        student = bool(self.config.swiftkv) and self.config.num_key_value_layers is not None
+        wanted = self.config.swiftkv if swiftkv is None else swiftkv
+        student = bool(wanted) and self.config.num_key_value_layers is not None
         hidden = self.late(early, student=student, keep_rows=keep_rows, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden),
                                        past_key_values=past_key_values if use_cache else None)
@@ -323,6 +326,16 @@ class SwiftKVModelMixin:
 def record_input(layer_inputs: dict | None, layer: int, hidden: torch.Tensor) -> None:
     if layer_inputs is not None and layer in layer_inputs:
         layer_inputs[layer] = hidden
+
+
+def student_selection(rows: torch.Tensor | None, seq_len: int, may_skip: bool):
+    """(sequence positions the student's later layers run on, flat rows of their [batch * positions]
+    output that `rows` asks for). Without `rows`, or when every row is needed (`may_skip` False),
+    the later layers run on every position."""
+    if rows is None or not may_skip:
+        return None, rows
+    positions = torch.unique(rows % seq_len)
+    return positions, (rows // seq_len) * len(positions) + torch.searchsorted(positions, rows % seq_len)
 
 
 def flat_rows(hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
@@ -387,18 +400,19 @@ class SwiftKVForCausalLMMixin:
         self.post_init()
 
     def set_swiftkv(self, enabled: bool) -> None:
-        """Switch between the student (True) and the original teacher path (False)."""
+        """Set the default path of this model (True: student, False: the original teacher). A single
+        call can choose instead: `model(ids, swiftkv=False)`, `model.generate(ids, swiftkv=False)`."""
         if enabled and self.config.num_key_value_layers is None:
             raise ValueError("this model has no SwiftKV layers (num_key_value_layers is not set)")
         self.config.swiftkv = bool(enabled)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
-                **kwargs) -> CausalLMOutputWithPast:
+                swiftkv: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
         keep_rows = rows_to_keep(logits_to_keep)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             keep_rows=keep_rows, **kwargs)
+                             keep_rows=keep_rows, swiftkv=swiftkv, **kwargs)
         logits = self.lm_head(outputs.last_hidden_state)  # already restricted to `keep_rows` by the model
         loss = None
         if labels is not None:
