@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import swiftkv  # noqa: F401 - registers the Auto classes
-from swiftkv.cli import main
 from swiftkv.calibration import ridge_fit
+from swiftkv.cli import main
 from swiftkv.convert import convert
 from tests.tiny import WORDS, save_tiny_teacher
 

@@ -15,11 +15,11 @@ from swiftkv.distill.teacher_data import ReplyCache, prompt_ids_of, read_replies
 from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
-    World,
     freeze_all_but_swiftkv,
     probe_layer_of,
     train_step,
 )
+from swiftkv.distill.world import World
 from swiftkv.metrics import kl_sum
 from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, tiny_tokenizer, write_jsonl
 

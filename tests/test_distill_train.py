@@ -6,17 +6,17 @@ import torch
 from swiftkv.data.packing import pack
 from swiftkv.data.tokens import Document
 from swiftkv.distill.loss import backward_distill_loss, distill_loss_sum
+from swiftkv.distill.settings import DistillSettings
 from swiftkv.distill.trainer import (
     BatchSizes,
-    DistillSettings,
     SharedPrefixDistiller,
-    World,
     distill,
     freeze_all_but_swiftkv,
     lr_at,
     swiftkv_parameters,
     train_step,
 )
+from swiftkv.distill.world import World
 from swiftkv.model.surgery import save_swiftkv_params
 from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
 

@@ -101,11 +101,12 @@ def test_cpu_env_uses_all_cpus_and_reserves_none():
 
 
 def test_serve_command_adds_defaults_and_user_options_win():
-    from swiftkv.serving import serve_command
+    from swiftkv.dtypes import auto_dtype, dtype_name
+    from swiftkv.vllm.serve import serve_command
 
     command = serve_command("/m", "alias", ["--port", "8001"])
     assert "--kv-sharing-fast-prefill" in command and command[-2:] == ["--port", "8001"]
-    assert command[command.index("--dtype") + 1] == "bfloat16"
+    assert command[command.index("--dtype") + 1] == dtype_name(auto_dtype())  # the hardware's choice
     assert command[command.index("--served-model-name") + 1] == "alias"
     mine = serve_command("/m", "alias", ["--dtype=float32", "--gpu-memory-utilization", "0.3"])
     assert "--kv-cache-memory-bytes" not in mine and "--dtype" not in mine
@@ -121,7 +122,7 @@ def test_cli_rejects_bad_kv_memory(capsys):
 def test_prefill_flops_per_token_of_smollm2_shape():
     from transformers import LlamaConfig
 
-    from swiftkv.bench import prefill_flops_per_token
+    from swiftkv.metrics import prefill_flops_per_token
 
     config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, head_dim=64)

@@ -25,9 +25,31 @@ from .model.surgery import (
     trimmed_copy,
     write_swiftkv_folder,
 )
+from .settings import setting
 from .sources import load_model, load_tokenizer
 
 INITS = ("copy", "mean", "lstsq")
+
+
+@dataclass
+class ConvertSettings:
+    """How to convert: the SwiftKV geometry, the init and its calibration, the output."""
+
+    num_key_value_layers: int | None = setting(None, "N: layers >= N become SwiftKV layers (prompt tokens skip them)",
+                                           flag="--num-key-value-layers")
+    swiftkv_fraction: float | None = setting(None, "or F: the fraction of layers that become SwiftKV layers, e.g. 0.5 "
+                                         "(N = L - round(F * L))")
+    key_value_group_size: int = setting(1, "G: AcrossKV, later layers share one KV cache in groups of G")
+    init: str = setting("lstsq", "init of the new projections: copy/mean as the reference, lstsq = ridge fit to the "
+                    "teacher's K/V on calibration tokens", choices=INITS)
+    calib_data: str = setting("sharegpt", "calibration data (the --data grammar: 'sharegpt', a .jsonl/.json file, "
+                          "a text file or folder)")
+    calib_tokens: int = setting(8192, "tokens to fit lstsq on")
+    eval_tokens: int = setting(2048, "held-out calibration tokens the inits are measured on")
+    ridge: float = setting(1e-3, "ridge strength of the lstsq fit, relative to the input scale")
+    trim: bool = setting(False, "drop the later layers' unused original q/k/v (smaller; student-only)")
+    dtype: str | None = setting(None, "weights dtype of the output (float32, bfloat16, ...; default: as loaded, fp32)")
+    force: bool = setting(False, "overwrite DST")
 
 
 @dataclass
@@ -63,44 +85,46 @@ def resolve_num_key_value_layers(num_layers: int, num_key_value_layers: int | No
     return num_key_value_layers
 
 
-def convert(src: str, dst: str | os.PathLike, num_key_value_layers: int | None = None,
-            swiftkv_fraction: float | None = None, key_value_group_size: int = 1, init: str = "lstsq",
-            trim: bool = False, dtype: str | None = None, force: bool = False, calib_data: str = "sharegpt",
-            calib_tokens: int = 8192, eval_tokens: int = 2048, ridge: float = 1e-3) -> ConversionReport:
-    """Convert `src` (HF folder, .gguf, alias) into a SwiftKV folder at `dst`, written atomically."""
-    if init not in INITS:
-        raise ValueError(f"--init {init!r} is unknown; expected one of {list(INITS)}")
-    check_new_output(dst, force)
-    out_dtype = parse_dtype(dtype) if dtype is not None else None
+def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
+    """Convert `src` (HF folder, .gguf, alias) into a SwiftKV folder at `dst`, written atomically.
+    `options` are `ConvertSettings` fields."""
+    settings = ConvertSettings(**options)
+    if settings.init not in INITS:
+        raise ValueError(f"--init {settings.init!r} is unknown; expected one of {list(INITS)}")
+    check_new_output(dst, settings.force)
+    out_dtype = parse_dtype(settings.dtype) if settings.dtype is not None else None
     started = time.time()
     teacher = load_model(src, dtype=torch.float32)  # resolves and checks the source first
-    n = resolve_num_key_value_layers(teacher.config.num_hidden_layers, num_key_value_layers, swiftkv_fraction)
-    model = build_swiftkv_model(teacher, n, key_value_group_size)
+    n = resolve_num_key_value_layers(teacher.config.num_hidden_layers, settings.num_key_value_layers,
+                                     settings.swiftkv_fraction)
+    model = build_swiftkv_model(teacher, n, settings.key_value_group_size)
     tokenizer = load_tokenizer(src)
-    report = ConversionReport(str(src), init, n, key_value_group_size)
-    candidates = fit_and_measure(model, tokenizer, report, init, calib_data, calib_tokens, eval_tokens, ridge)
-    load_trained(model, candidates[init])
+    report = ConversionReport(str(src), settings.init, n, settings.key_value_group_size)
+    candidates = fit_and_measure(model, tokenizer, report, settings)
+    load_trained(model, candidates[settings.init])
     report.seconds = time.time() - started
-    if trim:
+    if settings.trim:
         model = trimmed_copy(model)
     if out_dtype is not None:
         model = model.to(out_dtype)
-    info = {"source": str(src), "init": init, "trimmed": trim, "top1_agreement": report.top1_agreement}
-    write_swiftkv_folder(model, tokenizer, dst, info, force=force,
+    info = {"source": str(src), "init": settings.init, "trimmed": settings.trim,
+            "top1_agreement": report.top1_agreement}
+    write_swiftkv_folder(model, tokenizer, dst, info, force=settings.force,
                          extra_files={"swiftkv_conversion.json": json.dumps(asdict(report), indent=2)})
     return report
 
 
-def fit_and_measure(model, tokenizer, report: ConversionReport, init: str, calib_data: str, calib_tokens: int,
-                    eval_tokens: int, ridge: float) -> dict[str, dict[str, torch.Tensor]]:
+def fit_and_measure(model, tokenizer, report: ConversionReport,
+                    settings: ConvertSettings) -> dict[str, dict[str, torch.Tensor]]:
     """The SwiftKV parameters of each init worth comparing (the chosen one and lstsq, or copy and
     lstsq), each measured on held-out calibration tokens into `report`."""
-    fit_blocks, eval_blocks = calibration.token_blocks(tokenizer, calib_data, calib_tokens, eval_tokens)
-    reference = "copy" if init in ("copy", "lstsq") else init
+    fit_blocks, eval_blocks = calibration.token_blocks(tokenizer, settings.calib_data, settings.calib_tokens,
+                                                       settings.eval_tokens)
+    reference = "copy" if settings.init in ("copy", "lstsq") else settings.init
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it
     fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
-    candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, ridge)
+    candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
     eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
     for name, params in candidates.items():
         load_trained(model, params)

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 
 from .convert import convert
+from .dtypes import describe_choice, dtype_name, resolve_dtype
+from .files import write_atomic
 from .generation import chat_input_ids, generate_text, kv_cache_bytes, median_prefill_seconds, prefill
 from .sources import SMOLLM2_ALIAS, available_aliases, load_model, load_tokenizer
 
@@ -27,21 +29,24 @@ def long_prompt_ids(tokenizer, tokens: int) -> torch.Tensor:
     return chat_input_ids(tokenizer, document + "\n\nSummarize the text above in one sentence.")[:, :tokens]
 
 
-def demo(out: str, prompt_tokens: int, question: str) -> dict:
+def demo(out: str, prompt_tokens: int, question: str, dtype: str = "auto") -> dict:
     out_dir = Path(out)
     converted = out_dir / "smollm2-swiftkv50-lstsq"
     if not (converted / "config.json").is_file():
         print(f"converting {SMOLLM2_ALIAS} -> {converted} (N=15 of 30, lstsq init) ...")
         print(convert(SMOLLM2_ALIAS, converted, num_key_value_layers=15, init="lstsq").summary())
+    compute = resolve_dtype(dtype)
+    print(describe_choice(dtype))
     tokenizer = load_tokenizer(SMOLLM2_ALIAS)
-    teacher = load_model(SMOLLM2_ALIAS, dtype=torch.bfloat16)
-    students = {"SwiftKV lstsq init": load_model(converted, dtype=torch.bfloat16)}
+    teacher = load_model(SMOLLM2_ALIAS, dtype=compute)
+    students = {"SwiftKV lstsq init": load_model(converted, dtype=compute)}
     if DISTILLED_ALIAS in available_aliases():
-        students["SwiftKV distilled"] = load_model(DISTILLED_ALIAS, dtype=torch.bfloat16)
-    results = {"prompt_tokens": prompt_tokens, **measure_prefill(teacher, students, tokenizer, prompt_tokens)}
+        students["SwiftKV distilled"] = load_model(DISTILLED_ALIAS, dtype=compute)
+    results = {"prompt_tokens": prompt_tokens, "dtype": dtype_name(compute),
+               **measure_prefill(teacher, students, tokenizer, prompt_tokens)}
     results["answers"] = answers(teacher, students, tokenizer, question)
     print_results(results, question)
-    (out_dir / "demo.json").write_text(json.dumps(results, indent=2))
+    write_atomic(out_dir / "demo.json", json.dumps(results, indent=2))
     print(f"\nnumbers written to {out_dir / 'demo.json'}")
     return results
 
@@ -65,7 +70,7 @@ def answers(teacher, students: dict, tokenizer, question: str) -> dict:
 
 
 def print_results(results: dict, question: str) -> None:
-    print(f"\nprefill of one {results['prompt_tokens']}-token prompt (bf16, transformers, median of 3):")
+    print(f"\nprefill of one {results['prompt_tokens']}-token prompt ({results['dtype']}, transformers, median of 3):")
     print(f"  teacher  {results['teacher_prefill_s']:.3f} s")
     print(f"  SwiftKV  {results['swiftkv_prefill_s']:.3f} s   -> {results['prefill_speedup']:.2f}x faster")
     print(f"KV cache after prefill: teacher {results['teacher_kv_bytes'] / 2**20:.1f} MiB, "

@@ -1,5 +1,6 @@
-"""`swiftkv` command line. Thin: each subcommand lives in its own module, which exposes
-`register(subparsers)` and sets `func` (parsed args -> exit code) on its parser."""
+"""`swiftkv` command line. Thin: each subcommand lives in its own module here, which exposes
+`register(subparsers)` and sets `func` (parsed args -> exit code) on its parser; the work is done by
+library functions that take typed settings (no argparse objects below this package)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,8 @@ import sys
 
 # Modules that provide subcommands, in the order `--help` lists them. Each module's import must be
 # cheap (no vLLM / lm-eval at import time): heavy imports belong inside the command function.
-COMMAND_MODULES = (
-    "swiftkv.commands_model",  # convert, export, generate, demo
-    "swiftkv.evaluate.command",  # eval
-    "swiftkv.serving",  # serve, bench (vLLM)
-    "swiftkv.distill.command",  # distill
-)
+COMMAND_MODULES = tuple(f"swiftkv.cli.{name}" for name in (
+    "convert", "export", "generate", "demo", "distill", "eval", "serve", "bench"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,12 +55,7 @@ def given_values(args: argparse.Namespace, settings_class: type) -> dict[str, An
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 
-def parse_count(text: str) -> int:
-    """`1M`, `250k`, `65536` -> int."""
-    units = {"k": 1_000, "m": 1_000_000}
-    try:
-        if text[-1:].lower() in units:
-            return int(float(text[:-1]) * units[text[-1].lower()])
-        return int(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 65536, 250k, 1M)") from error
+def source_help() -> str:
+    from ..sources import SMOLLM2_ALIAS
+
+    return f"HF folder, .gguf file, or alias ({SMOLLM2_ALIAS}, {SMOLLM2_ALIAS}-swiftkv50, ...)"

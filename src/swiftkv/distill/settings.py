@@ -15,11 +15,11 @@ Options given on the command line override the recipe's values.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from ..cli.options import parse_count
 from ..dtypes import DTYPE_CHOICES
+from ..settings import parse_count, setting
 
 CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")
@@ -30,50 +30,46 @@ RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", 
                      "teacher_data")
 
 
-def opt(default, help: str, **metadata):  # noqa: A002 - mirrors argparse's keyword
-    return field(default=default, metadata={"help": help, **metadata})
-
-
 @dataclass
 class DistillSettings:
-    source: str = opt(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
-    recipe: str = opt("swiftkv", "named preset of the settings below (reference = ArcticTraining's)",
+    source: str = setting(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
+    recipe: str = setting("swiftkv", "named preset of the settings below (reference = ArcticTraining's)",
                       choices=None, cli=False)
-    out: str | None = opt(None, "final HF SwiftKV folder (written atomically)")
-    data: str = opt("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder")
-    teacher: str | None = opt(None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)")
-    init: str = opt("keep", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
+    out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
+    data: str = setting("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder")
+    teacher: str | None = setting(None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)")
+    init: str = setting("keep", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
                     "mean (reference) or lstsq", choices=INITS)
-    targets: str = opt("human", "assistant turns to learn on: the data's own (human) or the teacher's greedy "
+    targets: str = setting("human", "assistant turns to learn on: the data's own (human) or the teacher's greedy "
                        "replies to the same prompts (teacher; generated once with vLLM and cached)", choices=TARGETS)
-    teacher_data: str | None = opt(None, "JSONL cache of the teacher's replies (default: in the swiftkv cache)")
-    reply_tokens: int = opt(512, "max tokens of a teacher-written reply")
-    tokens: int = opt(1_000_000, "train tokens (whole blocks, masked or not)", parse=parse_count)
-    heldout_tokens: int = opt(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
-    seq_len: int = opt(1024, "tokens per packed block")
-    batch_size: int = opt(16, "blocks per optimizer step, over all processes")
-    micro_batch: int = opt(2, "blocks per forward")
-    lr: float = opt(2e-4, "peak learning rate (AdamW)")
-    warmup: float = opt(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
-    temperature: float = opt(2.0, "softmax temperature of the T^2 * KL term")
-    kl_mean_over: str = opt("targets", "the KL sum is divided by the trained (assistant) positions, or by all "
+    teacher_data: str | None = setting(None, "JSONL cache of the teacher's replies (default: in the swiftkv cache)")
+    reply_tokens: int = setting(512, "max tokens of a teacher-written reply")
+    tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not)", parse=parse_count)
+    heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
+    seq_len: int = setting(1024, "tokens per packed block")
+    batch_size: int = setting(16, "blocks per optimizer step, over all processes")
+    micro_batch: int = setting(2, "blocks per forward")
+    lr: float = setting(2e-4, "peak learning rate (AdamW)")
+    warmup: float = setting(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    temperature: float = setting(2.0, "softmax temperature of the T^2 * KL term")
+    kl_mean_over: str = setting("targets", "the KL sum is divided by the trained (assistant) positions, or by all "
                             "positions as the reference does", choices=KL_MEAN_OVER)
-    mse_weight: float = opt(0.0, "weight of the hidden-state MSE term (all positions)")
-    mse_hidden_index: int = opt(-2, "which transformers hidden_states entry the MSE compares (-2: the input of "
+    mse_weight: float = setting(0.0, "weight of the hidden-state MSE term (all positions)")
+    mse_hidden_index: int = setting(-2, "which transformers hidden_states entry the MSE compares (-2: the input of "
                                 "the last layer, as the reference); must be a later layer's input")
-    max_grad_norm: float = opt(1.0, "gradient clipping")
-    dtype: str = opt("auto", "compute dtype: auto = bf16 autocast where bf16 is native, else fp32 "
+    max_grad_norm: float = setting(1.0, "gradient clipping")
+    dtype: str = setting("auto", "compute dtype: auto = bf16 autocast where bf16 is native, else fp32 "
                      "(master weights and loss stay fp32)", choices=DTYPE_CHOICES)
-    chunk_rows: int = opt(512, "positions per vocabulary chunk of the loss")
-    naive: bool = opt(False, "teacher and student each run all layers (the reference way), for comparison")
-    seed: int = opt(0, "data split and order")
-    eval_every: int = opt(50, "steps between held-out evaluations")
-    checkpoint_every: int = opt(10, "steps between checkpoints")
-    checkpoint_dir: str | None = opt(None, "default: OUT.ckpt")
-    stop_after: int | None = opt(None, "stop (checkpointed) after this many steps, e.g. to slice a long run")
-    resume: bool = opt(False, "continue from the checkpoint")
-    force: bool = opt(False, "overwrite OUT / start over an existing checkpoint")
+    chunk_rows: int = setting(512, "positions per vocabulary chunk of the loss")
+    naive: bool = setting(False, "teacher and student each run all layers (the reference way), for comparison")
+    seed: int = setting(0, "data split and order")
+    eval_every: int = setting(50, "steps between held-out evaluations")
+    checkpoint_every: int = setting(10, "steps between checkpoints")
+    checkpoint_dir: str | None = setting(None, "default: OUT.ckpt")
+    stop_after: int | None = setting(None, "stop (checkpointed) after this many steps, e.g. to slice a long run")
+    resume: bool = setting(False, "continue from the checkpoint")
+    force: bool = setting(False, "overwrite OUT / start over an existing checkpoint")
 
     def fingerprint(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_SETTINGS}

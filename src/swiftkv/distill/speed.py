@@ -15,13 +15,13 @@ from ..dtypes import dtype_name
 from .trainer import (
     BatchSizes,
     SharedPrefixDistiller,
-    World,
     cast_frozen,
     compute_dtype,
     freeze_all_but_swiftkv,
     probe_layer_of,
     train_step,
 )
+from .world import World
 
 
 def timed_step(distiller, model, optimizer, blocks, settings) -> tuple[float, float]:

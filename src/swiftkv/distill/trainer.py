@@ -15,44 +15,20 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
 from ..data.packing import Blocks, load_blocks
 from ..dtypes import resolve_dtype
-from ..files import atomic_file, check_new_output
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
+from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
 from .settings import DistillSettings
-
-
-@dataclass
-class World:
-    """This process's place in a (possibly 1-process) torch.distributed group."""
-
-    rank: int = 0
-    size: int = 1
-    ddp: bool = False
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-@dataclass
-class RunState:
-    step: int = 0
-    total_steps: int = 0
-    elapsed: float = 0.0  # wall seconds spent training, over all resumed segments
-    history: list = field(default_factory=list)  # held-out evaluations
-
+from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
 # Model pieces
@@ -202,76 +178,9 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
     return {"kl": kl / max(rows, 1), "top1": agree / max(rows, 1), "positions": int(rows)}
 
 
-def all_reduce(tensor: torch.Tensor, world: World) -> torch.Tensor:
-    """Sum over processes (through the group's device: nccl only reduces CUDA tensors)."""
-    if not world.ddp:
-        return tensor
-    on_device = tensor.to(world.device)
-    torch.distributed.all_reduce(on_device)
-    return on_device.to(tensor.device)
-
-
-# --------------------------------------------------------------------------------------------------
-# Checkpoints
-# --------------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, settings: DistillSettings) -> None:
-    """Written to a temp file then renamed: a kill at any moment leaves the previous checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "fingerprint": settings.fingerprint(),
-        "state": asdict(state),
-        "trained": {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()},
-        "optimizer": optimizer.state_dict(),
-    }
-    with atomic_file(path) as tmp:
-        torch.save(payload, tmp)
-
-
-def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSettings) -> RunState:
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
-    payload = torch.load(path, map_location="cpu", weights_only=False)
-    differing = {k: (payload["fingerprint"].get(k), v) for k, v in settings.fingerprint().items()
-                 if payload["fingerprint"].get(k) != v}
-    if differing:
-        detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
-        raise ValueError(f"--resume: checkpoint {path} is from another run configuration ({detail})")
-    with torch.no_grad():
-        for name, parameter in swiftkv_parameters(model).items():
-            parameter.copy_(payload["trained"][name])
-    optimizer.load_state_dict(payload["optimizer"])
-    return RunState(**payload["state"])
-
-
-def check_start(settings: DistillSettings) -> Path | None:
-    """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume."""
-    if settings.out:
-        check_new_output(settings.out, settings.force)
-    path = settings.checkpoint_path()
-    if path is not None and path.exists() and not settings.resume and not settings.force:
-        raise FileExistsError(f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over")
-    return path
-
-
 # --------------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------------
-
-
-def init_world() -> World:
-    """torchrun sets WORLD_SIZE/RANK: join the group (gloo on CPU, nccl on GPU)."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
-        return World()
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return World(torch.distributed.get_rank(), torch.distributed.get_world_size(), ddp=True, device=device)
 
 
 def check_batch(settings: DistillSettings, world: World) -> None:
@@ -287,11 +196,6 @@ def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module
         device_ids = [world.device.index] if world.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(distiller, device_ids=device_ids, broadcast_buffers=False)
     return distiller
-
-
-def log(world: World, message: str) -> None:
-    if world.is_main:
-        print(message, flush=True)
 
 
 def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple[Blocks, Blocks]:

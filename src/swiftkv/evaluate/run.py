@@ -3,38 +3,25 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..data.chat import first_user_prompt
 from ..data.heldout import heldout_conversations
+from ..dtypes import dtype_name, resolve_dtype
+from ..metrics import prefill_compute_saving
 from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
 from .loglikelihood import LoglikelihoodScorer
 from .pair import describe, load_pair
+from .settings import EvalSettings
 from .store import ResultStore
-
-
-@dataclass
-class EvalSettings:
-    tasks: list[str]
-    limits: dict[str, int | None]
-    dtype: torch.dtype = torch.bfloat16
-    batch_tokens: int = 4096
-    chat_conversations: int = 100  # teacher-forced; 0 skips
-    chat_max_tokens: int = 512
-    gen_prompts: int = 32  # greedy generation; 0 skips
-    gen_tokens: int = 32
-    gen_max_prompt_tokens: int = 256
-    progress: bool = True
-    extra: dict = field(default_factory=dict)
 
 
 def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, store: ResultStore) -> dict:
     started = time.time()
-    pair = load_pair(student, teacher, settings.dtype)
+    pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
     scorer = LoglikelihoodScorer(pair, store, settings.batch_tokens, settings.progress)
     tasks = {}
     for name in settings.tasks:
@@ -68,22 +55,6 @@ def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
     return prompts
 
 
-def prefill_compute_saving(config) -> float | None:
-    """Fraction of a prompt token's linear-layer FLOPs the student skips: layers >= N run only their
-    group owners' k/v_proj_swiftkv. Attention-score FLOPs (length dependent) are not counted."""
-    n = getattr(config, "num_key_value_layers", None)
-    if n is None:
-        return None
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    q = config.num_attention_heads * head_dim
-    kv = config.num_key_value_heads * head_dim
-    attention = config.hidden_size * (2 * q + 2 * kv)  # q, o, k, v projections
-    mlp = 3 * config.hidden_size * config.intermediate_size
-    layers = config.num_hidden_layers
-    student = n * (attention + mlp) + (layers - n) // config.key_value_group_size * 2 * config.hidden_size * kv
-    return 1 - student / (layers * (attention + mlp))
-
-
 def print_task_line(student: str, task: str, result: dict) -> None:
     paired = result["paired"]["acc"]
     print(f"[{student}] {task}: {result['items']} items, acc teacher {paired['teacher']:.4f} student "
@@ -101,8 +72,8 @@ def evaluate_models(students: list[str], teacher: str | None, settings: EvalSett
         store.close()
     return {
         "teacher": teacher or f"{students[0]} (swiftkv off)",
-        "dtype": str(settings.dtype).removeprefix("torch."),
-        "tasks": settings.tasks,
+        "dtype": dtype_name(resolve_dtype(settings.dtype)),
+        "tasks": list(settings.tasks),
         "limits": settings.limits,
         "settings": {"batch_tokens": settings.batch_tokens, "chat_conversations": settings.chat_conversations,
                      "chat_max_tokens": settings.chat_max_tokens, "gen_prompts": settings.gen_prompts,

@@ -5,12 +5,13 @@ compute the student saves: the trade-off a user needs to choose N and G.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from ..files import write_atomic
+from ..files import atomic_file, write_atomic
+from ..model.config import num_key_value_layers_for
 from .report import write_report
-from .run import EvalSettings, evaluate_models
+from .run import evaluate_models
+from .settings import EvalSettings, SweepSettings
 
 
 def parse_fractions(text: str) -> list[float]:
@@ -38,8 +39,7 @@ def sweep_points(num_layers: int, fractions: list[float], group_sizes: list[int]
     """(N, G) for every fraction and group size that fits: G must divide the L - N later layers."""
     points = []
     for fraction in fractions:
-        n = num_layers - round(fraction * num_layers)
-        n = min(max(n, 1), num_layers - 1)
+        n = num_key_value_layers_for(num_layers, fraction)
         points += [(n, g) for g in group_sizes if (num_layers - n) % g == 0 and (n, g) not in points]
     if not points:
         raise ValueError(f"no sweep point fits a {num_layers}-layer model: each G must divide the later layers")
@@ -60,24 +60,21 @@ def convert_points(source: str, points: list[tuple[int, int]], folder: Path, ini
     return paths
 
 
-def run_sweep(models: list[str], args: argparse.Namespace, settings: EvalSettings) -> list[Path]:
+def run_sweep(source: str, sweep: SweepSettings, settings: EvalSettings, out: Path,
+              cache: Path | None = None) -> list[Path]:
+    """Convert `source` at every sweep point, evaluate each against it, write the report, the
+    trade-off table and its plot into `out`."""
     from ..sources import read_config_dict, resolve_source
 
-    if len(models) != 1:
-        raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
-    source = models[0]
     layers = read_config_dict(resolve_source(source))["num_hidden_layers"]
-    points = sweep_points(layers, parse_fractions(args.sweep), parse_group_sizes(args.sweep_group_sizes))
-    out = Path(args.out)
-    students = convert_points(source, points, out / "models", args.sweep_init)
-    settings.extra["sweep"] = {"points": points, "init": args.sweep_init}
-    results = evaluate_models([str(p) for p in students], source, settings,
-                              Path(args.cache) if args.cache else None)
+    points = sweep_points(layers, parse_fractions(sweep.sweep), parse_group_sizes(sweep.sweep_group_sizes))
+    students = convert_points(source, points, out / "models", sweep.sweep_init)
+    settings.extra["sweep"] = {"points": points, "init": sweep.sweep_init}
+    results = evaluate_models([str(p) for p in students], source, settings, cache)
     paths = write_report(results, out)
-    tmp = out / ".sweep.tmp.png"
-    plot_tradeoff(results, tmp)
-    tmp.replace(out / "sweep.png")
-    write_atomic(out / "sweep.md", tradeoff_table(results).encode())
+    with atomic_file(out / "sweep.png") as tmp:
+        plot_tradeoff(results, tmp)
+    write_atomic(out / "sweep.md", tradeoff_table(results))
     return [*paths, out / "sweep.png", out / "sweep.md"]
 
 

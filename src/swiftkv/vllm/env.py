@@ -1,10 +1,11 @@
 """Process environment for vLLM's CPU engine. Set before vLLM is imported or an engine started:
-the engine core is a child process that inherits it."""
+the engine core is a child process that inherits it. The vLLM glue writes os.environ only here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 
 
 def cpu_list_string(cpus: list[int]) -> str:
@@ -13,7 +14,7 @@ def cpu_list_string(cpus: list[int]) -> str:
 
 def configure_cpu_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Use every CPU this process may run on and reserve none for the front end (vLLM's default
-    reserves one core, which is half of a 2-core machine). Values the user set are kept, except
+    reserves one core, a large share of a machine with few cores). Values the user set are kept, except
     the invalid "all" for the thread binding (vLLM accepts "auto", "nobind" or a CPU list). Returns
     the values in effect."""
     environ = os.environ if environ is None else environ
@@ -29,3 +30,20 @@ def configure_cpu_env(environ: MutableMapping[str, str] | None = None) -> dict[s
         environ.setdefault(key, value)
     keys = ("VLLM_CPU_OMP_THREADS_BIND", *defaults)
     return {key: environ[key] for key in keys}
+
+
+@contextlib.contextmanager
+def engine_core_in_process(environ: MutableMapping[str, str] | None = None) -> Iterator[None]:
+    """For the block, make vLLM run its engine core in the calling process instead of a child
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0); the previous value is restored afterwards."""
+    environ = os.environ if environ is None else environ
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    previous = environ.get(key)
+    environ[key] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = previous

@@ -1,9 +1,10 @@
-"""`swiftkv bench`: SwiftKV vs its baseline on vLLM, measured in one run with the same settings.
+"""SwiftKV vs its baseline on vLLM, measured in one run with the same settings (the library behind
+`swiftkv bench`).
 
-Each model gets its own engine in its own child process; the parent measures the bf16 matmul peak,
-then drives the two engines in turn, workload by workload (alternating who goes first), so load
-from other processes on the machine hits both sides alike; it prints the table and writes JSON and
-a PNG. Numbers are ratios within one run.
+Each model gets its own engine in its own child process; the parent measures the matmul peak in the
+engines' dtype, then drives the two engines in turn, workload by workload (alternating who goes
+first), so load from other processes on the machine hits both sides alike; `bench` writes JSON and
+a PNG and returns the report (`format_table` renders it). Numbers are ratios within one run.
 
 Workloads (random token ids, prefix caching off so nothing is served from cache):
   prefill   16 prompts x 2000 tokens, max_tokens=1                      -> prompt tokens/s
@@ -19,12 +20,38 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from .files import write_atomic
+from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_dtype
+from ..files import write_atomic
+from ..metrics import prefill_flops_per_token
+from .serve import parse_bytes
+
+
+@dataclass
+class BenchSettings:
+    """What `swiftkv bench` runs with; both engines get the same values."""
+
+    kv_cache_memory: str = field(default="2G", metadata={
+        "help": "KV-cache memory for each engine: bytes or e.g. 2G, 512M"})
+    max_model_len: int = field(default=4096, metadata={"help": "longest sequence each engine accepts"})
+    dtype: str = field(default=AUTO, metadata={
+        "help": "compute dtype of both engines; auto is bf16 where the hardware has it natively, else fp32",
+        "choices": DTYPE_CHOICES})
+    enforce_eager: bool = field(default=False, metadata={"help": "skip torch.compile (faster start, slower run)"})
+    quick: bool = field(default=False, metadata={"help": "tiny workloads: checks the pipeline, not for numbers"})
+    out: str = field(default="bench-out", metadata={"help": "output folder for bench.json and bench.png"})
+
+
+def engine_settings(settings: BenchSettings) -> dict:
+    """The engine options both models run with (overrides for `swiftkv.vllm.engine.engine_kwargs`);
+    prefix caching is off so no workload is served from cache."""
+    return {"kv_cache_memory_bytes": parse_bytes(settings.kv_cache_memory), "max_model_len": settings.max_model_len,
+            "enable_prefix_caching": False, "dtype": dtype_name(resolve_dtype(settings.dtype)),
+            "enforce_eager": settings.enforce_eager}
 
 
 @dataclass
@@ -170,10 +197,10 @@ def run_interleaved(workers: list[Worker], workloads: Workloads) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 
 
-def bf16_matmul_peak(size: int = 2048, repeats: int = 10) -> float:
-    """Best observed bf16 matmul rate (FLOP/s) on this machine, with torch's own threads."""
-    a = torch.randn(size, size, dtype=torch.bfloat16)
-    b = torch.randn(size, size, dtype=torch.bfloat16)
+def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
+    """Best observed matmul rate (FLOP/s) in `dtype` on the host CPU, with torch's own threads."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
     a @ b  # warm-up
     best = float("inf")
     for _ in range(repeats):
@@ -183,28 +210,16 @@ def bf16_matmul_peak(size: int = 2048, repeats: int = 10) -> float:
     return 2 * size**3 / best
 
 
-def prefill_flops_per_token(config, prompt_len: int) -> float:
-    """Baseline (all layers) prefill FLOPs per prompt token: 2 x layer matmul weights plus causal
-    attention (QK^T and AV over (prompt_len + 1) / 2 keys on average). The lm_head is excluded: a
-    prefill with max_tokens=1 applies it to one row per prompt."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    q_size, kv_size = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    hidden, inter = config.hidden_size, config.intermediate_size
-    per_layer = hidden * (2 * q_size + 2 * kv_size) + 3 * hidden * inter
-    attention = 2 * 2 * q_size * (prompt_len + 1) / 2
-    return config.num_hidden_layers * (2 * per_layer + attention)
-
-
-METRICS = [  # key, label, higher is better, target ratio
-    ("prefill_tok_s", "prefill throughput (tok/s)", True, 1.85),
-    ("ttft_s", "TTFT, 1 prompt (s)", False, 0.55),
-    ("tpot_s", "TPOT, batch of 8 (s/token)", False, 1.03),
-    ("e2e_req_s", "10:1 end-to-end (req/s)", True, 1.6),
-    ("e2e_tok_s", "10:1 end-to-end (tok/s)", True, 1.6),
-    ("e2e_prefill_s", "  10:1: prompts at prefill rate (s)", False, None),
-    ("e2e_rest_s", "  10:1: the rest, decode (s)", False, None),
-    ("kv_cache_tokens", "KV-cache capacity (tokens)", True, None),
-    ("prefill_utilization", "normalized prefill utilization", True, None),
+METRICS = [  # key, label, higher is better
+    ("prefill_tok_s", "prefill throughput (tok/s)", True),
+    ("ttft_s", "TTFT, 1 prompt (s)", False),
+    ("tpot_s", "TPOT, batch of 8 (s/token)", False),
+    ("e2e_req_s", "10:1 end-to-end (req/s)", True),
+    ("e2e_tok_s", "10:1 end-to-end (tok/s)", True),
+    ("e2e_prefill_s", "  10:1: prompts at prefill rate (s)", False),
+    ("e2e_rest_s", "  10:1: the rest, decode (s)", False),
+    ("kv_cache_tokens", "KV-cache capacity (tokens)", True),
+    ("prefill_utilization", "normalized prefill utilization", True),
 ]
 
 
@@ -220,14 +235,13 @@ def add_e2e_breakdown(result: dict, w: Workloads) -> None:
 
 
 def format_table(report: dict) -> str:
-    rows = [f"{'metric':<34}{'baseline':>14}{'SwiftKV':>14}{'ratio':>9}  target"]
-    for key, label, higher, target in METRICS:
+    rows = [f"{'metric':<34}{'baseline':>14}{'SwiftKV':>14}{'ratio':>9}  better"]
+    for key, label, higher in METRICS:
         b, s, r = report["baseline"][key], report["swiftkv"][key], report["ratio"][key]
-        goal = "" if target is None else f"{'>=' if higher else '<='} {target}"
         ratio = "n/a" if r is None else f"{r:.3f}"  # a zero baseline (e.g. no decode share left)
-        rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{ratio:>9}  {goal}")
-    rows.append(f"bf16 matmul peak: {report['peak_flops'] / 1e9:.0f} GFLOP/s; baseline prefill FLOPs/token "
-                f"{report['flops_per_token'] / 1e6:.0f} M")
+        rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{ratio:>9}  {'higher' if higher else 'lower'}")
+    rows.append(f"{report['settings']['dtype']} matmul peak: {report['peak_flops'] / 1e9:.0f} GFLOP/s; "
+                f"baseline prefill FLOPs/token {report['flops_per_token'] / 1e6:.0f} M")
     return "\n".join(rows)
 
 
@@ -241,32 +255,32 @@ def plot(report: dict, path: Path) -> None:
     # A ratio is None when the baseline's value is 0 (e.g. no decode share left); draw no bar for it.
     ratios = [report["ratio"][key] or 0.0 for key, *_ in METRICS]
     figure, axis = plt.subplots(figsize=(9, 4))
-    bars = axis.barh(labels, ratios, color="tab:blue")
-    for (_, _, higher, target), bar in zip(METRICS, bars, strict=True):
-        if target is not None:
-            y = bar.get_y()
-            axis.plot([target, target], [y, y + bar.get_height()], color="tab:red" if higher else "tab:orange")
+    axis.barh(labels, ratios, color="tab:blue")
     axis.axvline(1.0, color="black", linewidth=0.8)
     axis.invert_yaxis()
-    axis.set_xlabel("SwiftKV / baseline (red/orange tick: target)")
-    axis.set_title(f"SwiftKV vs baseline on vLLM (CPU): {Path(report['model']).name}")
+    axis.set_xlabel("SwiftKV / baseline")
+    axis.set_title(f"SwiftKV vs baseline on vLLM, {report['settings']['dtype']}: {Path(report['model']).name}")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
-def bench(model: str, baseline: str, out_dir: str | Path, settings: dict, workloads: Workloads) -> dict:
-    """Run both models with identical settings and workloads; write bench.json and bench.png."""
+def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> dict:
+    """Run both models with identical settings and workloads (default: full, or quick when
+    `settings.quick`); write bench.json and bench.png to `settings.out` and return the report."""
     from swiftkv.sources import resolve_source
 
+    engine = engine_settings(settings)
+    workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
+    print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)
     model_dir, baseline_dir = str(resolve_source(model)), str(resolve_source(baseline))
-    out_dir = Path(out_dir)
+    out_dir = Path(settings.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    peak = bf16_matmul_peak()
+    peak = matmul_peak(resolve_dtype(settings.dtype))
     workers = []
     try:
         for label, path in (("baseline", baseline_dir), ("SwiftKV", model_dir)):
-            workers.append(Worker(label, path, settings, workloads))
+            workers.append(Worker(label, path, engine, workloads))
         base, swift = run_interleaved(workers, workloads)
     finally:
         for worker in workers:
@@ -277,7 +291,7 @@ def bench(model: str, baseline: str, out_dir: str | Path, settings: dict, worklo
     for result in (base, swift):
         result["prefill_utilization"] = result["prefill_tok_s"] * flops / peak
         add_e2e_breakdown(result, workloads)
-    report = {"model": model, "baseline_model": baseline, "settings": settings, "workloads": asdict(workloads),
+    report = {"model": model, "baseline_model": baseline, "settings": engine, "workloads": asdict(workloads),
               "peak_flops": peak, "flops_per_token": flops, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "baseline": base, "swiftkv": swift, "ratio": compare(base, swift)}
     write_atomic(out_dir / "bench.json", json.dumps(report, indent=2))

@@ -1,0 +1,29 @@
+"""`swiftkv convert SRC DST --num-key-value-layers N`: a Llama/Qwen2 model -> a SwiftKV folder."""
+
+from __future__ import annotations
+
+from .options import add_dataclass_options, given_values, source_help
+
+
+def register(subparsers) -> None:
+    from ..convert import ConvertSettings
+
+    parser = subparsers.add_parser(
+        "convert", help="turn a Llama/Qwen2 model into a SwiftKV model",
+        description="Add SwiftKV projections to a Llama/Qwen2 model and write an HF-format SwiftKV folder "
+        "(Snowflake checkpoint format). Give N or F. Example: swiftkv convert smollm2-135m-instruct "
+        "out/skv50 --num-key-value-layers 15 --init lstsq",
+    )
+    parser.add_argument("src", help=source_help())
+    parser.add_argument("dst", help="output folder (must not exist unless --force)")
+    add_dataclass_options(parser, ConvertSettings)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..convert import ConvertSettings, convert
+
+    report = convert(args.src, args.dst, **given_values(args, ConvertSettings))
+    print(report.summary())
+    print(f"wrote {args.dst}")
+    return 0

@@ -1,0 +1,24 @@
+"""`swiftkv demo` (what `make run` runs): the embedded SmolLM2 as teacher vs SwiftKV, in one run."""
+
+from __future__ import annotations
+
+from ..dtypes import DTYPE_CHOICES
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="the `make run` demo on the embedded SmolLM2: convert, time prefill, compare answers",
+    )
+    parser.add_argument("--out", default="runs/demo", help="folder for the converted model and results")
+    parser.add_argument("--prompt-tokens", type=int, default=2000)
+    parser.add_argument("--question", default="What is the capital of France?")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..demo import demo
+
+    demo(args.out, args.prompt_tokens, args.question, args.dtype)
+    return 0

@@ -1,0 +1,74 @@
+"""`swiftkv distill MODEL --out OUT` (also under `torchrun --nproc-per-node K -m swiftkv.cli distill ...`)."""
+
+from __future__ import annotations
+
+import json
+
+from .options import add_dataclass_options, given_values
+
+
+def register(subparsers) -> None:
+    from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings
+
+    recipes = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+                        for name, values in RECIPES.items())
+    parser = subparsers.add_parser(
+        "distill", help="distill a converted SwiftKV model (teacher = the same weights with swiftkv off)",
+        description="Train only the SwiftKV projections and norm_swiftkv so the student matches the teacher. "
+        "Layers < N run once for both. Run under `torchrun --nproc-per-node K` for DDP. "
+        f"Recipes (options given explicitly override them): {recipes}.")
+    parser.add_argument("model", help="SwiftKV HF folder (from `swiftkv convert`) or alias")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE, metavar="NAME",
+                        help=f"named preset: {' or '.join(RECIPES)} (default {DEFAULT_RECIPE}; reference = "
+                        "ArcticTraining's recipe; see docs/distillation.md)")
+    add_dataclass_options(parser, DistillSettings, defaults=RECIPES[DEFAULT_RECIPE])
+    parser.add_argument("--compare-naive", type=int, metavar="STEPS",
+                        help="measure tokens/s of STEPS steps shared-prefix vs naive, print JSON, train nothing")
+    parser.add_argument("--speed", type=int, metavar="STEPS",
+                        help="measure training tokens/s over STEPS steps (after a warm-up step), print JSON, "
+                        "train nothing")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="print the held-out KL / top-1 agreement of MODEL on the run's held-out split, "
+                        "train nothing")
+    parser.add_argument("--json", help="also write the run summary / measurement JSON here")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..distill.run import heldout_agreement, run_distillation
+    from ..distill.settings import DistillSettings, settings_for
+    from ..distill.setup import set_threads
+    from ..distill.speed import measure_shared_vs_naive
+
+    settings = settings_for(args.model, args.recipe, **given_values(args, DistillSettings))
+    set_threads()
+    if args.compare_naive or args.speed:
+        return report(measure_shared_vs_naive(settings, args.compare_naive or args.speed,
+                                              naive=bool(args.compare_naive)), args.json)
+    if args.eval_only:
+        return report(heldout_agreement(settings), args.json)
+    result = run_distillation(settings)
+    if is_main_process():
+        print(json.dumps({k: v for k, v in result.summary.items() if k != "history"}), flush=True)
+        if args.json:
+            write_json(args.json, result.summary)
+    return 0
+
+
+def is_main_process() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def write_json(path: str, payload: dict) -> None:
+    from ..files import write_atomic
+
+    write_atomic(path, json.dumps(payload, indent=2) + "\n")
+
+
+def report(result: dict, json_path: str | None) -> int:
+    print(json.dumps(result, indent=2))
+    if json_path:
+        write_json(json_path, result)
+    return 0

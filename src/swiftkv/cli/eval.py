@@ -1,0 +1,68 @@
+"""`swiftkv eval MODEL [MODEL ...] --teacher TEACHER`: what quality a SwiftKV model kept, offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .options import add_dataclass_options, given_values
+
+
+def register(subparsers) -> None:
+    from ..evaluate.settings import EvalSettings, SweepSettings
+
+    parser = subparsers.add_parser(
+        "eval", help="compare SwiftKV models with their teacher (lm-eval tasks + held-out chat agreement)",
+        description="Score each MODEL and TEACHER on lm-eval multiple-choice tasks (offline data), held-out "
+        "ShareGPT chat (teacher-forced KL / top-1 agreement) and greedy generation; write report.md, "
+        "report.png and results.json to --out. Results are cached: re-runs and a teacher shared by "
+        "several models recompute nothing. Example: swiftkv eval out/skv50 out/skv25 "
+        "--teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000",
+    )
+    parser.add_argument("models", nargs="+", metavar="MODEL",
+                        help="SwiftKV model(s): HF folder or alias (smollm2-135m-instruct-swiftkv50, ...); with "
+                        "--sweep, the source model to convert")
+    parser.add_argument("--teacher", default=None,
+                        help="the model the students came from (folder or alias, e.g. smollm2-135m-instruct); "
+                        "default: each MODEL's own teacher path (swiftkv off)")
+    add_dataclass_options(parser, EvalSettings)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's; 1 is faster when other jobs load the cores)")
+    parser.add_argument("--out", default="swiftkv-eval", help="report folder (default ./swiftkv-eval)")
+    parser.add_argument("--cache", default=None, help="results cache file (default ~/.cache/swiftkv/eval/results.sqlite)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_dataclass_options(parser.add_argument_group("trade-off sweep"), SweepSettings)
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import sys
+    import time
+
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from ..dtypes import describe_choice
+    from ..evaluate.settings import EvalSettings, SweepSettings, non_negative
+
+    hf_logging.disable_progress_bar()  # per-file weight-loading bars would drown the scoring progress
+    settings = EvalSettings(**given_values(args, EvalSettings), progress=not args.no_progress)
+    sweep = SweepSettings(**given_values(args, SweepSettings))
+    if args.threads:
+        torch.set_num_threads(non_negative("--threads", args.threads, allow_zero=False))
+    if args.teacher is None and len(args.models) > 1 and not sweep.sweep:
+        raise ValueError("several MODELs need --teacher (the model they were all converted from)")
+    print(f"swiftkv eval: {describe_choice(settings.dtype)}", file=sys.stderr)
+    started, cache = time.time(), Path(args.cache) if args.cache else None
+    if sweep.sweep:
+        from ..evaluate.sweep import run_sweep
+
+        if len(args.models) != 1:
+            raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
+        paths = run_sweep(args.models[0], sweep, settings, Path(args.out), cache)
+    else:
+        from ..evaluate.report import write_report
+        from ..evaluate.run import evaluate_models
+
+        paths = write_report(evaluate_models(args.models, args.teacher, settings, cache), Path(args.out))
+    print(f"wrote {', '.join(map(str, paths))} ({time.time() - started:.0f} s)")
+    return 0

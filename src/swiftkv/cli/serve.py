@@ -1,0 +1,27 @@
+"""`swiftkv serve MODEL [vLLM options]`: vLLM's OpenAI-compatible server for a SwiftKV model."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="start vLLM's OpenAI-compatible server for a SwiftKV model",
+        description="Start vLLM's OpenAI-compatible server (`vllm serve`) for a SwiftKV folder or alias, with "
+        "--kv-sharing-fast-prefill, the hardware's dtype (bf16 where it is native, else fp32), 2 GiB of KV "
+        "cache and the CPU environment set. Every other option is passed to vLLM unchanged, e.g. "
+        "swiftkv serve out/skv50 --port 8001 --api-key KEY",
+    )
+    parser.add_argument("model", help="SwiftKV HF folder or alias")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
+                        help="options for `vllm serve` (see vllm serve --help)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..vllm.serve import serve
+
+    vllm_args = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    serve(args.model, vllm_args)  # becomes the server; does not return
+    return 0

