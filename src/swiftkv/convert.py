@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import calibration
-from .dtypes import parse_dtype
+from .dtypes import DTYPE_CHOICES, autocast, parse_dtype, resolve_dtype
 from .files import check_new_output
 from .model.config import num_key_value_layers_for
 from .model.surgery import (
@@ -49,6 +49,8 @@ class ConvertSettings:
     ridge: float = setting(1e-3, "ridge strength of the lstsq fit, relative to the input scale")
     trim: bool = setting(False, "drop the later layers' unused original q/k/v (smaller; student-only)")
     dtype: str | None = setting(None, "weights dtype of the output (float32, bfloat16, ...; default: as loaded, fp32)")
+    compute_dtype: str = setting("auto", "matmul dtype of the calibration passes (auto: bf16 autocast where bf16 "
+                                 "is native, else fp32; the weights and the fit stay fp32)", choices=DTYPE_CHOICES)
     force: bool = setting(False, "overwrite DST")
 
 
@@ -117,17 +119,22 @@ def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
 def fit_and_measure(model, tokenizer, report: ConversionReport,
                     settings: ConvertSettings) -> dict[str, dict[str, torch.Tensor]]:
     """The SwiftKV parameters of each init worth comparing (the chosen one and lstsq, or copy and
-    lstsq), each measured on held-out calibration tokens into `report`."""
+    lstsq), each measured on held-out calibration tokens into `report`. The forward passes run in
+    the compute dtype; each in its own autocast region, because autocast caches the cast weights
+    for a region and the candidates are swapped in between."""
+    compute = resolve_dtype(settings.compute_dtype)
     fit_blocks, eval_blocks = calibration.token_blocks(tokenizer, settings.calib_data, settings.calib_tokens,
                                                        settings.eval_tokens)
     reference = "copy" if settings.init in ("copy", "lstsq") else settings.init
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it
-    fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
+    with autocast(compute):
+        fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
+        eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
     candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
-    eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
     for name, params in candidates.items():
         load_trained(model, params)
-        report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
-        report.top1_agreement[name], report.mean_kl[name] = calibration.agreement(model, eval_blocks)
+        with autocast(compute):
+            report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
+            report.top1_agreement[name], report.mean_kl[name] = calibration.agreement(model, eval_blocks)
     return candidates

@@ -9,6 +9,8 @@ slower in bf16. So `auto` is bf16 on CUDA and on CPUs whose bf16 is native, fp32
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 AUTO = "auto"
@@ -64,3 +66,11 @@ def describe_choice(name: str | torch.dtype | None, device: str | torch.device =
         return f"dtype {dtype_name(dtype)} (as requested)"
     reason = "native bf16" if dtype == torch.bfloat16 else "no native bf16 on this hardware"
     return f"dtype {dtype_name(dtype)} (auto: {reason} on {torch.device(device).type}; --dtype overrides)"
+
+
+def autocast(dtype: torch.dtype, device: str | torch.device = "cpu"):
+    """Matmuls in `dtype` with the weights left as they are (fp32 master weights keep their
+    precision); no-op for fp32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..data.packing import Blocks, load_blocks
-from ..dtypes import resolve_dtype
+from ..dtypes import autocast, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
@@ -82,12 +82,6 @@ def probe_layer_of(settings: DistillSettings, config) -> int | None:
                          f"layer {layer}; expected the input of a later layer {config.num_key_value_layers + 1}.."
                          f"{layers - 1} (early layers are identical in teacher and student)")
     return layer
-
-
-def autocast(dtype: torch.dtype, device: torch.device):
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 def compute_dtype(settings: DistillSettings, device: torch.device) -> torch.dtype:
