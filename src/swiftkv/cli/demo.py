@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..dtypes import DTYPE_CHOICES
+from .options import add_dtype_option
 
 
 def register(subparsers) -> None:
@@ -12,8 +12,7 @@ def register(subparsers) -> None:
     parser.add_argument("--out", default="runs/demo", help="folder for the converted model and results")
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--question", default="What is the capital of France?")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)")
+    add_dtype_option(parser)
     parser.set_defaults(func=run)
 
 

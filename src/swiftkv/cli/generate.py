@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..dtypes import DTYPE_CHOICES
-from .options import source_help
+from .options import add_dtype_option, source_help
 
 
 def register(subparsers) -> None:
@@ -16,8 +15,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--teacher", action="store_true", help="run a SwiftKV model's original (teacher) path")
     parser.add_argument("--no-chat-template", action="store_true", help="use the prompt as raw text")
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)")
+    add_dtype_option(parser)
     parser.set_defaults(func=run)
 
 

@@ -59,3 +59,10 @@ def source_help() -> str:
     from ..sources import SMOLLM2_ALIAS
 
     return f"HF folder, .gguf file, or alias ({SMOLLM2_ALIAS}, {SMOLLM2_ALIAS}-swiftkv50, ...)"
+
+
+def add_dtype_option(parser) -> None:
+    from ..dtypes import DTYPE_CHOICES
+
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)")

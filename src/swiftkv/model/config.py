@@ -33,7 +33,13 @@ def num_key_value_layers_for(num_layers: int, swiftkv_fraction: float) -> int:
 
 
 class SwiftKVConfigMixin:
-    """Derived SwiftKV geometry. Needs `num_hidden_layers`, `num_key_value_layers`, `key_value_group_size`."""
+    """Derived SwiftKV geometry. Needs `num_hidden_layers`, `num_key_value_layers`, `key_value_group_size`
+    (each family's config declares those fields; the checks and the geometry live here once)."""
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        if self.num_key_value_layers is not None:
+            self.check_swiftkv_geometry()
 
     # Not named validate_*: huggingface_hub strict dataclasses run those on every instantiation,
     # including the default one transformers builds to compare generation parameters.
@@ -98,11 +104,6 @@ class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
     key_value_group_size: int = 1
     swiftkv_trimmed: bool = False
 
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.num_key_value_layers is not None:
-            self.check_swiftkv_geometry()
-
 
 @strict
 class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
@@ -113,8 +114,3 @@ class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
     num_key_value_layers: int | None = None
     key_value_group_size: int = 1
     swiftkv_trimmed: bool = False
-
-    def __post_init__(self, **kwargs):
-        super().__post_init__(**kwargs)
-        if self.num_key_value_layers is not None:
-            self.check_swiftkv_geometry()

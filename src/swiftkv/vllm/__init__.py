@@ -8,7 +8,6 @@ idempotent: vLLM may call it several times per process.
 
 from __future__ import annotations
 
-ARCHITECTURES = ("LlamaSwiftKVForCausalLM", "Qwen2SwiftKVForCausalLM")
 LOGGER_NAME = "vllm.plugins.swiftkv"  # under "vllm" so vLLM's log handler (with the process name) prints it
 _registered_in_process = False
 
@@ -22,6 +21,7 @@ def register() -> None:
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     import swiftkv  # noqa: F401  (registers llama_swiftkv / qwen2_swiftkv with AutoConfig)
+    from swiftkv.model.families import ARCHITECTURES
 
     from .hooks import SwiftKVConfigHook
 

@@ -12,7 +12,6 @@ import re
 from collections.abc import Iterable
 
 import torch
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 PACKED = {  # checkpoint module -> (vLLM module, shard id)
@@ -77,6 +76,8 @@ def route(config, name: str) -> Route | object:
 
 def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
     """Load checkpoint tensors into `model` (a SwiftKVForCausalLMBase); returns the parameters set."""
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # routing needs no vLLM
+
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in weights:
