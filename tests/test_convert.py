@@ -32,8 +32,8 @@ def calib_text(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def teacher_dir(request, tmp_path_factory, tokenizer_dir) -> Path:
-    return save_tiny_teacher(tmp_path_factory.mktemp(f"teacher-{request.param}"), tokenizer_dir, request.param)
+def teacher_dir(request, tmp_path_factory) -> Path:
+    return save_tiny_teacher(tmp_path_factory.mktemp(f"teacher-{request.param}"), request.param)
 
 
 def run_convert(teacher_dir, dst, calib_text, **kwargs):
@@ -218,13 +218,13 @@ def test_loading_without_import_asks_for_swiftkv_code(teacher_dir, tmp_path, cal
     assert loaded.returncode == 0 and loaded.stdout.strip().endswith("SwiftKVForCausalLM")
 
 
-def test_generate_command_streams_the_greedy_answer(tokenizer_dir, tmp_path, calib_text, capsys):
+def test_generate_command_streams_the_greedy_answer(tmp_path, calib_text, capsys):
     from swiftkv.generation import chat_input_ids, generate_text
     from swiftkv.sources import load_model, load_tokenizer
 
     out = tmp_path / "out"
     # This seed's random Llama does not emit end-of-turn first, so there is text to compare.
-    run_convert(save_tiny_teacher(tmp_path / "teacher", tokenizer_dir, "llama"), out, calib_text)
+    run_convert(save_tiny_teacher(tmp_path / "teacher", "llama"), out, calib_text)
     capsys.readouterr()
     assert cli("generate", out, "the capital of france", "--max-new-tokens", "6", "--dtype", "float32") == 0
     streamed = capsys.readouterr().out

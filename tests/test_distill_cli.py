@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
 from swiftkv.model import swiftkv_parameters
-from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, write_jsonl
+from tests.tiny import random_chats, save_tiny_folder, tiny_student, write_jsonl
 
 TRAIN_ARGS = ["--tokens", "512", "--heldout-tokens", "64", "--seq-len", "32", "--batch-size", "4",
               "--micro-batch", "1", "--lr", "5e-3", "--eval-every", "2", "--checkpoint-every", "2",
@@ -72,7 +72,7 @@ def test_cli_bad_input_is_one_error_and_overwrites_nothing(tiny_run, capsys):
 
 def test_cli_refuses_a_teacher_the_student_was_not_converted_from(tiny_run, capsys):
     tmp_path, folder, data = tiny_run
-    other = save_tiny_folder(tmp_path / "other", tiny_model(seed=9))
+    other = save_tiny_folder(tmp_path / "other", tiny_student(seed=9))
     assert main(distill_args(folder, data, tmp_path / "o", "--teacher", str(other))) == 2
     assert "differs from the student's copy" in capsys.readouterr().err
     assert main(distill_args(folder, data, tmp_path / "o", "--teacher", str(folder), "--stop-after", "1")) == 0

@@ -9,7 +9,7 @@ from swiftkv.data.chat import read_source
 from swiftkv.data.packing import load_blocks, pack
 from swiftkv.data.sharegpt import iter_json_array
 from swiftkv.data.tokens import Document, tokenize
-from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
+from tests.tiny import random_chats, tiny_student, tiny_tokenizer, write_jsonl
 
 
 def test_assistant_mask_is_shifted_onto_the_predicting_positions():
@@ -48,7 +48,7 @@ def test_packing_restarts_positions_and_masks_document_boundaries():
 
 
 def test_packed_block_logits_equal_each_document_alone():
-    model = tiny_model()
+    model = tiny_student()
     model.set_swiftkv(True)
     a, b = torch.randint(0, 128, (1, 7)), torch.randint(0, 128, (1, 9))
     blocks = pack([Document(a[0].tolist(), [True] * 7), Document(b[0].tolist(), [True] * 9)], seq_len=16)

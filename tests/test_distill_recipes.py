@@ -21,7 +21,7 @@ from swiftkv.distill.trainer import (
 )
 from swiftkv.distill.world import World
 from swiftkv.metrics import kl_sum
-from tests.test_distill_helpers import random_chats, save_tiny_folder, tiny_model, tiny_tokenizer, write_jsonl
+from tests.tiny import random_chats, save_tiny_folder, tiny_student, tiny_tokenizer, write_jsonl
 
 
 def test_recipes_are_presets_that_explicit_options_override():
@@ -45,7 +45,7 @@ def test_cli_names_the_valid_recipes(tmp_path, capsys):
 def test_probe_is_transformers_hidden_states_minus_two():
     """The MSE compares `hidden_states[-2]` as transformers returns it (the input of the last layer)."""
     torch.manual_seed(0)
-    model = tiny_model()
+    model = tiny_student()
     ids = torch.randint(3, 128, (2, 10))
     positions = torch.arange(10).expand(2, 10)
     settings = settings_for("tiny", "reference")
@@ -66,7 +66,7 @@ def test_probe_is_transformers_hidden_states_minus_two():
 def test_reference_loss_is_kl_over_all_positions_plus_mse():
     """train_step's reported loss = T^2 * sum(KL on targets) / all positions + mean squared error."""
     torch.manual_seed(1)
-    model = tiny_model()
+    model = tiny_student()
     docs = [Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)]
     blocks = pack(docs, 24, max_blocks=2)
     settings = settings_for("tiny", "reference", init="keep", batch_size=2, micro_batch=1, lr=0.0, dtype="float32")

@@ -18,7 +18,7 @@ from swiftkv.distill.trainer import (
 )
 from swiftkv.distill.world import World
 from swiftkv.model.surgery import save_swiftkv_params
-from tests.test_distill_helpers import random_chats, tiny_model, tiny_tokenizer, write_jsonl
+from tests.tiny import random_chats, tiny_student, tiny_tokenizer, write_jsonl
 
 
 def test_chunked_loss_and_gradients_equal_unchunked():
@@ -71,7 +71,7 @@ def loss_and_grads(model, blocks, naive: bool):
 
 def test_shared_prefix_gives_the_naive_loss_and_gradients():
     torch.manual_seed(1)
-    model = tiny_model()
+    model = tiny_student()
     blocks = blocks_for(model)
     shared, shared_grads = loss_and_grads(model, blocks, naive=False)
     naive, naive_grads = loss_and_grads(model, blocks, naive=True)
@@ -82,7 +82,7 @@ def test_shared_prefix_gives_the_naive_loss_and_gradients():
 def test_teacher_rows_equal_the_plain_teacher_forward_per_document():
     """Packed teacher rows = each document run alone through the unmodified teacher path."""
     torch.manual_seed(2)
-    model = tiny_model()
+    model = tiny_student()
     a, b = torch.randint(3, 128, (1, 10)), torch.randint(3, 128, (1, 14))
     blocks = pack([Document(a[0].tolist(), [True] * 10), Document(b[0].tolist(), [True] * 14)], seq_len=24)
     rows = torch.arange(24)
@@ -96,7 +96,7 @@ def test_teacher_rows_equal_the_plain_teacher_forward_per_document():
 
 def test_one_step_changes_only_the_swiftkv_parameters():
     torch.manual_seed(3)
-    model = tiny_model()
+    model = tiny_student()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     settings = DistillSettings(source="tiny", batch_size=2, micro_batch=1, lr=1e-2, dtype="float32")
     parameters = freeze_all_but_swiftkv(model)
@@ -126,31 +126,31 @@ def run_settings(tmp_path, **overrides) -> DistillSettings:
 
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     tokenizer = tiny_tokenizer()
-    whole = tiny_model()
+    whole = tiny_student()
     whole_state = distill(run_settings(tmp_path, checkpoint_dir=str(tmp_path / "whole")), whole, tokenizer)
-    first = tiny_model()
+    first = tiny_student()
     distill(run_settings(tmp_path, stop_after=2), first, tokenizer)
-    resumed = tiny_model()  # a fresh process: weights come from the checkpoint only
+    resumed = tiny_student()  # a fresh process: weights come from the checkpoint only
     state = distill(run_settings(tmp_path, resume=True), resumed, tokenizer)
     assert state.step == whole_state.step == 4
     for name, parameter in swiftkv_parameters(whole).items():
         assert torch.equal(parameter, swiftkv_parameters(resumed)[name]), name
     assert [h for h in state.history if "loss" in h] == [h for h in whole_state.history if "loss" in h]
-    initial = swiftkv_parameters(tiny_model())
+    initial = swiftkv_parameters(tiny_student())
     assert any(not torch.equal(p, initial[n]) for n, p in swiftkv_parameters(whole).items())
 
 
 def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path):
     tokenizer = tiny_tokenizer()
-    distill(run_settings(tmp_path, stop_after=1), tiny_model(), tokenizer)
+    distill(run_settings(tmp_path, stop_after=1), tiny_student(), tokenizer)
     with pytest.raises(ValueError, match="lr: checkpoint 0.005 vs now 0.001"):
-        distill(run_settings(tmp_path, resume=True, lr=1e-3), tiny_model(), tokenizer)
+        distill(run_settings(tmp_path, resume=True, lr=1e-3), tiny_student(), tokenizer)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        distill(run_settings(tmp_path, resume=True, checkpoint_dir=str(tmp_path / "none")), tiny_model(), tokenizer)
+        distill(run_settings(tmp_path, resume=True, checkpoint_dir=str(tmp_path / "none")), tiny_student(), tokenizer)
 
 
 def test_distillation_lowers_heldout_kl(tmp_path):
-    state = distill(run_settings(tmp_path, tokens=32 * 4 * 10, lr=1e-2), tiny_model(), tiny_tokenizer())
+    state = distill(run_settings(tmp_path, tokens=32 * 4 * 10, lr=1e-2), tiny_student(), tiny_tokenizer())
     evals = [h for h in state.history if "kl" in h]
     assert evals[-1]["kl"] < 0.8 * evals[0]["kl"], evals
 
@@ -160,7 +160,7 @@ def test_saved_swiftkv_params_hold_only_the_trained_tensors(tmp_path):
 
     from safetensors.torch import load_file
 
-    model = tiny_model()
+    model = tiny_student()
     save_swiftkv_params(model, tmp_path / "w", base="tiny", dtype=torch.float32)
     tensors = load_file(tmp_path / "w" / "swiftkv.safetensors")
     assert set(tensors) == set(swiftkv_parameters(model))

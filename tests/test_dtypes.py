@@ -34,3 +34,13 @@ def test_explicit_dtype_overrides_and_bad_names_fail_clearly(monkeypatch):
     assert dtypes.describe_choice("bfloat16") == "dtype bfloat16 (as requested)"
     with pytest.raises(ValueError, match=r"--dtype 'half' is unknown; expected one of \['auto', "):
         dtypes.resolve_dtype("half")
+
+
+def test_weight_routing_imports_without_vllm():
+    """Checkpoint-name routing is plain Python: usable (and testable) where vLLM is not installed."""
+    import subprocess
+    import sys
+
+    code = "import sys, swiftkv.vllm.weights as w; assert 'vllm' not in sys.modules; print(w.route.__name__)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "route", result.stderr[-2000:]

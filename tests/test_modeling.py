@@ -7,7 +7,7 @@ import torch
 
 from swiftkv.generation import kv_cache_bytes
 from tests import reference
-from tests.tiny import random_student
+from tests.tiny import random_student, tiny_swiftkv_config
 
 LAYERS, N = 6, 2
 GROUP_SIZES = [g for g in range(1, LAYERS - N + 1) if (LAYERS - N) % g == 0]  # 1, 2, 4
@@ -140,10 +140,9 @@ def test_hidden_states_output_has_every_layer():
 
 
 def test_set_swiftkv_refuses_a_model_without_swiftkv_layers():
-    from swiftkv import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM
-    from tests.tiny import tiny_base_kwargs
+    from swiftkv import LlamaSwiftKVForCausalLM
 
-    model = LlamaSwiftKVForCausalLM(LlamaSwiftKVConfig(**tiny_base_kwargs()))
+    model = LlamaSwiftKVForCausalLM(tiny_swiftkv_config())
     with pytest.raises(ValueError, match="no SwiftKV layers"):
         model.set_swiftkv(True)
 
@@ -151,8 +150,7 @@ def test_set_swiftkv_refuses_a_model_without_swiftkv_layers():
 @pytest.mark.parametrize("n, g, message", [(0, 1, "out of range"), (6, 1, "out of range"),
                                             (2, 3, "does not divide")])
 def test_bad_geometry_is_refused(n, g, message):
-    from swiftkv import LlamaSwiftKVConfig, SwiftKVConfigError
-    from tests.tiny import tiny_base_kwargs
+    from swiftkv import SwiftKVConfigError
 
-    with pytest.raises((SwiftKVConfigError, Exception), match=message):
-        LlamaSwiftKVConfig(**tiny_base_kwargs(), num_key_value_layers=n, key_value_group_size=g)
+    with pytest.raises(SwiftKVConfigError, match=message):
+        tiny_swiftkv_config(num_key_value_layers=n, key_value_group_size=g)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]  # the first test of each engine starts it
 
 LAYERS, N = 6, 2
 CHUNK = 128  # max_num_batched_tokens: longer prompts are prefilled in several chunks

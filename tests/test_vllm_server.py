@@ -19,7 +19,8 @@ import urllib.request
 import pytest
 import torch
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# The first test also builds the model and waits up to 600 s for the server to start.
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 API_KEY = "test-key-123"
 MAX_MODEL_LEN = 512

@@ -12,11 +12,10 @@ pytestmark = pytest.mark.vllm  # imports vLLM
 
 @pytest.fixture(scope="module")
 def config():
-    from swiftkv import LlamaSwiftKVConfig
+    from tests.tiny import tiny_swiftkv_config
 
-    return LlamaSwiftKVConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                              num_attention_heads=4, num_key_value_heads=2, num_key_value_layers=2,
-                              key_value_group_size=2, tie_word_embeddings=True, swiftkv=True)
+    return tiny_swiftkv_config(vocab_size=64, num_key_value_layers=2, key_value_group_size=2,
+                               tie_word_embeddings=True, swiftkv=True)
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -78,7 +77,8 @@ def test_plugin_registers_architectures_with_vllm():
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    from swiftkv.vllm import ARCHITECTURES, register
+    from swiftkv.model.families import ARCHITECTURES
+    from swiftkv.vllm import register
 
     register()
     register()  # idempotent: vLLM may call it more than once per process

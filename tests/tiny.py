@@ -1,7 +1,10 @@
-"""Tiny random models and a tiny trained tokenizer, for fast tests of real code paths."""
+"""The one kit of tiny stand-ins for fast tests of real code paths: tiny configs and random models
+(plain and SwiftKV, Llama and Qwen2), two tiny tokenizers with a ChatML template, random chats and
+HF folder writers. Nothing here reads a real model or data set. No tests live here."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -13,13 +16,21 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-WORDS = ("the a of to and in is it that for on with as was by this be are from or an at which not "
-         "model cache layer token key value prompt answer fast paris france capital city query").split()
+# Ids 0-2 in both tokenizers, as in SmolLM2's: unknown/end-of-text, then the ChatML markers (bos, eos = pad).
+SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>"]
+WORDS = [f"w{i}" for i in range(100)]  # the word-level tokenizer's words
+ROLES = ["user", "assistant", "system"]
+# AutoTokenizer loads the tokenizer of a Qwen2 folder as Qwen2Tokenizer: a BPE over the same vocabulary
+# without merges, so it needs the single characters of WORDS to encode text (character by character).
+CHARACTERS = sorted(set("".join(WORDS)))
 
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM, LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
 }
+
+
+# -- configs and random models --------------------------------------------------------------------
 
 
 def tiny_base_kwargs(vocab_size: int = 128, layers: int = 6) -> dict:
@@ -28,11 +39,22 @@ def tiny_base_kwargs(vocab_size: int = 128, layers: int = 6) -> dict:
                 rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, eos_token_id=2, bos_token_id=1)
 
 
+def tiny_config(arch: str = "llama", **overrides):
+    """A tiny plain Llama/Qwen2 config: `tiny_base_kwargs()` with `overrides`."""
+    return ARCHS[arch][0](**{**tiny_base_kwargs(), **overrides})
+
+
+def tiny_swiftkv_config(arch: str = "llama", **overrides):
+    """The SwiftKV config of the same tiny shape; the SwiftKV keys (num_key_value_layers,
+    key_value_group_size, swiftkv) come in `overrides`, so a bad geometry raises here."""
+    return ARCHS[arch][2](**{**tiny_base_kwargs(), **overrides})
+
+
 def random_teacher(arch: str, seed: int = 0, **overrides):
     """A plain transformers model with random weights (biases randomised too, so Qwen2's count)."""
-    config_class, model_class, _, _ = ARCHS[arch]
+    model_class = ARCHS[arch][1]
     torch.manual_seed(seed)
-    model = model_class(config_class(**{**tiny_base_kwargs(), **overrides})).eval()
+    model = model_class(tiny_config(arch, **overrides)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -40,12 +62,12 @@ def random_teacher(arch: str, seed: int = 0, **overrides):
     return model
 
 
-def random_student(arch: str, n: int, g: int = 1, seed: int = 0, **overrides):
-    """A SwiftKV model holding `random_teacher`'s weights plus random SwiftKV projections."""
-    _, _, config_class, model_class = ARCHS[arch]
+def random_student(arch: str, n: int, g: int = 1, seed: int = 0, swiftkv_std: float | None = None, **overrides):
+    """A SwiftKV model holding `random_teacher`'s weights plus random SwiftKV projections
+    (`swiftkv_std`: redraw their weight matrices with this std, so the student differs visibly)."""
+    model_class = ARCHS[arch][3]
     teacher = random_teacher(arch, seed, **overrides)
-    config = config_class(**{**tiny_base_kwargs(), **overrides}, num_key_value_layers=n, key_value_group_size=g,
-                          swiftkv=True)
+    config = tiny_swiftkv_config(arch, **overrides, num_key_value_layers=n, key_value_group_size=g, swiftkv=True)
     torch.manual_seed(seed + 1)
     student = model_class(config).eval()
     missing, unexpected = student.load_state_dict(teacher.state_dict(), strict=False)
@@ -54,32 +76,87 @@ def random_student(arch: str, n: int, g: int = 1, seed: int = 0, **overrides):
         for name, p in student.named_parameters():
             if "swiftkv" in name and name.endswith("bias"):
                 p.normal_(0, 0.1)
+            elif "swiftkv" in name and p.dim() == 2 and swiftkv_std is not None:
+                p.normal_(0, swiftkv_std)
     return teacher, student
 
 
-def tiny_tokenizer_dir(folder: Path) -> Path:
-    """Train a word-level tokenizer on a fixed word list and save it as an HF tokenizer folder."""
+def tiny_student(num_key_value_layers: int = 3, seed: int = 0):
+    """The distillation tests' student: a SwiftKV Llama (N of 6 layers, G=1, tied embeddings, 256
+    positions) sized for `tiny_tokenizer()`, whose SwiftKV projections differ visibly from its teacher path."""
+    _, student = random_student("llama", num_key_value_layers, seed=seed, swiftkv_std=0.2,
+                                max_position_embeddings=256, tie_word_embeddings=True)
+    return student
+
+
+# -- tokenizers ----------------------------------------------------------------------------------
+
+
+def chat_tokenizer(backend) -> PreTrainedTokenizerFast:
+    """`backend` (a `tokenizers.Tokenizer` whose ids 0-2 are SPECIALS) as an HF tokenizer with ChatML."""
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=SPECIALS[0], bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word level: one token per whitespace-separated word of WORDS and ROLES (else <unk>), with
+    offsets, so tests can name the exact tokens of a chat. 117 tokens: a vocabulary of 128 fits."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    specials = ["<unk>", "<|im_start|>", "<|im_end|>", "<pad>"]
-    vocab = {tok: i for i, tok in enumerate(specials + WORDS + ["user", "assistant", "system"])}
-    for ch in "abcdefghijklmnopqrstuvwxyz0123456789.,?!:'\"-":
-        vocab.setdefault(ch, len(vocab))
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<|im_end|>",
-                                   pad_token="<|im_end|>", bos_token="<|im_start|>")
-    fast.chat_template = CHATML
-    fast.save_pretrained(folder)
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *WORDS, *ROLES, *CHARACTERS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=SPECIALS[0]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return chat_tokenizer(backend)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte level (GPT-2 style like SmolLM2's, with no merges): any text encodes, one token per byte,
+    and decodes back exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return chat_tokenizer(backend)
+
+
+# -- data and folders ----------------------------------------------------------------------------
+
+
+def random_chats(count: int, seed: int = 0, turns: int = 2, words: int = 12) -> list[dict]:
+    """`count` {"messages": [...]} records of `turns` user/assistant exchanges of random WORDS."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def text() -> str:
+        return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (words,), generator=rng))
+
+    chats = []
+    for _ in range(count):
+        messages = []
+        for _ in range(turns):
+            messages += [{"role": "user", "content": text()}, {"role": "assistant", "content": text()}]
+        chats.append({"messages": messages})
+    return chats
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def save_tiny_folder(folder: Path, model=None, tokenizer=None) -> Path:
+    """An HF model folder: `model` (default `tiny_student()`) and `tokenizer` (default `tiny_tokenizer()`)."""
+    (model or tiny_student()).save_pretrained(folder)
+    (tokenizer or tiny_tokenizer()).save_pretrained(folder)
     return folder
 
 
-def save_tiny_teacher(folder: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
-    """A tiny plain Llama/Qwen2 HF folder whose vocabulary matches the tiny tokenizer."""
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
-    vocab = max(128, len(tokenizer))
-    model = random_teacher(arch, vocab_size=vocab, pad_token_id=tokenizer.pad_token_id,
+def save_tiny_teacher(folder: Path, arch: str = "llama", **overrides) -> Path:
+    """A tiny plain Llama/Qwen2 folder whose vocabulary and special ids match `tiny_tokenizer()`."""
+    tokenizer = tiny_tokenizer()
+    model = random_teacher(arch, vocab_size=max(128, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
                            eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id, **overrides)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save_tiny_folder(folder, model, tokenizer)
