@@ -86,7 +86,7 @@ def lstsq_params(model, stats: TeacherStats, ridge: float) -> dict[str, torch.Te
     config = model.config
     params = {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()}
     s = model.model.norm_swiftkv(stats.h_n.to(model.dtype)).float()
-    for owner in range(config.num_key_value_layers, config.num_hidden_layers, config.key_value_group_size):
+    for owner in config.kv_owners:
         members = range(owner, owner + config.key_value_group_size)
         prefix = f"model.layers.{owner}.self_attn"
         for name, targets in (("k", stats.keys), ("v", stats.values)):

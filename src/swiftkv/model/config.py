@@ -78,6 +78,11 @@ class SwiftKVConfigMixin:
         """The lowest-index layer of `layer`'s group: it owns k_proj_swiftkv / v_proj_swiftkv."""
         return self.num_key_value_layers + self.group_of(layer) * self.key_value_group_size
 
+    @property
+    def kv_owners(self) -> list[int]:
+        """The owner of each AcrossKV group, in group order."""
+        return [self.kv_owner(layer) for layer in self.later_layers if self.is_kv_owner(layer)]
+
     def is_kv_owner(self, layer: int) -> bool:
         return layer >= self.num_key_value_layers and self.kv_owner(layer) == layer
 

@@ -287,8 +287,7 @@ class SwiftKVModelMixin:
         """K/V of each AcrossKV group for all tokens, appended to the group's cache slot."""
         s = self.norm_swiftkv(early.hidden_states)
         key_values = []
-        for group in range(self.config.num_kv_groups):
-            owner = self.config.num_key_value_layers + group * self.config.key_value_group_size
+        for owner in self.config.kv_owners:
             key, value = self.layers[owner].self_attn.swiftkv_key_value(s, *early.position_embeddings)
             if early.past_key_values is not None:
                 key, value = early.past_key_values.update(key, value, self.config.cache_index(owner))

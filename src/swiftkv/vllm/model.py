@@ -30,7 +30,8 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
 
-from .layers import KVHolder, SwiftKVLaterLayer, head_dim_of, holder_prefix, make_rope
+from ..model.config import head_dim_of
+from .layers import KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
 from .weights import load_swiftkv_weights
 
 FAST_PREFILL_HELP = (
@@ -125,7 +126,7 @@ class SwiftKVModel(nn.Module):
         require_fast_prefill(vllm_config)
         self.config = config
         cache, quant = vllm_config.cache_config, vllm_config.quant_config
-        owners = [config.kv_owner(i) for i in config.later_layers if config.is_kv_owner(i)]
+        owners = config.kv_owners
         # Holders first: vLLM walks attention layers in construction order and restricts only the
         # trailing run of KV-sharing layers to the logits rows, so the holders must precede them.
         self.swiftkv_cache = nn.ModuleDict(
