@@ -137,17 +137,19 @@ def take(items: Iterator, n: int) -> Iterator:
 # --------------------------------------------------------------------------------------------------
 
 
-def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_id: int) -> Generate:
-    """Greedy replies from the plain teacher on vLLM (the engine starts on the first call)."""
+def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
+                   enforce_eager: bool = False) -> Generate:
+    """Greedy replies from the plain teacher on vLLM (the engine starts on the first call). Token ids
+    in, token ids out: the engine needs no tokenizer, and the reply stops at the given end-of-turn id."""
     state = {}
 
     def generate(prompts: list[list[int]]) -> list[Reply]:
         if "llm" not in state:
-            state["llm"] = start_engine(teacher_folder, max_tokens, dtype)
+            state["llm"] = start_engine(teacher_folder, max_tokens, dtype, enforce_eager)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[eos_token_id])
         outputs = state["llm"].generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [reply_of(out.outputs[0], eos_token_id) for out in outputs]
 
@@ -155,14 +157,17 @@ def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_
     return generate
 
 
-def start_engine(folder: Path, max_tokens: int, dtype: str):
+def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False):
     from vllm import LLM
 
+    from ..sources import read_config_dict
     from ..vllm.env import configure_cpu_env
 
     configure_cpu_env()
-    return LLM(model=str(folder), dtype=dtype, seed=0, max_model_len=MAX_PROMPT_TOKENS + max_tokens,
-               kv_cache_memory_bytes=2 * 2**30, enable_prefix_caching=False)
+    window = read_config_dict(folder).get("max_position_embeddings", MAX_PROMPT_TOKENS + max_tokens)
+    return LLM(model=str(folder), dtype=dtype, seed=0, max_model_len=min(window, MAX_PROMPT_TOKENS + max_tokens),
+               kv_cache_memory_bytes=2 * 2**30, enable_prefix_caching=False, skip_tokenizer_init=True,
+               enforce_eager=enforce_eager)
 
 
 def reply_of(completion, eos_token_id: int) -> Reply:
