@@ -79,3 +79,9 @@ def test_sweep_points_follow_fractions_and_group_sizes():
         parse_fractions("150%")
     with pytest.raises(ValueError, match="not a list of positive integers"):
         parse_group_sizes("1,x")
+
+
+def test_tasks_none_means_chat_only():
+    assert parse_tasks("none") == [] and parse_tasks(" None ") == []
+    with pytest.raises(ValueError, match="unknown task"):
+        parse_tasks("none,arc_easy")

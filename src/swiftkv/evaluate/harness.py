@@ -49,6 +49,9 @@ def available_tasks() -> list[str]:
 
 
 def parse_tasks(text: str) -> list[str]:
+    """Comma-separated task names; `none` scores no lm-eval task (held-out chat and greedy prompts only)."""
+    if text.strip().lower() == "none":
+        return []
     names = [name.strip() for name in text.split(",") if name.strip()]
     known = available_tasks()
     unknown = [name for name in names if name not in known]

@@ -18,7 +18,7 @@ def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
 @dataclass
 class EvalSettings:
     tasks: str | tuple[str, ...] = setting(",".join(MAIN_TASKS), "comma-separated lm-eval tasks (also "
-                                           "mmlu_<subject>)")
+                                           "mmlu_<subject>; none: only the held-out chat and greedy prompts)")
     limit: str | None = setting(None, "items per task: N for every task, or task=N,... (e.g. hellaswag=2000,"
                                 "mmlu=2000); for mmlu, N is spread evenly over its 57 subjects")
     chat_conversations: int = setting(100, "held-out ShareGPT conversations for teacher-forced KL/top-1 "
