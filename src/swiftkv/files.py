@@ -139,13 +139,3 @@ def folder_fingerprint(folder: Path) -> str:
         stat = weights.stat()
         digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:20]
-
-
-def weights_digest(folder: Path) -> str:
-    """Content hash of a folder's weight files: the same for copies and rebuilds of the same weights."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()[:16]

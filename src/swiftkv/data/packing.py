@@ -13,6 +13,7 @@ distribution over token t+1, so it is trained iff token t+1 is a target token of
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, he
     each until its token budget is met. Only as many examples as needed are tokenized. With
     `replies` (a `teacher_data.ReplyCache`), train documents are the examples' first prompts answered
     by the teacher; the held-out documents stay the data's own, so every recipe is measured alike."""
-    examples = list(_take(examples, shuffle_window))
+    examples = list(itertools.islice(examples, shuffle_window))
     random.Random(seed).shuffle(examples)
     rest = iter(examples)
     heldout = take_documents(rest, tokenizer, heldout_tokens)
@@ -118,13 +119,6 @@ def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]
             documents.append(document)
             tokens -= len(document.ids)
     return documents
-
-
-def _take(items: Iterable, n: int) -> Iterator:
-    for i, item in enumerate(items):
-        if i >= n:
-            return
-        yield item
 
 
 def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,

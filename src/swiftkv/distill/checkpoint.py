@@ -12,6 +12,7 @@ from torch import nn
 
 from ..files import atomic_file, check_new_output
 from ..model.modeling import swiftkv_parameters
+from ..model.surgery import load_trained
 from .settings import DistillSettings
 
 
@@ -25,7 +26,6 @@ class RunState:
 
 def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, settings: DistillSettings) -> None:
     """Written to a temp file then renamed: a kill at any moment leaves the previous checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "fingerprint": settings.fingerprint(),
         "state": asdict(state),
@@ -45,9 +45,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSe
     if differing:
         detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"--resume: checkpoint {path} is from another run configuration ({detail})")
-    with torch.no_grad():
-        for name, parameter in swiftkv_parameters(model).items():
-            parameter.copy_(payload["trained"][name])
+    load_trained(model, payload["trained"])
     optimizer.load_state_dict(payload["optimizer"])
     return RunState(**payload["state"])
 

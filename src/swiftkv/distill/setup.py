@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import cache_root, cached_folder, weights_digest
+from ..files import cache_root, cached_folder, folder_fingerprint
 
 
 def set_threads() -> None:
@@ -96,7 +96,7 @@ def reply_cache(settings, tokenizer, may_generate: bool = True):
         return None
     teacher = plain_teacher_folder(settings)
     path = Path(settings.teacher_data) if settings.teacher_data else (
-        cache_root() / "distill" / f"teacher-replies-{weights_digest(teacher)}-{settings.reply_tokens}.jsonl")
+        cache_root() / "distill" / f"teacher-replies-{folder_fingerprint(teacher)}-{settings.reply_tokens}.jsonl")
 
     def refuse(_prompts):
         raise RuntimeError(f"teacher replies missing from {path}; the main process should have written them")
@@ -114,7 +114,7 @@ def plain_teacher_folder(settings) -> Path:
     if settings.teacher:
         return resolve_source(settings.teacher)
     folder = resolve_source(settings.source)
-    return cached_folder(f"teacher-of-{weights_digest(folder)}", lambda out: save_plain_teacher(folder, out))
+    return cached_folder(f"teacher-of-{folder_fingerprint(folder)}", lambda out: save_plain_teacher(folder, out))
 
 
 def save_plain_teacher(folder: Path, out: Path) -> None:

@@ -11,9 +11,10 @@ wins for a repeated key), and only the missing prompts are generated.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def teacher_documents(examples: Iterable, tokenizer, tokens: int, cache: ReplyCa
     documents: list[Document] = []
     prompts = (p for p in (prompt_ids_of(tokenizer, e) for e in examples) if p is not None)
     while tokens > 0:
-        chunk = list(take(prompts, batch))
+        chunk = list(itertools.islice(prompts, batch))
         if not chunk:
             break
         for prompt, reply in zip(chunk, cache.get(chunk), strict=True):
@@ -122,14 +123,6 @@ def teacher_documents(examples: Iterable, tokenizer, tokens: int, cache: ReplyCa
             documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids)))
             tokens -= len(prompt) + len(reply.ids)
     return documents
-
-
-def take(items: Iterator, n: int) -> Iterator:
-    for _ in range(n):
-        try:
-            yield next(items)
-        except StopIteration:
-            return
 
 
 # --------------------------------------------------------------------------------------------------

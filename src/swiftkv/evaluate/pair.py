@@ -57,7 +57,7 @@ class ModelPair:
         for role in roles:
             model = self.model_of(role)
             if is_swiftkv(model):  # the student alone: its later layers on the kept positions only
-                out[role] = model.model(input_ids=input_ids, keep_rows=positions).last_hidden_state
+                out[role] = model.model(input_ids=input_ids, keep_rows=positions, swiftkv=True).last_hidden_state
             else:
                 out[role] = model.model(input_ids=input_ids).last_hidden_state[:, positions]
         return out
