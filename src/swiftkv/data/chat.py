@@ -38,19 +38,24 @@ def chat_message(message, where: str, index: int) -> dict:
     return {"role": message["role"], "content": message["content"]}
 
 
+def first_user_index(messages: Messages) -> int | None:
+    return next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+
+
 def from_first_user(messages: Messages) -> Messages | None:
     """The conversation from its first user turn on (a reply with no question before it is not a
     chat turn to judge)."""
-    first = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    first = first_user_index(messages)
     return None if first is None else messages[first:]
 
 
 def first_user_prompt(messages: Messages) -> Messages | None:
-    """The conversation up to and including its first user turn: the prompt a model answers."""
-    for index, message in enumerate(messages):
-        if message["role"] == "user":
-            return messages[: index + 1] if message["content"].strip() else None
-    return None
+    """The conversation up to and including its first user turn: the prompt a model answers (None
+    when there is no user turn or it is empty)."""
+    first = first_user_index(messages)
+    if first is None or not messages[first]["content"].strip():
+        return None
+    return messages[: first + 1]
 
 
 def record_to_example(record, where: str) -> Example | None:

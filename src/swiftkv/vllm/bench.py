@@ -20,7 +20,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ import torch
 from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_dtype
 from ..files import write_atomic
 from ..metrics import prefill_flops_per_token
+from ..settings import setting
 from .serve import parse_bytes
 
 
@@ -35,15 +36,13 @@ from .serve import parse_bytes
 class BenchSettings:
     """What `swiftkv bench` runs with; both engines get the same values."""
 
-    kv_cache_memory: str = field(default="2G", metadata={
-        "help": "KV-cache memory for each engine: bytes or e.g. 2G, 512M"})
-    max_model_len: int = field(default=4096, metadata={"help": "longest sequence each engine accepts"})
-    dtype: str = field(default=AUTO, metadata={
-        "help": "compute dtype of both engines; auto is bf16 where the hardware has it natively, else fp32",
-        "choices": DTYPE_CHOICES})
-    enforce_eager: bool = field(default=False, metadata={"help": "skip torch.compile (faster start, slower run)"})
-    quick: bool = field(default=False, metadata={"help": "tiny workloads: checks the pipeline, not for numbers"})
-    out: str = field(default="bench-out", metadata={"help": "output folder for bench.json and bench.png"})
+    kv_cache_memory: str = setting("2G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M")
+    max_model_len: int = setting(4096, "longest sequence each engine accepts")
+    dtype: str = setting(AUTO, "compute dtype of both engines; auto is bf16 where the hardware has it natively, "
+                         "else fp32", choices=DTYPE_CHOICES)
+    enforce_eager: bool = setting(False, "skip torch.compile (faster start, slower run)")
+    quick: bool = setting(False, "tiny workloads: checks the pipeline, not for numbers")
+    out: str = setting("bench-out", "output folder for bench.json and bench.png")
 
 
 def engine_settings(settings: BenchSettings) -> dict:
