@@ -4,6 +4,7 @@ numbers), eval (chat agreement, trade-off sweep) and bench (compute bound)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -105,3 +106,16 @@ def distill_flops_per_token(config, seq_len: int, target_fraction: float) -> flo
                + later * flops["q"] + groups * flops["kv"])  # weight gradients of the SwiftKV projections
     head = 2 * config.hidden_size * config.vocab_size * target_fraction
     return n * full_layer + later * full_layer + student + 3 * head
+
+
+def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
+    """Best observed matmul rate (FLOP/s) in `dtype` on the host CPU, with torch's own threads."""
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best

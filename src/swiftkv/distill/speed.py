@@ -12,6 +12,7 @@ import torch
 
 from ..data.packing import load_blocks
 from ..dtypes import dtype_name
+from ..metrics import distill_flops_per_token, matmul_peak
 from .trainer import (
     BatchSizes,
     SharedPrefixDistiller,
@@ -60,7 +61,19 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     for name, (wall, cpu) in totals.items():
         result[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall, 1),
                         "tokens_per_cpu_s": round(tokens / cpu, 1)}
+    result["compute_bound"] = compute_bound(model.config, settings, train, result["shared"]["tokens_per_s"])
     if naive:
         result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
         result["speedup_cpu"] = round(totals["naive"][1] / totals["shared"][1], 3)
     return result
+
+
+def compute_bound(config, settings, train, tokens_per_s: float) -> dict:
+    """The shared-prefix step's FLOPs per train token over the measured matmul peak in the compute
+    dtype: the tokens/s a perfectly matmul-bound step would reach, and how close the run came."""
+    dtype = compute_dtype(settings, torch.device("cpu"))
+    target_fraction = float(train.loss_mask.float().mean())
+    flops = distill_flops_per_token(config, settings.seq_len, target_fraction)
+    peak = matmul_peak(dtype)
+    return {"flops_per_token": round(flops), "matmul_peak_flops": round(peak), "bound_tokens_per_s": round(peak / flops, 1),
+            "fraction_of_bound": round(tokens_per_s * flops / peak, 3)}

@@ -27,7 +27,7 @@ import torch
 
 from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_dtype
 from ..files import write_atomic
-from ..metrics import prefill_flops_per_token
+from ..metrics import matmul_peak, prefill_flops_per_token
 from ..settings import setting
 from .serve import parse_bytes
 
@@ -194,19 +194,6 @@ def run_interleaved(workers: list[Worker], workloads: Workloads) -> list[dict]:
 # --------------------------------------------------------------------------------------------------
 # Parent side
 # --------------------------------------------------------------------------------------------------
-
-
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """Best observed matmul rate (FLOP/s) in `dtype` on the host CPU, with torch's own threads."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - started)
-    return 2 * size**3 / best
 
 
 METRICS = [  # key, label, higher is better
