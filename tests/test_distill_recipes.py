@@ -21,7 +21,7 @@ from swiftkv.distill.trainer import (
 )
 from swiftkv.distill.world import World
 from swiftkv.metrics import kl_sum
-from tests.tiny import random_chats, save_tiny_folder, tiny_student, tiny_tokenizer, write_jsonl
+from tests.tiny import random_chats, save_tiny_folder, save_tiny_teacher, tiny_student, tiny_tokenizer, write_jsonl
 
 
 def test_recipes_are_presets_that_explicit_options_override():
@@ -126,3 +126,25 @@ def test_bad_chat_record_names_file_and_line(tmp_path, message, expected):
                                                   {"messages": [{"role": "user", "content": "a"}, message]}])
     with pytest.raises(ValueError, match=rf"chats.jsonl:2: {__import__('re').escape(expected)}"):
         list(read_source(str(path)))
+
+
+def test_hf_replies_batched_equal_greedy_one_by_one(tmp_path):
+    """The transformers reply writer (where vLLM is not installed): left-padded, length-sorted batches
+    give each prompt the same greedy reply as generating it alone, and mark where the teacher stopped."""
+    from transformers import AutoModelForCausalLM
+
+    from swiftkv.distill.teacher_data import hf_generator
+
+    folder = save_tiny_teacher(tmp_path / "teacher", "llama")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    eos = model.config.eos_token_id
+    prompts = [[5, 9, 14, 3, 7], [11, 4], [7, 7, 7, 30, 31, 2, 8, 9], [40]]
+    replies = hf_generator(folder, 12, torch.float32, eos, device="cpu")(prompts)
+    for prompt, reply in zip(prompts, replies, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                                   eos_token_id=eos, pad_token_id=eos)[0, len(prompt):].tolist()
+        stop = alone.index(eos) + 1 if eos in alone else len(alone)
+        assert reply.ids == alone[:stop]
+        assert reply.finished == (eos in alone)

@@ -168,3 +168,14 @@ def test_saved_swiftkv_params_hold_only_the_trained_tensors(tmp_path):
         assert torch.equal(tensors[name], parameter.detach())
     spec = json.loads((tmp_path / "w" / "swiftkv.json").read_text())
     assert spec == {"base": "tiny", "num_key_value_layers": 3, "key_value_group_size": 1}
+
+
+def test_one_process_trains_on_the_gpu_when_there_is_one(monkeypatch):
+    """Without torchrun, a GPU machine still trains on its GPU (it used to fall back to the CPU)."""
+    from swiftkv.distill.world import init_world
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert init_world().device == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert init_world().device == torch.device("cpu")

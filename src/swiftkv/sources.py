@@ -85,11 +85,10 @@ def resolve_source(src: str | os.PathLike) -> Path:
     if text == SMOLLM2_ALIAS:
         return cached_folder(SMOLLM2_ALIAS, lambda out: export_gguf(smollm2_gguf(), out))
     if (WEIGHTS_DIR / text / "swiftkv.json").is_file():
-        # Keyed on the shipped tensors too, so a cache built from older weights is never reused.
-        weights = WEIGHTS_DIR / text / "swiftkv.safetensors"
-        key = f"{text}-{hashlib.sha256(weights.read_bytes()).hexdigest()[:12]}"
-        return cached_folder(key, lambda out: build_distilled(text, out))
+        return distilled_folder(WEIGHTS_DIR / text, alias=text)
     path = Path(src)
+    if (path / "swiftkv.json").is_file() and not (path / "config.json").is_file():
+        return distilled_folder(path, alias=path.name)
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file {path} does not exist")
@@ -97,7 +96,7 @@ def resolve_source(src: str | os.PathLike) -> Path:
         return cached_folder(key, lambda out: export_gguf(path, out))
     if not path.exists():
         raise FileNotFoundError(
-            f"model source {text!r} is neither an existing folder, a .gguf file, nor an alias; "
+            f"model source {text!r} is neither an existing folder, a trained-tensor folder, a .gguf file, nor an alias; "
             f"aliases: {', '.join(available_aliases())}"
         )
     if not (path / "config.json").is_file():
@@ -155,16 +154,24 @@ def load_tokenizer(src: str | os.PathLike):
 # --------------------------------------------------------------------------------------------------
 
 
-def build_distilled(alias: str, out: Path) -> None:
-    """Base model + committed SwiftKV parameters -> a complete SwiftKV HF folder."""
+def distilled_folder(tensors: Path, alias: str) -> Path:
+    """The complete HF folder of a trained-tensor folder (a shipped alias, or one written by
+    `save_swiftkv_params`), built once into the cache. Keyed on the tensors' bytes, so a cache built
+    from older weights is never reused."""
+    digest = hashlib.sha256((tensors / "swiftkv.safetensors").read_bytes()).hexdigest()[:12]
+    return cached_folder(f"{alias}-{digest}", lambda out: build_distilled(tensors, alias, out))
+
+
+def build_distilled(tensors: Path, alias: str, out: Path) -> None:
+    """Base model + trained SwiftKV parameters -> a complete SwiftKV HF folder."""
     from .model.surgery import build_swiftkv_model, load_trained, read_trained, write_swiftkv_folder
 
-    spec, trained = read_trained(WEIGHTS_DIR / alias)
+    spec, trained = read_trained(tensors)
     model = build_swiftkv_model(load_model(spec["base"]), spec["num_key_value_layers"],
                                 spec.get("key_value_group_size", 1))
     load_trained(model, trained)
     info = {"source": spec["base"], "init": "distilled", "trimmed": False, "alias": alias,
-            "weights": f"swiftkv/weights/{alias}"}
+            "weights": f"swiftkv/weights/{alias}" if tensors.parent == WEIGHTS_DIR else str(tensors)}
     write_swiftkv_folder(model, load_tokenizer(spec["base"]), out, info)
 
 

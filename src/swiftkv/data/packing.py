@@ -90,20 +90,25 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
 
 
 def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
-                    train_tokens: int, replies=None, shuffle_window: int = 50_000) -> tuple[list[Document], list[Document]]:
+                    train_tokens: int, replies=None, human_share: float = 0.0,
+                    shuffle_window: int = 50_000) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
     each until its token budget is met. Only as many examples as needed are tokenized. With
     `replies` (a `teacher_data.ReplyCache`), train documents are the examples' first prompts answered
-    by the teacher; the held-out documents stay the data's own, so every recipe is measured alike."""
+    by the teacher (`human_share` of the train tokens stay the data's own conversations, taken after
+    the teacher's prompts); the held-out documents stay the data's own, so every recipe is measured
+    alike."""
     examples = list(itertools.islice(examples, shuffle_window))
     random.Random(seed).shuffle(examples)
     rest = iter(examples)
     heldout = take_documents(rest, tokenizer, heldout_tokens)
     if replies is not None:
-        from .teacher_data import teacher_documents
+        from ..distill.teacher_data import teacher_documents
 
-        return heldout, teacher_documents(rest, tokenizer, train_tokens, replies)
+        taught = teacher_documents(rest, tokenizer, round(train_tokens * (1 - human_share)), replies)
+        human_tokens = train_tokens - sum(len(d.ids) for d in taught)
+        return heldout, taught + (take_documents(rest, tokenizer, human_tokens) if human_share else [])
     return heldout, take_documents(rest, tokenizer, train_tokens)
 
 
@@ -122,10 +127,10 @@ def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]
 
 
 def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,
-                seed: int, replies=None) -> tuple[Blocks, Blocks]:
+                seed: int, replies=None, human_share: float = 0.0) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`; train blocks shuffled with `seed`."""
     heldout_docs, train_docs = split_documents(read_source(spec), tokenizer, seed, heldout_tokens, train_tokens,
-                                               replies)
+                                               replies, human_share)
     if not heldout_docs and not train_docs:
         raise ValueError(f"--data {spec!r} has no usable examples: it is empty, or no chat has an assistant "
                          "turn (the distillation loss covers assistant tokens only)")

@@ -23,11 +23,13 @@ from ..settings import parse_count, setting
 
 CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")
-TARGETS = ("human", "teacher")
+TARGETS = ("human", "teacher", "mixed")
+HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets
+REPLY_ENGINES = ("auto", "vllm", "hf")
 KL_MEAN_OVER = ("targets", "positions")
 # Settings that do not change the training trajectory; a resume may differ in them.
 RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume",
-                     "teacher_data")
+                     "teacher_data", "reply_engine")
 
 
 @dataclass
@@ -40,10 +42,13 @@ class DistillSettings:
     teacher: str | None = setting(None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)")
     init: str = setting("keep", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
                     "mean (reference) or lstsq", choices=INITS)
-    targets: str = setting("human", "assistant turns to learn on: the data's own (human) or the teacher's greedy "
-                       "replies to the same prompts (teacher; generated once with vLLM and cached)", choices=TARGETS)
+    targets: str = setting("human", "assistant turns to learn on: the data's own (human), the teacher's greedy "
+                       "replies to the same first prompts (teacher; generated once with vLLM or transformers and "
+                       "cached), or half of each (mixed)", choices=TARGETS)
     teacher_data: str | None = setting(None, "JSONL cache of the teacher's replies (default: in the swiftkv cache)")
     reply_tokens: int = setting(512, "max tokens of a teacher-written reply")
+    reply_engine: str = setting("auto", "what writes the teacher's replies: vllm, hf (transformers' generate, "
+                                "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
     tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not)", parse=parse_count)
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")

@@ -87,23 +87,49 @@ def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
 
 
 def reply_cache(settings, tokenizer, may_generate: bool = True):
-    """The teacher-reply cache of a `--targets teacher` run (None for human targets). Only the main
-    process generates; the others read what it wrote."""
-    from ..dtypes import dtype_name, resolve_dtype
-    from .teacher_data import ReplyCache, vllm_generator
+    """The teacher-reply cache of a `--targets teacher|mixed` run (None for human targets). Only the
+    main process generates; the others read what it wrote."""
+    from .teacher_data import ReplyCache
 
-    if settings.targets != "teacher":
+    if settings.targets == "human":
         return None
-    teacher = plain_teacher_folder(settings)
     path = Path(settings.teacher_data) if settings.teacher_data else (
-        cache_root() / "distill" / f"teacher-replies-{folder_fingerprint(teacher)}-{settings.reply_tokens}.jsonl")
+        cache_root() / "distill" / f"teacher-replies-{folder_fingerprint(plain_teacher_folder(settings))}-"
+                                   f"{settings.reply_tokens}.jsonl")
 
     def refuse(_prompts):
         raise RuntimeError(f"teacher replies missing from {path}; the main process should have written them")
 
-    generate = vllm_generator(teacher, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)),
-                              tokenizer.eos_token_id) if may_generate else refuse
-    return ReplyCache(path, generate)
+    return ReplyCache(path, reply_generator(settings, tokenizer.eos_token_id) if may_generate else refuse)
+
+
+def reply_generator(settings, eos_token_id: int):
+    """Greedy replies of the plain teacher: vLLM where it is installed (or asked for), transformers'
+    generate otherwise. The teacher folder and the engine are set up on the first call only, so a run
+    whose replies are all cached builds neither."""
+    import importlib.util
+
+    from ..dtypes import dtype_name, resolve_dtype
+    from .teacher_data import GENERATION_BATCH, HF_BATCH_CUDA, hf_generator, vllm_generator
+
+    engine = settings.reply_engine
+    if engine == "auto":
+        engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
+    device = "cuda" if engine == "hf" and torch.cuda.is_available() else "cpu"
+    state = {}
+
+    def generate(prompts):
+        if "engine" not in state:
+            teacher = plain_teacher_folder(settings)
+            state["engine"] = (
+                vllm_generator(teacher, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id)
+                if engine == "vllm" else
+                hf_generator(teacher, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
+        return state["engine"](prompts)
+
+    generate.batch = HF_BATCH_CUDA if device == "cuda" else GENERATION_BATCH
+    generate.close = lambda: getattr(state.pop("engine", None), "close", lambda: None)()
+    return generate
 
 
 def plain_teacher_folder(settings) -> Path:

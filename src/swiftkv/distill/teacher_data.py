@@ -2,8 +2,8 @@
 greedy reply replaces the human one, so the student learns on exactly the distribution it is judged
 against (the teacher's own answers), not on text the teacher would never write.
 
-Replies are generated once with vLLM (the plain teacher model, batched) and appended to a JSONL
-file, one complete record per line, fsync'd batch by batch. A killed run loses at most the batch in
+Replies are generated once, batched, with vLLM or with transformers' own generation (where vLLM is
+not installed, e.g. a GPU box with only torch and transformers), and appended to a JSONL file, one complete record per line, fsync'd batch by batch. A killed run loses at most the batch in
 flight: on restart a truncated last line is cut off, records already there are reused (first one
 wins for a repeated key), and only the missing prompts are generated.
 """
@@ -78,6 +78,7 @@ class ReplyCache:
     def __init__(self, path: Path, generate: Generate):
         self.path = path
         self.generate = generate
+        self.batch = getattr(generate, "batch", GENERATION_BATCH)  # prompts per generation call
         self.replies = read_replies(path)
         self.generated = 0
 
@@ -109,8 +110,9 @@ def prompt_ids_of(tokenizer, example) -> list[int] | None:
 
 
 def teacher_documents(examples: Iterable, tokenizer, tokens: int, cache: ReplyCache,
-                      batch: int = GENERATION_BATCH) -> list[Document]:
+                      batch: int | None = None) -> list[Document]:
     """Documents of prompt + teacher reply (only the reply is a target) until `tokens` are reached."""
+    batch = batch or cache.batch
     documents: list[Document] = []
     prompts = (p for p in (prompt_ids_of(tokenizer, e) for e in examples) if p is not None)
     while tokens > 0:
@@ -148,6 +150,51 @@ def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_
 
     generate.close = lambda: state.pop("llm", None)  # type: ignore[attr-defined]
     return generate
+
+
+def hf_generator(teacher_folder: Path, max_tokens: int, dtype, eos_token_id: int,
+                 device: str | None = None) -> Generate:
+    """Greedy replies from the plain teacher with transformers' `generate`: left-padded batches,
+    sorted by length so a batch pads little. The same replies as vLLM's up to the numerics of the
+    batch (tested equal to unbatched greedy generation in fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(teacher_folder, dtype=dtype).to(device).eval()
+
+    def generate(prompts: list[list[int]]) -> list[Reply]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        replies: dict[int, Reply] = {}
+        width = HF_BATCH_CUDA if device.startswith("cuda") else HF_BATCH
+        for start in range(0, len(order), width):
+            chunk = order[start:start + width]
+            for index, reply in zip(chunk, greedy_batch(model, [prompts[i] for i in chunk], max_tokens,
+                                                         eos_token_id), strict=True):
+                replies[index] = reply
+        return [replies[i] for i in range(len(prompts))]
+
+    return generate
+
+
+HF_BATCH = 64  # prompts per transformers generate() call on CPU
+HF_BATCH_CUDA = 256  # a GPU is launch-bound at small batches: wider batches, fewer decode steps in all
+
+
+def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id: int) -> list[Reply]:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[eos_token_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                             eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    replies = []
+    for row in out[:, width:].tolist():
+        stop = row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
+        replies.append(Reply(row[:stop], finished=stop <= len(row) and eos_token_id in row))
+    return replies
 
 
 def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False):

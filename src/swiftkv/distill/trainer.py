@@ -27,7 +27,7 @@ from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
-from .settings import DistillSettings
+from .settings import HUMAN_SHARE, DistillSettings
 from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple
 
     replies = reply_cache(settings, tokenizer, may_generate=world.is_main)
     load = lambda: load_blocks(settings.data, tokenizer, settings.seq_len, settings.tokens,  # noqa: E731
-                               settings.heldout_tokens, settings.seed, replies)
+                               settings.heldout_tokens, settings.seed, replies, HUMAN_SHARE[settings.targets])
     if replies is None:
         return load()
     if world.ddp:

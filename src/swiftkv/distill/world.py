@@ -26,15 +26,22 @@ class World:
 def init_world() -> World:
     """torchrun sets WORLD_SIZE/RANK: join the group (gloo on CPU, nccl on GPU)."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = training_device()
     if size == 1:
-        return World()
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return World(device=device)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return World(torch.distributed.get_rank(), torch.distributed.get_world_size(), ddp=True, device=device)
+
+
+def training_device() -> torch.device:
+    """This process's GPU when there is one (torchrun's LOCAL_RANK picks it), else the CPU. A single
+    process on a GPU machine trains on the GPU too, not only a torchrun group."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def all_reduce(tensor: torch.Tensor, world: World) -> torch.Tensor:

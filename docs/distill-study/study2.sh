@@ -1,0 +1,22 @@
+#!/bin/bash
+# Recipe study, N=15, equal budget (262,144 train tokens per arm), same seed and split as study.sh;
+# the arms after R1. Teacher replies: /work/runs/replies.jsonl (1,011 greedy replies of the plain
+# teacher, written by `--reply-engine hf` in bf16 on a lent H100; the first ~480 serve these arms).
+set -x
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+SK=/work/main/.venv/bin/swiftkv
+cd /work/runs
+COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
+for arm in "$@"; do
+  case $arm in
+    r2) ARGS="--recipe reference --init lstsq --targets teacher" ;;
+    r3) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets" ;;
+    r4) ARGS="--recipe reference --init lstsq --targets mixed --kl-mean-over targets" ;;
+  esac
+  if [ ! -f study-$arm/config.json ]; then
+    RES=""; [ -f study-$arm.ckpt/checkpoint.pt ] && RES="--resume"
+    cp -n replies.jsonl replies-$arm.jsonl
+    $SK distill n15-lstsq $ARGS $COMMON --teacher-data replies-$arm.jsonl --out study-$arm --json study-$arm.json $RES
+  fi
+  [ -f eval-$arm/results.json ] || $SK eval study-$arm --teacher smollm2-135m-instruct --tasks none --out eval-$arm --no-progress
+done
