@@ -21,7 +21,14 @@ from swiftkv.distill.trainer import (
 )
 from swiftkv.distill.world import World
 from swiftkv.metrics import kl_sum
-from tests.tiny import random_chats, save_tiny_folder, save_tiny_teacher, tiny_student, tiny_tokenizer, write_jsonl
+from tests.tiny import (
+    random_chats,
+    save_tiny_folder,
+    save_tiny_teacher,
+    tiny_student,
+    tiny_tokenizer,
+    write_jsonl,
+)
 
 
 def test_recipes_are_presets_that_explicit_options_override():
@@ -148,3 +155,24 @@ def test_hf_replies_batched_equal_greedy_one_by_one(tmp_path):
         stop = alone.index(eos) + 1 if eos in alone else len(alone)
         assert reply.ids == alone[:stop]
         assert reply.finished == (eos in alone)
+
+
+def test_load_blocks_with_teacher_and_mixed_targets(tmp_path):
+    """Through the data loader a run uses: teacher targets train on the replies only; mixed takes
+    half the train tokens from teacher replies and the rest from the data's own conversations; the
+    held-out blocks are the data's own in every case."""
+    from swiftkv.data.packing import load_blocks
+
+    tokenizer = tiny_tokenizer()
+    data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=5)))
+    cache = ReplyCache(tmp_path / "replies.jsonl", fake_teacher([]))
+    human = load_blocks(data, tokenizer, 64, 1024, 256, seed=0)
+    taught = load_blocks(data, tokenizer, 64, 1024, 256, seed=0, replies=cache)
+    mixed = load_blocks(data, tokenizer, 64, 1024, 256, seed=0, replies=cache, human_share=0.5)
+    assert torch.equal(human[1].input_ids, taught[1].input_ids) and torch.equal(human[1].input_ids, mixed[1].input_ids)
+    replies = {tuple(r.ids) for r in read_replies(tmp_path / "replies.jsonl").values()}
+    assert len(replies) > 0
+    for blocks in (taught, mixed):
+        assert blocks[0].loss_mask.any()
+    # the mixed run's train tokens are not all teacher-written: some trained positions predict human text
+    assert not torch.equal(mixed[0].input_ids.sort().values, taught[0].input_ids.sort().values)
