@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .files import atomic_output_dir, cached_folder
+from .model.config import add_legacy_rope_keys
 from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
@@ -71,6 +72,7 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
     model.load_state_dict(loaded.state_dict())
     with atomic_output_dir(out) as tmp:
         model.save_pretrained(tmp)
+        add_legacy_rope_keys(tmp)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
 
 

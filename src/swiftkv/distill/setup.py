@@ -147,5 +147,8 @@ def save_plain_teacher(folder: Path, out: Path) -> None:
     from ..model.surgery import plain_teacher
     from ..sources import load_model, load_tokenizer
 
+    from ..model.config import add_legacy_rope_keys
+
     plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(out)
+    add_legacy_rope_keys(out)
     load_tokenizer(folder).save_pretrained(out)

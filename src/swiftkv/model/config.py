@@ -32,9 +32,37 @@ def num_key_value_layers_for(num_layers: int, swiftkv_fraction: float) -> int:
     return min(max(num_layers - round(swiftkv_fraction * num_layers), 1), num_layers - 1)
 
 
+def with_legacy_rope_keys(config: dict) -> dict:
+    """`config` plus the top-level `rope_theta` (and `rope_scaling` for a non-default RoPE) that
+    transformers 4.x reads: ArcticTraining's SwiftKV model code and older vLLM versions run on it, and
+    without these keys they silently use theta 10000. transformers 5 writes only `rope_parameters`
+    and, reading, takes it over the legacy keys; both are written from it, so they cannot disagree."""
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") != "default":
+        config["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return config
+
+
+def add_legacy_rope_keys(folder) -> None:
+    """Rewrite `folder/config.json` (saved by transformers 5) with the legacy RoPE keys."""
+    import json
+    from pathlib import Path
+
+    from ..files import write_atomic
+
+    path = Path(folder) / "config.json"
+    write_atomic(path, json.dumps(with_legacy_rope_keys(json.loads(path.read_text())), indent=2, sort_keys=True) + "\n")
+
+
 class SwiftKVConfigMixin:
     """Derived SwiftKV geometry. Needs `num_hidden_layers`, `num_key_value_layers`, `key_value_group_size`
     (each family's config declares those fields; the checks and the geometry live here once)."""
+
+    def to_dict(self) -> dict:
+        """Saved SwiftKV configs carry the legacy RoPE keys too (see `with_legacy_rope_keys`)."""
+        return with_legacy_rope_keys(super().to_dict())
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
