@@ -144,10 +144,9 @@ def plain_teacher_folder(settings) -> Path:
 
 
 def save_plain_teacher(folder: Path, out: Path) -> None:
+    from ..model.config import add_legacy_rope_keys
     from ..model.surgery import plain_teacher
     from ..sources import load_model, load_tokenizer
-
-    from ..model.config import add_legacy_rope_keys
 
     plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(out)
     add_legacy_rope_keys(out)
