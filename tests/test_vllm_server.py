@@ -198,3 +198,57 @@ def test_bad_request_gets_4xx_and_server_stays_healthy(served, case):
     assert server.healthy()
     status, body = server.request("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2})
     assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+# Every form of prompt logprobs: a fast-prefill engine cannot compute them, and vLLM 0.32's own check
+# lets 0 and echo+logprobs through to an assertion that kills the engine core and the server.
+PROMPT_LOGPROB_REQUESTS = {
+    "completion_prompt_logprobs_0": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 4,
+                                                         "prompt_logprobs": 0}),
+    "completion_prompt_logprobs_2": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 4,
+                                                         "prompt_logprobs": 2}),
+    "completion_echo_logprobs_0": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 4,
+                                                       "echo": True, "logprobs": 0}),
+    "completion_echo_only_prompt": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 0,
+                                                        "echo": True, "logprobs": 1}),
+    "chat_prompt_logprobs_0": ("/v1/chat/completions", {**chat("hi"), "prompt_logprobs": 0}),
+    "chat_echo_logprobs": ("/v1/chat/completions", {**chat("hi"), "echo": True, "logprobs": True}),
+    "chat_echo_top_logprobs": ("/v1/chat/completions", {**chat("hi"), "echo": True, "logprobs": True,
+                                                        "top_logprobs": 3}),
+}
+
+
+def test_prompt_logprobs_in_any_form_get_400_while_another_stream_finishes(served):
+    import threading
+
+    server, *_ = served
+    streamed = {}
+    request = {"model": NAME, "prompt": PROMPTS[1], "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    thread = threading.Thread(target=lambda: streamed.update(chunks=server.stream("/v1/completions", request)))
+    thread.start()
+    for case, (path, body) in PROMPT_LOGPROB_REQUESTS.items():
+        status, answer = server.request(path, body)
+        assert status == 400, f"{case}: status {status}: {answer}"
+        assert "kv-sharing-fast-prefill" in answer["error"]["message"], f"{case}: {answer}"  # says why
+    thread.join(timeout=300)
+    assert sum(len(c["choices"][0]["text"]) > 0 for c in streamed["chunks"]) > 1  # ended with [DONE], status 200
+    assert server.healthy()
+    status, body = server.request("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2,
+                                                      "logprobs": 1})
+    assert status == 200 and len(body["choices"][0]["logprobs"]["tokens"]) == 2  # output logprobs still work
+
+
+def test_64_concurrent_streams_all_complete(served):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, *_ = served
+
+    def one(i: int) -> str:
+        chunks = server.stream("/v1/completions", {"model": NAME, "prompt": f"{PROMPTS[i % 3]} {i}", "max_tokens": 8,
+                                                   "temperature": 0, "ignore_eos": True})
+        return "".join(c["choices"][0]["text"] for c in chunks)
+
+    with ThreadPoolExecutor(64) as pool:
+        texts = list(pool.map(one, range(64)))
+    assert len(texts) == 64 and all(texts)
+    assert server.healthy()

@@ -14,7 +14,8 @@ _registered_in_process = False
 
 def register() -> None:
     """Make vLLM know the SwiftKV configs (via transformers' AutoConfig), the model classes (lazily,
-    by module path) and the config hook that switches on kv_sharing_fast_prefill."""
+    by module path), the config hook that switches on kv_sharing_fast_prefill, and the front-end guard
+    that refuses prompt-logprobs requests such an engine cannot serve (`guards`)."""
     global _registered_in_process
     from vllm import ModelRegistry
     from vllm.logger import init_logger
@@ -23,6 +24,7 @@ def register() -> None:
     import swiftkv  # noqa: F401  (registers llama_swiftkv / qwen2_swiftkv with AutoConfig)
     from swiftkv.model.families import ARCHITECTURES
 
+    from .guards import install_prompt_logprobs_guard
     from .hooks import SwiftKVConfigHook
 
     supported = set(ModelRegistry.get_supported_archs())
@@ -30,6 +32,7 @@ def register() -> None:
         if arch not in supported:
             ModelRegistry.register_model(arch, f"swiftkv.vllm.model:{arch}")
         MODELS_CONFIG_MAP[arch] = SwiftKVConfigHook
+    install_prompt_logprobs_guard()
     if not _registered_in_process:
         _registered_in_process = True
         init_logger(LOGGER_NAME).info("swiftkv plugin registered %s", ", ".join(ARCHITECTURES))
