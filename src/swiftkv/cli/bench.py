@@ -1,31 +1,60 @@
-"""`swiftkv bench MODEL --baseline TEACHER`: SwiftKV vs its baseline on vLLM, one run, same settings.
-The options are generated from `swiftkv.vllm.bench.BenchSettings`."""
+"""`swiftkv bench MODEL --baseline TEACHER [--online]`: SwiftKV vs its baseline on vLLM, one run, same
+settings. Offline (default): engines in-process, fixed batches. `--online`: both models behind vLLM's
+OpenAI server under Poisson request arrivals. The options are generated from
+`swiftkv.vllm.bench.BenchSettings` (both modes) and `swiftkv.vllm.online.OnlineSettings` (--online)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..vllm.bench import BenchSettings
-from .options import add_dataclass_options, given_values
+from ..vllm.online import OnlineSettings
+from .options import add_dataclass_options, given_values, option_name
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "bench", help="SwiftKV vs baseline on vLLM: prefill, TTFT, TPOT, 10:1 throughput, KV capacity",
+        "bench", help="SwiftKV vs baseline on vLLM: prefill, TTFT, TPOT, 10:1 throughput, KV capacity; "
+        "--online: served under Poisson load",
         description="Benchmark a SwiftKV model against its baseline on vLLM in one run with identical settings; "
-        "prints a table of baseline, SwiftKV and ratio, writes OUT/bench.json and OUT/bench.png.",
+        "prints a table of baseline, SwiftKV and ratio, writes OUT/bench.json and OUT/bench.png. With --online, "
+        "serves each model with vLLM's OpenAI server in turn (the baseline as plain vLLM, SwiftKV via "
+        "`swiftkv serve`), sends Poisson-timed 10:1 requests at several rates, and writes OUT/online.json and "
+        "OUT/online.png.",
     )
     parser.add_argument("model", help="SwiftKV HF folder or alias")
     parser.add_argument("--baseline", required=True, help="the original model (HF folder, .gguf or alias)")
     add_dataclass_options(parser, BenchSettings)
+    online = parser.add_argument_group("online benchmark (--online)")
+    online.add_argument("--online", action="store_true",
+                        help="serve both models with vLLM's OpenAI server and measure them under Poisson load")
+    add_dataclass_options(online, OnlineSettings)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    settings = BenchSettings(**given_values(args, BenchSettings))
+    online_given = given_values(args, OnlineSettings)
+    if args.online:
+        return run_online(args, settings, online_given)
+    if online_given:
+        import dataclasses
+
+        names = [option_name(f) for f in dataclasses.fields(OnlineSettings) if f.name in online_given]
+        raise ValueError(f"{', '.join(names)} only apply with --online")
     from ..vllm.bench import bench, format_table
 
-    settings = BenchSettings(**given_values(args, BenchSettings))
     report = bench(args.model, args.baseline, settings)
     print(format_table(report))
     print(f"wrote {settings.out}/bench.json and {settings.out}/bench.png")
+    return 0
+
+
+def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: dict) -> int:
+    from ..vllm.online import online_bench, online_settings
+    from ..vllm.online_report import format_table
+
+    report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
+    print(format_table(report))
+    print(f"wrote {settings.out}/online.json and {settings.out}/online.png")
     return 0
