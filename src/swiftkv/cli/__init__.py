@@ -14,8 +14,16 @@ COMMAND_MODULES = tuple(f"swiftkv.cli.{name}" for name in (
     "convert", "export", "generate", "demo", "distill", "eval", "serve", "bench"))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line, like every other bad input (argparse would print the usage first);
+    subcommand parsers inherit the class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="swiftkv",
         description="SwiftKV: make a Llama/Qwen2 model prefill-fast. Typical flow: "
         "convert -> distill -> eval -> serve/bench. Every stage reads and writes a plain HF folder.",
@@ -32,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError) as error:
         # Bad input: one clear line, no traceback. Bugs (other exceptions) keep their traceback.
-        print(f"swiftkv {args.command}: error: {error}", file=sys.stderr)
+        message = str(error).replace("\n", " ")  # some library messages span lines
+        print(f"swiftkv {args.command}: error: {message}", file=sys.stderr)
         return 2
 

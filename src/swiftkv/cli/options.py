@@ -2,7 +2,8 @@
 name, type, default and help live on the dataclass field; argparse only reads them.
 
 A field's metadata may carry `help`, `flag` (a different option name), `choices`, `parse` (a
-converter, e.g. token counts like `1M`) and `cli=False` (not an option). Options default to None on
+converter, e.g. token counts like `1M`) and `cli=False` (not an option). A bool setting is a switch:
+`--NAME` when it defaults to False, `--no-NAME` when it defaults to True. Options default to None on
 the command line so that "not given" stays distinguishable from "given the default": presets
 (e.g. distillation recipes) fill what the user left out.
 """
@@ -16,7 +17,9 @@ from typing import Any
 
 
 def option_name(field: dataclasses.Field) -> str:
-    return field.metadata.get("flag", "--" + field.name.replace("_", "-"))
+    """--NAME, or --no-NAME for a setting that is on by default (the option switches it off)."""
+    prefix = "--no-" if field.default is True else "--"
+    return field.metadata.get("flag", prefix + field.name.replace("_", "-"))
 
 
 def base_type(field: dataclasses.Field, owner: type) -> type:
@@ -38,12 +41,12 @@ def add_dataclass_options(parser: argparse.ArgumentParser, settings_class: type,
         kind = base_type(field, settings_class)
         help_text = field.metadata.get("help", "")
         default = shown.get(field.name)
+        if kind is bool:  # a switch: --NAME turns an off setting on, --no-NAME an on setting off
+            action = "store_false" if field.default is True else "store_true"
+            parser.add_argument(option_name(field), dest=field.name, action=action, default=None, help=help_text)
+            continue
         if default not in (None, dataclasses.MISSING, False, ""):
             help_text = f"{help_text} (default: {default})".strip()
-        if kind is bool:
-            parser.add_argument(option_name(field), dest=field.name, action="store_true", default=None,
-                                help=help_text)
-            continue
         parser.add_argument(option_name(field), dest=field.name, default=None,
                             type=field.metadata.get("parse", kind), choices=field.metadata.get("choices"),
                             help=help_text.replace("%", "%%"))
