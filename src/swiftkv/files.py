@@ -27,10 +27,19 @@ def cache_root() -> Path:
 
 
 def check_new_output(path: str | os.PathLike, force: bool, what: str = "output folder") -> Path:
-    """Refuse to clobber an existing output unless --force, before any long work starts."""
+    """Refuse, before any long work starts, to clobber an existing output unless --force, and an
+    output that cannot be written: its nearest existing ancestor must be a folder we may add to."""
     path = Path(path)
     if path.exists() and not force:
         raise FileExistsError(f"{what} {path} already exists; pass --force to overwrite it")
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NotADirectoryError(f"cannot write {what} {path}: {ancestor} is a file; expected a folder")
+    # os.access, not a trial write: it answers for this user (root may write anywhere, others not).
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {what} {path}: folder {ancestor} is not writable by this user")
     return path
 
 
@@ -52,7 +61,19 @@ def atomic_output_dir(dst: str | os.PathLike, force: bool = False) -> Iterator[P
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    give_umask_modes(tmp)
     replace_dir(tmp, dst)
+
+
+def give_umask_modes(root: Path) -> None:
+    """Give `root` and everything in it the modes mkdir and open give under the umask. mkdtemp makes
+    a folder private (0700) and transformers writes its weight shards 0600, but another account
+    (e.g. the one serving the model) must be able to read what this one wrote."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [root, *root.rglob("*")]:
+        if not path.is_symlink():
+            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 @contextlib.contextmanager
@@ -84,7 +105,7 @@ def replace_dir(src: Path, dst: Path) -> None:
         dst.rename(old)
     src.rename(dst)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        remove(old)
 
 
 def remove_stale_temps(target: Path) -> None:
@@ -92,10 +113,15 @@ def remove_stale_temps(target: Path) -> None:
     for leftover in target.parent.glob(f".{target.stem}*{TEMP_MARK}*"):
         match = _TEMP_PID.search(leftover.name)
         if match and not process_alive(int(match.group(1))):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
+            remove(leftover)
+
+
+def remove(path: Path) -> None:
+    """Delete a file or a folder tree (an output being replaced may be either)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def process_alive(pid: int) -> bool:
@@ -126,6 +152,7 @@ def cached_folder(key: str, build) -> Path:
     with tempfile.TemporaryDirectory(prefix=f".{key}{TEMP_MARK}{os.getpid()}-", dir=cache_root()) as tmp:
         built = Path(tmp) / key
         build(built)
+        give_umask_modes(built)
         with contextlib.suppress(OSError):  # another process finished first: same content
             built.rename(path)
     return path
