@@ -56,18 +56,22 @@ def test_cli_bad_input_is_one_error_and_overwrites_nothing(tiny_run, capsys):
     tmp_path, folder, data = tiny_run
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(data.read_bytes() + b'{"text": "caf\xe9"}\n')
     cases = [
         (distill_args(folder, data, tmp_path / "taken"), "already exists"),
         (distill_args(folder, data, tmp_path / "o1", "--seq-len", "512"), "exceeds the model's max_position_embeddings 256"),
         (distill_args(folder, tmp_path / "missing.jsonl", tmp_path / "o2"), "missing.jsonl"),
         (distill_args(folder, data, tmp_path / "o3", "--resume"), "no checkpoint"),
         (distill_args(folder, data, tmp_path / "o4", "--batch-size", "3", "--micro-batch", "2"), "--batch-size 3"),
+        (distill_args(folder, latin1, tmp_path / "o5"), f"{latin1}:61: invalid UTF-8 (byte 0xe9"),
     ]
     for args, message in cases:
         assert main(args) == 2, args
-        assert message in capsys.readouterr().err
+        errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert len(errors) == 1 and message in errors[0], errors
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
 
 
 def test_cli_refuses_a_teacher_the_student_was_not_converted_from(tiny_run, capsys):

@@ -107,3 +107,21 @@ def test_bad_data_is_one_clear_error(tmp_path, content, message):
 def test_missing_data_names_the_path():
     with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
         list(read_source("/nowhere.jsonl"))
+
+
+
+LATIN1 = b'{"text": "caf\xe9"}'  # é in Latin-1: not UTF-8
+
+
+@pytest.mark.parametrize("name, data", [
+    ("bad.jsonl", json.dumps(random_chats(1)[0]).encode() + b"\n" + LATIN1 + b"\n"),
+    ("bad.json", b"[" + json.dumps(random_chats(1)[0]).encode() + b",\n" + LATIN1 + b"]"),
+])
+def test_invalid_utf8_names_file_line_and_byte(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    offset = data.index(b"\xe9")
+    expected = f"{path}:2: invalid UTF-8 (byte 0xe9 at byte offset {offset}); expected UTF-8 encoded JSON"
+    with pytest.raises(ValueError) as error:
+        list(read_source(str(path)))
+    assert str(error.value) == expected

