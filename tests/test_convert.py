@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,20 @@ def calib_text(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def teacher_dir(request, tmp_path_factory) -> Path:
     return save_tiny_teacher(tmp_path_factory.mktemp(f"teacher-{request.param}"), request.param)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher-llama"), "llama")
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Proves a check ran before any model was loaded: loading fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr("swiftkv.convert.load_model", refuse)
 
 
 def run_convert(teacher_dir, dst, calib_text, **kwargs):
@@ -137,6 +152,16 @@ def cli(*args: str) -> int:
     return main(list(map(str, args)))
 
 
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("swiftkv convert: error: "), err
+    return err
+
+
+def convert_copy(src: Path, dst: Path, *extra: str) -> int:
+    return cli("convert", src, dst, "--num-key-value-layers", N, "--key-value-group-size", G, "--init", "copy", *extra)
+
+
 def assert_no_partial_output(dst: Path):
     assert not dst.exists()
     assert not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}")]
@@ -148,10 +173,10 @@ def assert_no_partial_output(dst: Path):
     (["--num-key-value-layers", "2", "--key-value-group-size", "3"], "does not divide"),
     (["--swiftkv-fraction", "1.5"], "out of range"),
 ])
-def test_bad_geometry_gives_one_error(teacher_dir, tmp_path, calib_text, capsys, args, message):
+def test_bad_geometry_gives_one_error(teacher_dir, tmp_path, calib_text, capsys, no_loading, args, message):
     dst = tmp_path / "out"
     assert cli("convert", teacher_dir, dst, *args, "--calib-data", calib_text) == 2
-    assert message in capsys.readouterr().err
+    assert message in one_error_line(capsys)
     assert_no_partial_output(dst)
 
 
@@ -180,7 +205,8 @@ def test_unknown_architecture_and_missing_or_corrupt_weights(tmp_path, teacher_d
     corrupt.mkdir()
     (corrupt / "config.json").write_text((teacher_dir / "config.json").read_text())
     (corrupt / "model.safetensors").write_bytes(b"\x00" * 100)
-    assert cli("convert", corrupt, tmp_path / "c", "--num-key-value-layers", "2") == 2
+    # --init copy: with lstsq, the missing tokenizer is reported first, before the weights are read
+    assert cli("convert", corrupt, tmp_path / "c", "--num-key-value-layers", "2", "--init", "copy") == 2
     assert "cannot load the weights" in capsys.readouterr().err
     for name in "abc":
         assert_no_partial_output(tmp_path / name)
@@ -231,3 +257,94 @@ def test_generate_command_streams_the_greedy_answer(tmp_path, calib_text, capsys
     tokenizer = load_tokenizer(out)
     expected = generate_text(load_model(out), tokenizer, chat_input_ids(tokenizer, "the capital of france"), 6)
     assert streamed.strip() == expected.strip() and expected.strip()
+
+
+def test_trimmed_folder_tells_readers_it_is_student_only(llama_dir, tmp_path):
+    assert convert_copy(llama_dir, tmp_path / "trim", "--no-measure", "--trim") == 0
+    assert json.loads((tmp_path / "trim" / "config.json").read_text())["swiftkv_trimmed"] is True
+    readme = (tmp_path / "trim" / "README.md").read_text()
+    assert "Student-only" in readme and "ArcticTraining" in readme and "random weights" in readme
+    assert f"swiftkv convert {llama_dir} DST --num-key-value-layers {N} --key-value-group-size {G} --init copy`" \
+        in readme
+    assert convert_copy(llama_dir, tmp_path / "full", "--no-measure") == 0
+    assert not (tmp_path / "full" / "README.md").exists()
+
+
+def test_copy_init_needs_no_tokenizer_or_calibration_data(tmp_path, capsys):
+    """A plain folder without tokenizer files converts with --init copy (the calibration is skipped
+    with one note), and the written student computes exactly the copy init."""
+    from swiftkv.model.surgery import build_swiftkv_model, copy_init_params, load_trained
+    from swiftkv.sources import has_tokenizer
+
+    source = save_tiny_teacher(tmp_path / "plain", "llama")
+    for path in source.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            path.unlink()
+    assert not has_tokenizer(source)
+    assert convert_copy(source, tmp_path / "out") == 0
+    out = capsys.readouterr().out
+    assert out.count("note:") == 1 and "has no tokenizer" in out
+    assert not has_tokenizer(tmp_path / "out")
+    expected = build_swiftkv_model(AutoModelForCausalLM.from_pretrained(source), N, G)
+    load_trained(expected, copy_init_params(expected))
+    written = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    x = torch.randint(4, 100, (1, 16))
+    with torch.no_grad():
+        assert torch.equal(written(x).logits, expected(x).logits)
+
+
+@pytest.mark.parametrize("args, note", [
+    (["--no-measure"], "--no-measure was given"),
+    (["--calib-data", "/nowhere/calib.jsonl"], "/nowhere/calib.jsonl"),
+])
+def test_copy_init_skips_calibration_with_one_note(llama_dir, tmp_path, capsys, args, note):
+    assert convert_copy(llama_dir, tmp_path / "out", *args) == 0
+    out = capsys.readouterr().out
+    assert out.count("note:") == 1 and note in out
+    assert json.loads((tmp_path / "out" / "swiftkv_conversion.json").read_text())["unmeasured"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--dtype", "float33"], "--dtype 'float33' is unknown; expected one of"),
+    (["--init", "lstsq", "--no-measure"], "--init lstsq is fitted on calibration tokens, but --no-measure was given"),
+    (["--init", "lstsq", "--calib-data", "/nowhere/calib.jsonl"], "--calib-data '/nowhere/calib.jsonl': no such file"),
+])
+def test_bad_settings_fail_before_loading(llama_dir, tmp_path, capsys, no_loading, args, message):
+    assert cli("convert", llama_dir, tmp_path / "out", "--num-key-value-layers", N, *args) == 2
+    assert message in one_error_line(capsys)
+    assert not list(tmp_path.iterdir())
+
+
+def test_lstsq_without_tokenizer_fails_before_loading(tmp_path, capsys, no_loading):
+    source = save_tiny_teacher(tmp_path / "plain", "llama")
+    (source / "tokenizer.json").unlink()
+    capsys.readouterr()
+    assert cli("convert", source, tmp_path / "out", "--num-key-value-layers", N, "--init", "lstsq") == 2
+    assert "--init lstsq is fitted on calibration tokens, but the source" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_compute_dtype_fails_before_loading(llama_dir, tmp_path, capsys, no_loading):
+    with pytest.raises(SystemExit) as exited:  # argparse's choices: one line, exit 2
+        cli("convert", llama_dir, tmp_path / "out", "--num-key-value-layers", N, "--compute-dtype", "float33")
+    assert exited.value.code == 2 and "invalid choice: 'float33'" in one_error_line(capsys)
+    with pytest.raises(ValueError, match="--compute-dtype 'float33' is unknown"):  # the library checks it too
+        convert(str(llama_dir), tmp_path / "out", num_key_value_layers=N, compute_dtype="float33")
+    assert not list(tmp_path.iterdir())
+
+
+def test_unwritable_output_fails_before_loading(llama_dir, tmp_path, capsys, no_loading, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    assert cli("convert", llama_dir, blocker / "sub" / "out", "--num-key-value-layers", N) == 2
+    assert f"{blocker} is a file; expected a folder" in one_error_line(capsys)
+    assert blocker.read_text() == "mine"
+
+    # Root writes anywhere whatever the mode, so the check is os.access's answer, faked here for one folder.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    assert cli("convert", llama_dir, locked / "out", "--num-key-value-layers", N) == 2
+    assert f"folder {locked} is not writable by this user" in one_error_line(capsys)
+    assert not list(locked.iterdir())

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from . import calibration
+from .data.chat import check_source
 from .dtypes import DTYPE_CHOICES, autocast, parse_dtype, resolve_dtype
 from .files import check_new_output
 from .model.config import num_key_value_layers_for
@@ -22,11 +23,19 @@ from .model.surgery import (
     build_swiftkv_model,
     copy_init_params,
     load_trained,
+    swiftkv_config,
     trimmed_copy,
     write_swiftkv_folder,
 )
 from .settings import setting
-from .sources import load_model, load_tokenizer
+from .sources import (
+    check_supported,
+    check_weights_present,
+    has_tokenizer,
+    load_model,
+    load_tokenizer,
+    resolve_source,
+)
 
 INITS = ("copy", "mean", "lstsq")
 
@@ -47,7 +56,14 @@ class ConvertSettings:
     calib_tokens: int = setting(8192, "tokens to fit lstsq on")
     eval_tokens: int = setting(2048, "held-out calibration tokens the inits are measured on")
     ridge: float = setting(1e-3, "ridge strength of the lstsq fit, relative to the input scale")
-    trim: bool = setting(False, "drop the later layers' unused original q/k/v (smaller; student-only)")
+    # (--no-measure: the help text describes the switch, which turns the setting off)
+    measure: bool = setting(True, "skip the calibration (the lstsq fit and the measurement of the inits): copy/mean "
+                            "then need no tokenizer or calibration data")
+    trim: bool = setting(False, "drop the later layers' original q/k/v (smaller). STUDENT-ONLY: no teacher path. "
+                         "swiftkv refuses to run one, but ArcticTraining's llama_swiftkv (transformers 4.x) fills the "
+                         "missing weights randomly and only warns, so its teacher (and distillation or eval against "
+                         "it) is silently wrong. See the README.md written into the folder; convert without --trim "
+                         "for a teacher")
     dtype: str | None = setting(None, "weights dtype of the output (float32, bfloat16, ...; default: as loaded, fp32)")
     compute_dtype: str = setting("auto", "matmul dtype of the calibration passes (auto: bf16 autocast where bf16 "
                                  "is native, else fp32; the weights and the fit stay fp32)", choices=DTYPE_CHOICES)
@@ -65,6 +81,7 @@ class ConversionReport:
     kv_relative_error: dict = field(default_factory=dict)  # init -> {"k": [per later layer], "v": [...]}
     top1_agreement: dict = field(default_factory=dict)  # init -> teacher-forced top-1 agreement
     mean_kl: dict = field(default_factory=dict)  # init -> mean KL(teacher || student) per token
+    unmeasured: str = ""  # why the calibration was skipped (copy/mean only), "" when it ran
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -80,8 +97,6 @@ class ConversionReport:
 def resolve_num_key_value_layers(num_layers: int, num_key_value_layers: int | None,
                                  swiftkv_fraction: float | None) -> int:
     """N from either N itself or the fraction F of layers that become SwiftKV (later) layers."""
-    if (num_key_value_layers is None) == (swiftkv_fraction is None):
-        raise ValueError("give exactly one of --num-key-value-layers N or --swiftkv-fraction F")
     if swiftkv_fraction is not None:
         return num_key_value_layers_for(num_layers, swiftkv_fraction)
     return num_key_value_layers
@@ -89,31 +104,97 @@ def resolve_num_key_value_layers(num_layers: int, num_key_value_layers: int | No
 
 def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
     """Convert `src` (HF folder, .gguf, alias) into a SwiftKV folder at `dst`, written atomically.
-    `options` are `ConvertSettings` fields."""
+    `options` are `ConvertSettings` fields. Bad input fails before the weights are loaded."""
     settings = ConvertSettings(**options)
-    if settings.init not in INITS:
-        raise ValueError(f"--init {settings.init!r} is unknown; expected one of {list(INITS)}")
+    out_dtype = check_settings(settings)
     check_new_output(dst, settings.force)
-    out_dtype = parse_dtype(settings.dtype) if settings.dtype is not None else None
     started = time.time()
-    teacher = load_model(src, dtype=torch.float32)  # resolves and checks the source first
-    n = resolve_num_key_value_layers(teacher.config.num_hidden_layers, settings.num_key_value_layers,
-                                     settings.swiftkv_fraction)
-    model = build_swiftkv_model(teacher, n, settings.key_value_group_size)
-    tokenizer = load_tokenizer(src)
-    report = ConversionReport(str(src), settings.init, n, settings.key_value_group_size)
-    candidates = fit_and_measure(model, tokenizer, report, settings)
-    load_trained(model, candidates[settings.init])
+    folder = resolve_source(src)
+    n = checked_geometry(folder, settings)
+    unmeasured = why_unmeasured(folder, settings)
+    model = build_swiftkv_model(load_model(folder, dtype=torch.float32), n, settings.key_value_group_size)
+    tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
+    report = ConversionReport(str(src), settings.init, n, settings.key_value_group_size, unmeasured=unmeasured)
+    if unmeasured:
+        print(f"note: {unmeasured}; writing the {settings.init} init without calibration", flush=True)
+        load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
+    else:
+        load_trained(model, fit_and_measure(model, tokenizer, report, settings)[settings.init])
     report.seconds = time.time() - started
+    extra_files = {"swiftkv_conversion.json": json.dumps(asdict(report), indent=2)}
     if settings.trim:
         model = trimmed_copy(model)
+        extra_files["README.md"] = TRIMMED_README.format(source=src, n=n, g=settings.key_value_group_size,
+                                                         init=settings.init)
     if out_dtype is not None:
         model = model.to(out_dtype)
     info = {"source": str(src), "init": settings.init, "trimmed": settings.trim,
             "top1_agreement": report.top1_agreement}
-    write_swiftkv_folder(model, tokenizer, dst, info, force=settings.force,
-                         extra_files={"swiftkv_conversion.json": json.dumps(asdict(report), indent=2)})
+    write_swiftkv_folder(model, tokenizer, dst, info, force=settings.force, extra_files=extra_files)
     return report
+
+
+def check_settings(settings: ConvertSettings) -> torch.dtype | None:
+    """The settings that need no model, checked first; returns the output dtype (None: as loaded)."""
+    if settings.init not in INITS:
+        raise ValueError(f"--init {settings.init!r} is unknown; expected one of {list(INITS)}")
+    if (settings.num_key_value_layers is None) == (settings.swiftkv_fraction is None):
+        raise ValueError("give exactly one of --num-key-value-layers N or --swiftkv-fraction F")
+    resolve_dtype(settings.compute_dtype, option="--compute-dtype")
+    return parse_dtype(settings.dtype) if settings.dtype is not None else None
+
+
+def checked_geometry(folder, settings: ConvertSettings) -> int:
+    """N, checked with G against the source's config; the source is a supported model with weights
+    (not loaded yet: that may take minutes)."""
+    from transformers import AutoConfig
+
+    check_supported(folder)
+    check_weights_present(folder)
+    config = AutoConfig.from_pretrained(folder)
+    n = resolve_num_key_value_layers(config.num_hidden_layers, settings.num_key_value_layers,
+                                     settings.swiftkv_fraction)
+    swiftkv_config(config, n, settings.key_value_group_size)  # raises on a bad N or G
+    return n
+
+
+def why_unmeasured(folder, settings: ConvertSettings) -> str:
+    """Why the calibration (lstsq fit, measurement of the inits) cannot run, "" when it can. copy
+    and mean come from the weights alone and go without it; lstsq cannot, so it fails here."""
+    reason = ""
+    if not settings.measure:
+        reason = "--no-measure was given"
+    elif not has_tokenizer(folder):
+        reason = f"the source {folder} has no tokenizer"
+    elif settings.init == "lstsq":
+        check_source(settings.calib_data, "--calib-data")  # its own error names the option and what it expects
+    else:
+        try:
+            check_source(settings.calib_data, "--calib-data")
+        except FileNotFoundError as error:
+            reason = str(error)
+    if reason and settings.init == "lstsq":
+        raise ValueError(f"--init lstsq is fitted on calibration tokens, but {reason}; use --init copy or mean "
+                         "to convert without calibration")
+    return reason
+
+
+# Written into a --trim folder, where users of other tools will see it.
+TRIMMED_README = """# Student-only SwiftKV checkpoint (converted with `--trim`)
+
+This folder was written by `swiftkv convert {source} ... --num-key-value-layers {n} --key-value-group-size {g}
+--trim`. The original q/k/v projections of layers >= {n} were removed; config.json marks this with
+`"swiftkv_trimmed": true`.
+
+- **Student path (SwiftKV on): complete.** swiftkv (transformers or vLLM) runs and serves it.
+- **Teacher path (SwiftKV off): impossible.** swiftkv refuses to run it (distill, eval's teacher,
+  `set_swiftkv(False)`). Other readers do NOT refuse: ArcticTraining's `llama_swiftkv` model code
+  (transformers 4.x) fills the missing q/k/v with random weights and only logs a warning, so its
+  teacher path, and any distillation or evaluation that uses it, is silently wrong.
+- **Need the teacher?** Convert again without `--trim`:
+  `swiftkv convert {source} DST --num-key-value-layers {n} --key-value-group-size {g} --init {init}`,
+  or use the source model `{source}` itself as the teacher.
+"""
 
 
 def fit_and_measure(model, tokenizer, report: ConversionReport,

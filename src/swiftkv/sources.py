@@ -145,10 +145,22 @@ def check_weights_present(folder: Path) -> None:
         raise FileNotFoundError(f"{folder} has no model weights (*.safetensors); expected an HF model folder")
 
 
+# A folder holds a loadable tokenizer when it has one of these (tokenizer_config.json alone is not one).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
 def load_tokenizer(src: str | os.PathLike):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_source(src))
+    folder = resolve_source(src)
+    if not has_tokenizer(folder):
+        raise FileNotFoundError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
+                                "tokenizer files of the model it came from into it")
+    return AutoTokenizer.from_pretrained(folder)
 
 
 # --------------------------------------------------------------------------------------------------

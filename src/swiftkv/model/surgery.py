@@ -165,13 +165,15 @@ def read_trained(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tenso
 def write_swiftkv_folder(model, tokenizer, dst: str | os.PathLike, info: dict, force: bool = False,
                          extra_files: dict[str, str] | None = None) -> None:
     """A SwiftKV model as an HF folder, atomically: weights, config (with `swiftkv_conversion` =
-    `info` and an auto_map to the shim that points plain transformers at this package), tokenizer."""
+    `info` and an auto_map to the shim that points plain transformers at this package), tokenizer
+    (unless None: a source without one gives a folder without one)."""
     model.config.swiftkv_conversion = {**info, "date": time.strftime("%Y-%m-%d")}
     model.config.auto_map = {"AutoConfig": f"{AUTO_SHIM}.{type(model.config).__name__}",
                              "AutoModelForCausalLM": f"{AUTO_SHIM}.{type(model).__name__}"}
     with atomic_output_dir(dst, force=force) as tmp:
         model.save_pretrained(tmp)
         (tmp / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
-        tokenizer.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)

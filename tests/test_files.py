@@ -1,0 +1,116 @@
+"""Atomic outputs and the cache: temp data of killed writers is removed, --force replaces a file,
+and outputs get the umask's mode (not mkdtemp's private 0700)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from swiftkv.cli import main
+from swiftkv.files import TEMP_MARK, atomic_output_dir, cache_root, cached_folder
+from tests.tiny import save_tiny_teacher
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> Path:
+    return save_tiny_teacher(tmp_path_factory.mktemp("teacher-llama"), "llama")
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited, as a SIGKILLed writer's is."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def leftover(folder: Path) -> Path:
+    """A half-written temp folder, as a writer killed mid-write leaves it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(b"half")
+    return folder
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def convert_copy(src: Path, dst: Path, *extra: str) -> int:
+    return main(["convert", str(src), str(dst), "--num-key-value-layers", "2", "--init", "copy", "--no-measure", *extra])
+
+
+def test_convert_removes_the_temps_of_killed_writers(llama_dir, tmp_path):
+    dst = tmp_path / "out"
+    killed = leftover(tmp_path / f".out{TEMP_MARK}{dead_pid()}-x1y2")
+    killed_replace = leftover(tmp_path / f".out.old{TEMP_MARK}{dead_pid()}")
+    running = leftover(tmp_path / f".out{TEMP_MARK}1-a3b4")  # pid 1 is alive
+    assert convert_copy(llama_dir, dst) == 0
+    assert not killed.exists() and not killed_replace.exists()
+    assert running.exists(), "a live writer's temp folder must stay"
+    assert (dst / "config.json").is_file()
+
+
+def test_force_replaces_a_file_and_leaves_no_temp(llama_dir, tmp_path):
+    dst = tmp_path / "out"
+    dst.write_text("a file, not a model folder")
+    assert convert_copy(llama_dir, dst, "--force") == 0
+    assert (dst / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_converted_folder_has_the_umask_mode(llama_dir, tmp_path):
+    with umask(0o022):
+        assert convert_copy(llama_dir, tmp_path / "out") == 0
+    assert mode(tmp_path / "out") == 0o755
+    assert all(mode(p) == 0o644 for p in (tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_outputs_follow_the_umask(tmp_path, mask):
+    with umask(mask):
+        with atomic_output_dir(tmp_path / "out") as tmp:
+            (tmp / "sub").mkdir()
+            (tmp / "sub" / "weights.bin").write_text("w")
+            os.chmod(tmp / "sub" / "weights.bin", 0o600)
+    assert mode(tmp_path / "out") == mode(tmp_path / "out" / "sub") == 0o777 & ~mask
+    assert mode(tmp_path / "out" / "sub" / "weights.bin") == 0o666 & ~mask
+
+
+def build_privately(out: Path) -> None:
+    """A cache builder whose files come out private, as transformers' weight shards do (0600)."""
+    with atomic_output_dir(out) as tmp:
+        (tmp / "config.json").write_text("{}")
+    os.chmod(out / "config.json", 0o600)
+
+
+def test_cache_removes_the_temps_of_killed_builders_and_is_readable():
+    key = "gguf-tiny-model.Q4_1-1234"  # the key form of a converted GGUF
+    cache_root().mkdir(parents=True, exist_ok=True)
+    killed = leftover(cache_root() / f".{key}{TEMP_MARK}{dead_pid()}-abcd" / key).parent
+    with umask(0o022):
+        path = cached_folder(key, build_privately)
+    assert not killed.exists()
+    assert mode(path) == 0o755 and mode(path / "config.json") == 0o644
+
+
+def test_export_removes_the_temps_of_killed_writers(llama_dir, tmp_path):
+    from swiftkv.sources import export
+
+    killed = leftover(tmp_path / f".exported{TEMP_MARK}{dead_pid()}-abcd")
+    with umask(0o022):
+        export(str(llama_dir), tmp_path / "exported")
+    assert not killed.exists() and mode(tmp_path / "exported") == 0o755
+    assert mode(tmp_path / "exported" / "model.safetensors") == 0o644
+    assert (tmp_path / "exported" / "model.safetensors").read_bytes() == (llama_dir / "model.safetensors").read_bytes()
