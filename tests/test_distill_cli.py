@@ -102,3 +102,35 @@ def test_two_gloo_processes_follow_the_one_process_loss_curve(tiny_run):
     first = swiftkv_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "one"))
     second = swiftkv_parameters(AutoModelForCausalLM.from_pretrained(tmp_path / "two"))
     assert max((first[n] - second[n]).abs().max().item() for n in first) < 1e-5
+
+
+def test_resume_knows_the_model_by_content_not_by_path(tiny_run, capsys, monkeypatch):
+    """The same folder given by a relative and then an absolute path resumes; another model put in
+    the same folder is refused, before any work, naming what differs."""
+    tmp_path, folder, data = tiny_run
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(distill_args(folder.name, data, out, "--stop-after", "2")) == 0
+    assert main(distill_args(folder.resolve(), data, out, "--resume", "--stop-after", "3")) == 0
+
+    save_tiny_folder(folder, tiny_student(num_key_value_layers=2))  # replaced: another N
+    capsys.readouterr()
+    monkeypatch.setattr("swiftkv.distill.run.load_student", lambda settings: pytest.fail("loaded before the check"))
+    assert main(distill_args(folder, data, out, "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is from another model or run configuration" in err, err
+    assert "model num_key_value_layers: checkpoint 3 vs now 2" in err and "model weights: checkpoint" in err
+
+
+def test_resume_accepts_a_checkpoint_written_before_model_identities(tiny_run):
+    """Checkpoints of older runs hold the source path string in place of the model's identity:
+    they still resume, compared as they were written."""
+    tmp_path, folder, data = tiny_run
+    out = tmp_path / "out"
+    assert main(distill_args(folder, data, out, "--stop-after", "2")) == 0
+    path = tmp_path / "out.ckpt" / "checkpoint.pt"
+    payload = torch.load(path, weights_only=False)
+    # the old format: the training settings and the source as given, no "model ..." keys
+    old = {k: v for k, v in payload["fingerprint"].items() if not k.startswith("model ")} | {"source": str(folder)}
+    torch.save(payload | {"fingerprint": old}, path)
+    assert main(distill_args(folder, data, out, "--resume", "--stop-after", "3")) == 0

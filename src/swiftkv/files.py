@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
+import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,3 +168,29 @@ def folder_fingerprint(folder: Path) -> str:
         stat = weights.stat()
         digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:20]
+
+
+# Config keys that decide what a model computes (and which SwiftKV tensors it has).
+GEOMETRY_KEYS = ("model_type", "num_hidden_layers", "num_key_value_layers", "key_value_group_size", "hidden_size",
+                 "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+
+
+def model_identity(folder: Path) -> dict:
+    """What a model folder holds, wherever it lies (a checkpoint resumes on the same model given by
+    another path, and not on another model put at the same path): its geometry from config.json
+    and a digest of its tensors' names, shapes and dtypes. These come from the safetensors headers,
+    so a 70B model costs a few KB of reading, not 140 GB."""
+    config = json.loads((folder / "config.json").read_text())
+    identity = {key: config.get(key) for key in GEOMETRY_KEYS}
+    digest = hashlib.sha256()
+    for weights in sorted(folder.glob("*.safetensors")):
+        with weights.open("rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        header.pop("__metadata__", None)
+        digest.update(json.dumps({name: (t["dtype"], t["shape"]) for name, t in header.items()},
+                                 sort_keys=True).encode())
+    for weights in sorted(folder.glob("*.bin")):  # pickled: no header to read, the size stands in
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    identity["weights"] = digest.hexdigest()[:20]
+    return identity

@@ -10,10 +10,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..files import atomic_file, check_new_output
+from ..files import atomic_file, check_new_output, model_identity
 from ..model.modeling import swiftkv_parameters
 from ..model.surgery import load_trained
+from ..sources import resolve_source
 from .settings import DistillSettings
+
+MODEL_KEY = "model "  # prefix of the model's identity keys in a checkpoint's fingerprint
 
 
 @dataclass
@@ -27,7 +30,7 @@ class RunState:
 def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, settings: DistillSettings) -> None:
     """Written to a temp file then renamed: a kill at any moment leaves the previous checkpoint."""
     payload = {
-        "fingerprint": settings.fingerprint(),
+        "fingerprint": run_fingerprint(settings),
         "state": asdict(state),
         "trained": {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()},
         "optimizer": optimizer.state_dict(),
@@ -37,24 +40,51 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, se
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSettings) -> RunState:
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
-    payload = torch.load(path, map_location="cpu", weights_only=False)
-    differing = {k: (payload["fingerprint"].get(k), v) for k, v in settings.fingerprint().items()
-                 if payload["fingerprint"].get(k) != v}
-    if differing:
-        detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
-        raise ValueError(f"--resume: checkpoint {path} is from another run configuration ({detail})")
+    payload = torch.load(check_resumable(path, settings), map_location="cpu", weights_only=False)
     load_trained(model, payload["trained"])
     optimizer.load_state_dict(payload["optimizer"])
     return RunState(**payload["state"])
 
 
+def check_resumable(path: Path, settings: DistillSettings) -> Path:
+    """The checkpoint at `path` exists and was written by this run: same model, same settings.
+    Memory-mapped, so checking costs no read of the tensors (run before any long work)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
+    saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
+    now = run_fingerprint(settings, by_content="source" not in saved)
+    differing = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    if differing:
+        detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
+        raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")
+    return path
+
+
+def run_fingerprint(settings: DistillSettings, by_content: bool = True) -> dict:
+    """What a resumed run must match: the training settings, and the model. The model is known by
+    content (`model_identity`) where the source is a model folder, so the same folder given by a
+    relative or an absolute path resumes and another model put in the same folder is refused; by
+    its name where it is not one (a library caller's in-memory model) or where the checkpoint was
+    written before model identities (`by_content=False`)."""
+    trained = {k: v for k, v in settings.fingerprint().items() if k != "source"}
+    try:
+        folder = resolve_source(settings.source) if by_content else None
+    except FileNotFoundError:
+        folder = None
+    if folder is None:
+        return trained | {"source": settings.source}
+    return trained | {MODEL_KEY + k: v for k, v in model_identity(folder).items()}
+
+
 def check_start(settings: DistillSettings) -> Path | None:
-    """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume."""
+    """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume;
+    and a --resume whose checkpoint is missing or from another run fails here, before any work."""
     if settings.out:
         check_new_output(settings.out, settings.force)
     path = settings.checkpoint_path()
+    if path is not None and settings.resume:
+        resolve_source(settings.source)  # a missing source is reported as such, not as another model
+        check_resumable(path, settings)
     if path is not None and path.exists() and not settings.resume and not settings.force:
         raise FileExistsError(f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over")
     return path
