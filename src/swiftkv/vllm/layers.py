@@ -20,6 +20,7 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaMLP
 
 from ..model.config import head_dim_of
+from .parallel import RankHeads
 
 
 def holder_prefix(model_prefix: str, owner: int) -> str:
@@ -42,38 +43,36 @@ class KVHolder(nn.Module):
     """Owns the KV cache of one AcrossKV group. Never called: the model writes its cache with
     `unified_kv_cache_update` and the group's layers read it as KV-sharing layers."""
 
-    def __init__(self, config, cache_config: CacheConfig | None, quant_config: QuantizationConfig | None,
-                 prefix: str):
+    def __init__(self, config, heads: RankHeads, cache_config: CacheConfig | None,
+                 quant_config: QuantizationConfig | None, prefix: str):
         super().__init__()
         head_dim = head_dim_of(config)
         self.attn = Attention(
-            config.num_attention_heads, head_dim, head_dim**-0.5,
-            num_kv_heads=config.num_key_value_heads, cache_config=cache_config, quant_config=quant_config,
-            prefix=f"{prefix}.attn",
+            heads.q, head_dim, head_dim**-0.5, num_kv_heads=heads.kv, cache_config=cache_config,
+            quant_config=quant_config, prefix=f"{prefix}.attn",
         )
 
 
 class SwiftKVLaterAttention(nn.Module):
     """Query-only attention of a later layer: q_proj_swiftkv, RoPE, attention over the holder cache."""
 
-    def __init__(self, config, cache_config, quant_config, prefix: str, holder_attn_name: str, qkv_bias: bool,
-                 o_bias: bool):
+    def __init__(self, config, heads: RankHeads, cache_config, quant_config, prefix: str, holder_attn_name: str,
+                 qkv_bias: bool, o_bias: bool):
         super().__init__()
-        self.num_heads = config.num_attention_heads
         head_dim = head_dim_of(config)
+        # The projections take the global sizes (vLLM shards them); the attention runs this rank's heads.
         self.q_proj_swiftkv = ColumnParallelLinear(
-            config.hidden_size, self.num_heads * head_dim, bias=qkv_bias, quant_config=quant_config,
+            config.hidden_size, config.num_attention_heads * head_dim, bias=qkv_bias, quant_config=quant_config,
             prefix=f"{prefix}.q_proj_swiftkv",
         )
         self.o_proj = RowParallelLinear(
-            self.num_heads * head_dim, config.hidden_size, bias=o_bias, quant_config=quant_config,
+            config.num_attention_heads * head_dim, config.hidden_size, bias=o_bias, quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
         self.rotary_emb = make_rope(config)
         self.attn = Attention(
-            self.num_heads, head_dim, head_dim**-0.5, num_kv_heads=config.num_key_value_heads,
-            cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn",
-            kv_sharing_target_layer_name=holder_attn_name,
+            heads.q, head_dim, head_dim**-0.5, num_kv_heads=heads.kv, cache_config=cache_config,
+            quant_config=quant_config, prefix=f"{prefix}.attn", kv_sharing_target_layer_name=holder_attn_name,
         )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -86,10 +85,10 @@ class SwiftKVLaterAttention(nn.Module):
 class SwiftKVLaterLayer(nn.Module):
     """Decoder layer i >= N: the teacher's layer math with the query-only SwiftKV attention."""
 
-    def __init__(self, config, cache_config, quant_config, prefix: str, holder_attn_name: str, qkv_bias: bool,
-                 o_bias: bool, mlp_bias: bool):
+    def __init__(self, config, heads: RankHeads, cache_config, quant_config, prefix: str, holder_attn_name: str,
+                 qkv_bias: bool, o_bias: bool, mlp_bias: bool):
         super().__init__()
-        self.self_attn = SwiftKVLaterAttention(config, cache_config, quant_config, f"{prefix}.self_attn",
+        self.self_attn = SwiftKVLaterAttention(config, heads, cache_config, quant_config, f"{prefix}.self_attn",
                                                holder_attn_name, qkv_bias, o_bias)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act, quant_config,
                             bias=mlp_bias, prefix=f"{prefix}.mlp")

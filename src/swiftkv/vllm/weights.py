@@ -78,13 +78,19 @@ def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, to
     """Load checkpoint tensors into `model` (a SwiftKVForCausalLMBase); returns the parameters set."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # routing needs no vLLM
 
+    from ..model.config import head_dim_of
+    from .parallel import replicate_kv_heads
+
     params = dict(model.named_parameters())
+    replicas = model.model.heads.kv_replicas  # tp > KV heads: each KV head is held by several ranks
     loaded: set[str] = set()
     for name, tensor in weights:
         target = route(model.config, name)
         if target is SKIP:
             continue
         param_name, shard = target
+        if ".kv_proj_swiftkv." in param_name:
+            tensor = replicate_kv_heads(tensor, head_dim_of(model.config), replicas)
         if param_name not in params:
             raise ValueError(f"checkpoint tensor {name!r} maps to {param_name!r}, which this model does not have")
         param = params[param_name]
