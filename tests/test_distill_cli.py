@@ -134,3 +134,40 @@ def test_resume_accepts_a_checkpoint_written_before_model_identities(tiny_run):
     old = {k: v for k, v in payload["fingerprint"].items() if not k.startswith("model ")} | {"source": str(folder)}
     torch.save(payload | {"fingerprint": old}, path)
     assert main(distill_args(folder, data, out, "--resume", "--stop-after", "3")) == 0
+
+
+KILL_AT_SECOND_CHECKPOINT = """
+import os, signal, sys, torch
+from swiftkv.cli import main
+
+original, calls = torch.save, []
+
+def save_then_die(obj, path, *args, **kwargs):
+    original(obj, path, *args, **kwargs)
+    calls.append(path)
+    if len(calls) == 2:                    # the second checkpoint is in its temp file, not yet renamed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+torch.save = save_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_distill_killed_mid_checkpoint_resumes_to_the_same_weights(tiny_run):
+    """A real SIGKILL while the second checkpoint is written: the first checkpoint survives, --resume
+    continues from it, nothing half-written remains, and the result equals an uninterrupted run."""
+    tmp_path, folder, data = tiny_run
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_SECOND_CHECKPOINT, *distill_args(folder, data, out)],
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not out.exists()
+    checkpoints = tmp_path / "out.ckpt"
+    assert any(".tmp-" in p.name for p in checkpoints.iterdir())  # the torn temp file of the killed run
+    assert main(distill_args(folder, data, out, "--resume")) == 0
+    assert not any(".tmp-" in p.name for p in checkpoints.iterdir())
+    assert main(distill_args(folder, data, tmp_path / "straight")) == 0
+    resumed = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    straight = AutoModelForCausalLM.from_pretrained(tmp_path / "straight").state_dict()
+    for name in swiftkv_parameters(AutoModelForCausalLM.from_pretrained(out)):
+        assert torch.equal(resumed[name], straight[name]), name

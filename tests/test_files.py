@@ -114,3 +114,35 @@ def test_export_removes_the_temps_of_killed_writers(llama_dir, tmp_path):
     assert not killed.exists() and mode(tmp_path / "exported") == 0o755
     assert mode(tmp_path / "exported" / "model.safetensors") == 0o644
     assert (tmp_path / "exported" / "model.safetensors").read_bytes() == (llama_dir / "model.safetensors").read_bytes()
+
+
+KILL_MIDWAY = """
+import os, signal, sys
+from swiftkv.cli import main
+
+from transformers import PreTrainedModel
+original = PreTrainedModel.save_pretrained
+
+def save_then_die(self, folder, *args, **kwargs):
+    original(self, folder, *args, **kwargs)      # the weights are in the temp folder...
+    os.kill(os.getpid(), signal.SIGKILL)         # ...and the writer dies before the rename
+
+PreTrainedModel.save_pretrained = save_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_convert_killed_mid_write_leaves_no_output_and_a_rerun_cleans_up(llama_dir, tmp_path):
+    """A real SIGKILL of `swiftkv convert` after its weights are written to the temp folder: no DST
+    appears, and the next run of the same command succeeds and leaves no temp data behind."""
+    import sys
+
+    dst = tmp_path / "out" / "skv"
+    command = ["convert", str(llama_dir), str(dst), "--num-key-value-layers", "3", "--init", "copy", "--no-measure"]
+    killed = subprocess.run([sys.executable, "-c", KILL_MIDWAY, *command], capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not dst.exists()
+    assert [p.name for p in dst.parent.iterdir() if TEMP_MARK in p.name]  # the killed writer's temp folder
+    assert main(command) == 0
+    assert (dst / "config.json").is_file()
+    assert not [p.name for p in dst.parent.iterdir() if TEMP_MARK in p.name]
