@@ -12,6 +12,9 @@ for arm in "$@"; do
     r2) ARGS="--recipe reference --init lstsq --targets teacher" ;;
     r3) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets" ;;
     r4) ARGS="--recipe reference --init lstsq --targets mixed --kl-mean-over targets" ;;
+    r5) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --lr 1e-3" ;;
+    r6) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0" ;;
+    r7) ARGS="--recipe reference --init lstsq --targets mixed --kl-mean-over targets --mse-weight 0" ;;
   esac
   if [ ! -f study-$arm/config.json ]; then
     RES=""; [ -f study-$arm.ckpt/checkpoint.pt ] && RES="--resume"
