@@ -15,6 +15,7 @@ for arm in "$@"; do
     r5) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --lr 1e-3" ;;
     r6) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0" ;;
     r7) ARGS="--recipe reference --init lstsq --targets mixed --kl-mean-over targets --mse-weight 0" ;;
+    r8) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0 --lr 1e-3" ;;
   esac
   if [ ! -f study-$arm/config.json ]; then
     RES=""; [ -f study-$arm.ckpt/checkpoint.pt ] && RES="--resume"
