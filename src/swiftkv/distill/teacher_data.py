@@ -3,8 +3,8 @@ greedy reply replaces the human one, so the student learns on exactly the distri
 against (the teacher's own answers), not on text the teacher would never write.
 
 Replies are generated once, batched, with vLLM or with transformers' own generation (where vLLM is
-not installed, e.g. a GPU box with only torch and transformers), and appended to a JSONL file, one complete record per line, fsync'd batch by batch. A killed run loses at most the batch in
-flight: on restart a truncated last line is cut off, records already there are reused (first one
+not installed, e.g. a GPU box with only torch and transformers), and appended to a JSONL file, one
+complete record per line, fsync'd batch by batch. A killed run loses at most the batch in flight: on restart a truncated last line is cut off, records already there are reused (first one
 wins for a repeated key), and only the missing prompts are generated.
 """
 
@@ -192,8 +192,8 @@ def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id:
                              eos_token_id=eos_token_id, pad_token_id=eos_token_id)
     replies = []
     for row in out[:, width:].tolist():
-        stop = row.index(eos_token_id) + 1 if eos_token_id in row else len(row)
-        replies.append(Reply(row[:stop], finished=stop <= len(row) and eos_token_id in row))
+        finished = eos_token_id in row  # generate pads a finished row with eos after its own
+        replies.append(Reply(row[:row.index(eos_token_id) + 1] if finished else row, finished))
     return replies
 
 
