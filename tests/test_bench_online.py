@@ -390,3 +390,41 @@ def test_quick_online_bench_end_to_end(tmp_path):
             assert any(line.startswith("swiftkv serve: ") and "--kv-sharing-fast-prefill" in line for line in lines)
         else:
             assert "--kv-sharing-fast-prefill" not in lines[0]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_quick_profile_of_one_mixed_step(tmp_path):
+    """`swiftkv bench --profile --quick` on a tiny SwiftKV checkpoint and its plain teacher: the mixed
+    step holds the whole prompt, SwiftKV's regions nest inside its forward, the baseline has none."""
+    from swiftkv.distill.setup import save_plain_teacher
+    from swiftkv.vllm.profile import MODEL, STEP, SWIFTKV_REGIONS
+    from tests.test_vllm_model import tiny_checkpoint
+
+    skv, teacher, out = tmp_path / "skv", tmp_path / "teacher", tmp_path / "out"
+    tiny_checkpoint(skv, "llama", group_size=2)
+    save_plain_teacher(skv, teacher)
+    command = [sys.executable, "-m", "swiftkv.cli", "bench", str(skv), "--baseline", str(teacher), "--profile",
+               "--quick", "--out", str(out), "--max-model-len", "512", "--kv-cache-memory", "256M", "--enforce-eager"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=1100)
+    assert finished.returncode == 0, finished.stderr[-6000:]
+    report = json.loads((out / "profile.json").read_text())
+    for model in ("baseline", "swiftkv"):
+        result = report[model]
+        assert result["prompt_in_one_step"] and result["mixed_step_s"] > 0 and result["decode_step_s"] > 0
+        regions = result["regions"]
+        assert 0 < regions[MODEL] <= regions[STEP]
+        assert any(op["op"].endswith("onednn_mm") or "mm" in op["op"] for op in result["top_ops"])
+    assert not set(SWIFTKV_REGIONS) & set(report["baseline"]["regions"])
+    swift = report["swiftkv"]["regions"]
+    assert set(SWIFTKV_REGIONS) <= set(swift)  # a mixed step gathers the logits rows
+    assert sum(swift[name] for name in SWIFTKV_REGIONS) <= swift[MODEL] * 1.01
+    assert "ours (kv-write + rows)" in finished.stdout and "top operators by self time, SwiftKV" in finished.stdout
+
+
+def test_profile_and_online_are_separate_runs(capsys):
+    from swiftkv.cli import main
+
+    assert main(["bench", "skv", "--baseline", "teacher", "--profile", "--online"]) == 2
+    assert "--online and --profile are separate runs" in capsys.readouterr().err

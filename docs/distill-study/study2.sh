@@ -16,6 +16,7 @@ for arm in "$@"; do
     r6) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0" ;;
     r7) ARGS="--recipe reference --init lstsq --targets mixed --kl-mean-over targets --mse-weight 0" ;;
     r8) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0 --lr 1e-3" ;;
+    r9) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0 --lr 2e-3" ;;
   esac
   if [ ! -f study-$arm/config.json ]; then
     RES=""; [ -f study-$arm.ckpt/checkpoint.pt ] && RES="--resume"

@@ -1,7 +1,8 @@
 """`swiftkv bench MODEL --baseline TEACHER [--online]`: SwiftKV vs its baseline on vLLM, one run, same
 settings. Offline (default): engines in-process, fixed batches. `--online`: both models behind vLLM's
 OpenAI server under Poisson request arrivals. The options are generated from
-`swiftkv.vllm.bench.BenchSettings` (both modes) and `swiftkv.vllm.online.OnlineSettings` (--online)."""
+`swiftkv.vllm.bench.BenchSettings` (both modes) and `swiftkv.vllm.online.OnlineSettings` (--online).
+`--profile`: one mixed prefill/decode step of each model under torch's profiler (`swiftkv.vllm.profile`)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,18 @@ def register(subparsers) -> None:
     online.add_argument("--online", action="store_true",
                         help="serve both models with vLLM's OpenAI server and measure them under Poisson load")
     add_dataclass_options(online, OnlineSettings)
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the benchmark: where one mixed prefill/decode step's time goes in each "
+                        "model (torch profiler; 8 decoding requests + one 2000-token prompt), written to "
+                        "OUT/profile.json")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = BenchSettings(**given_values(args, BenchSettings))
     online_given = given_values(args, OnlineSettings)
+    if args.online and args.profile:
+        raise ValueError("--online and --profile are separate runs; give one of them")
     if args.online:
         return run_online(args, settings, online_given)
     if online_given:
@@ -42,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
         names = [option_name(f) for f in dataclasses.fields(OnlineSettings) if f.name in online_given]
         raise ValueError(f"{', '.join(names)} only apply with --online")
+    if args.profile:
+        return run_profile(args, settings)
     from ..vllm.bench import bench, format_table
 
     report = bench(args.model, args.baseline, settings)
@@ -57,4 +66,17 @@ def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: 
     report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
     print(format_table(report))
     print(f"wrote {settings.out}/online.json and {settings.out}/online.png")
+    return 0
+
+
+def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
+    from pathlib import Path
+
+    from ..vllm.bench import engine_settings
+    from ..vllm.profile import Scenario, format_table, profile
+
+    scenario = Scenario.quick() if settings.quick else Scenario()
+    report = profile(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
+    print(format_table(report))
+    print(f"wrote {settings.out}/profile.json")
     return 0

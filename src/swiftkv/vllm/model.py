@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context
@@ -187,18 +188,27 @@ class SwiftKVModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        # The named ranges let `swiftkv bench --profile` (swiftkv/vllm/profile.py) split the step's time;
+        # with no profiler running they cost about a microsecond each.
         rows, num_rows = self.logits_rows()
-        h_n, keys, values = self.early(input_ids, positions, inputs_embeds)
-        self.write_group_caches(keys, values)
+        with record_function("swiftkv:early"):
+            h_n, keys, values = self.early(input_ids, positions, inputs_embeds)
+        with record_function("swiftkv:kv-write"):
+            self.write_group_caches(keys, values)
         if num_rows is None and rows is not None:  # metadata without a count: every row given is real
             num_rows = rows.shape[0]
         if rows is None or num_rows == h_n.shape[0]:
             # Dummy runs, and decode-only steps: every row needs logits. vLLM's logits indices are
             # increasing, so as many of them as rows means all rows in order; no gather needed.
-            return self.late(positions, h_n)
-        late = self.late(positions[rows], h_n[rows])
-        # Rows that need no logits keep h_N: vLLM reads hidden states only at the logits rows.
-        return h_n.index_copy(0, rows[:num_rows].long(), late[:num_rows])
+            with record_function("swiftkv:late"):
+                return self.late(positions, h_n)
+        with record_function("swiftkv:rows"):
+            late_positions, late_input = positions[rows], h_n[rows]
+        with record_function("swiftkv:late"):
+            late = self.late(late_positions, late_input)
+        with record_function("swiftkv:rows"):
+            # Rows that need no logits keep h_N: vLLM reads hidden states only at the logits rows.
+            return h_n.index_copy(0, rows[:num_rows].long(), late[:num_rows])
 
 
 class SwiftKVForCausalLMBase(nn.Module):
