@@ -7,10 +7,10 @@ Recipes (`--recipe`):
              tokens, averaged over *all* positions (their `torch.mean` over the masked loss); plus
              1.0 x MSE of `hidden_states[-2]` (the residual stream entering the last layer) over all
              positions; lr 2e-4, 5% warmup, linear decay; the human-written replies of the data.
-  swiftkv    ours (the default), the winner (R8) of the equal-budget study in docs/distillation.md:
+  swiftkv    ours (the default), the winner (R9) of the equal-budget study in docs/distillation.md:
              lstsq init; the teacher's own greedy replies as the assistant turns, so the student learns
              the exact distribution it is judged against; T^2 * KL at T = 2 averaged over those reply
-             tokens only, no MSE term; lr 1e-3 (5% warmup, linear decay) at steps of 2 blocks.
+             tokens only, no MSE term; lr 2e-3 (5% warmup, linear decay) at steps of 2 blocks.
 Options given on the command line override the recipe's values.
 """
 
@@ -88,9 +88,9 @@ class DistillSettings:
 RECIPES: dict[str, dict] = {
     "reference": {"init": "mean", "targets": "human", "temperature": 2.0, "kl_mean_over": "positions",
                   "mse_weight": 1.0, "mse_hidden_index": -2, "lr": 2e-4, "warmup": 0.05, "weight_decay": 0.0},
-    # R8 of the study: the lr was measured at steps of 2 blocks x 1024 tokens, so the step is part of it.
+    # R9 of the study: the lr was measured at steps of 2 blocks x 1024 tokens, so the step is part of it.
     "swiftkv": {"init": "lstsq", "targets": "teacher", "temperature": 2.0, "kl_mean_over": "targets",
-                "mse_weight": 0.0, "mse_hidden_index": -2, "lr": 1e-3, "warmup": 0.05, "weight_decay": 0.0,
+                "mse_weight": 0.0, "mse_hidden_index": -2, "lr": 2e-3, "warmup": 0.05, "weight_decay": 0.0,
                 "batch_size": 2},
 }
 DEFAULT_RECIPE = "swiftkv"

@@ -1,0 +1,6 @@
+#!/bin/bash
+# Teacher replies for the 1M-token finals: the study's 1,011 plus the missing ones, written by vLLM on this CPU.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+cd /work/runs
+time /work/main/.venv/bin/swiftkv distill n15-lstsq --tokens 1M --heldout-tokens 16384 --seq-len 1024 --seed 0 \
+  --teacher-data replies-final.jsonl --reply-engine vllm --out gen-only --stop-after 0 --force
