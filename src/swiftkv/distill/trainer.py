@@ -198,7 +198,7 @@ def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple
     from .setup import reply_cache
 
     replies = reply_cache(settings, tokenizer, may_generate=world.is_main)
-    load = lambda: load_blocks(settings.data, tokenizer, settings.seq_len, settings.tokens,  # noqa: E731
+    load = lambda: load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens,  # noqa: E731
                                settings.heldout_tokens, settings.seed, replies, HUMAN_SHARE[settings.targets])
     if replies is None:
         return load()
@@ -225,8 +225,9 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     train, heldout = training_blocks(settings, tokenizer, world)
     total_steps = len(train) // settings.batch_size
     if total_steps == 0:
-        raise ValueError(f"--tokens {settings.tokens} gives {len(train)} blocks, fewer than one --batch-size "
-                         f"{settings.batch_size}; raise --tokens or lower --batch-size / --seq-len")
+        raise ValueError(f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
+                         f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
+                         "--seq-len")
     model.to(world.device)
     parameters = freeze_all_but_swiftkv(model)
     cast_frozen(model, compute_dtype(settings, world.device))
