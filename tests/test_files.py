@@ -116,30 +116,37 @@ def test_export_removes_the_temps_of_killed_writers(llama_dir, tmp_path):
     assert (tmp_path / "exported" / "model.safetensors").read_bytes() == (llama_dir / "model.safetensors").read_bytes()
 
 
-KILL_MIDWAY = """
+KILL_AFTER = """
 import os, signal, sys
+import {module}
 from swiftkv.cli import main
 
-from transformers import PreTrainedModel
-original = PreTrainedModel.save_pretrained
+original = {module}.{function}
 
-def save_then_die(self, folder, *args, **kwargs):
-    original(self, folder, *args, **kwargs)      # the weights are in the temp folder...
+def then_die(*args, **kwargs):
+    original(*args, **kwargs)                    # the data is in the temp folder...
     os.kill(os.getpid(), signal.SIGKILL)         # ...and the writer dies before the rename
 
-PreTrainedModel.save_pretrained = save_then_die
+{module}.{function} = then_die
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_convert_killed_mid_write_leaves_no_output_and_a_rerun_cleans_up(llama_dir, tmp_path):
-    """A real SIGKILL of `swiftkv convert` after its weights are written to the temp folder: no DST
-    appears, and the next run of the same command succeeds and leaves no temp data behind."""
+@pytest.mark.parametrize("command, module, function", [
+    (["convert", "SRC", "DST", "--num-key-value-layers", "3", "--init", "copy", "--no-measure"],
+     "transformers", "PreTrainedModel.save_pretrained"),
+    (["export", "SRC", "DST"], "shutil", "copytree"),
+])
+def test_a_writer_killed_mid_write_leaves_no_output_and_a_rerun_cleans_up(llama_dir, tmp_path, command, module,
+                                                                          function):
+    """A real SIGKILL of `swiftkv convert` / `swiftkv export` after its files reach the temp folder:
+    no DST appears, and the next run of the same command succeeds and leaves no temp data behind."""
     import sys
 
-    dst = tmp_path / "out" / "skv"
-    command = ["convert", str(llama_dir), str(dst), "--num-key-value-layers", "3", "--init", "copy", "--no-measure"]
-    killed = subprocess.run([sys.executable, "-c", KILL_MIDWAY, *command], capture_output=True, text=True)
+    dst = tmp_path / "out" / "model"
+    command = [{"SRC": str(llama_dir), "DST": str(dst)}.get(word, word) for word in command]
+    script = KILL_AFTER.format(module=module, function=function)
+    killed = subprocess.run([sys.executable, "-c", script, *command], capture_output=True, text=True)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not dst.exists()
     assert [p.name for p in dst.parent.iterdir() if TEMP_MARK in p.name]  # the killed writer's temp folder
