@@ -129,3 +129,47 @@ def test_prefill_flops_per_token_of_smollm2_shape():
     per_layer_weights = 576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536  # q,o + k,v + gate,up,down
     attention = 2 * 2 * 576 * 1000.5  # QK^T and AV over (2000 + 1) / 2 keys on average (causal)
     assert prefill_flops_per_token(config, 2000) == pytest.approx(30 * (2 * per_layer_weights + attention))
+
+
+def test_bench_workloads_subset_runs_and_reports_only_those():
+    """--workloads prefill,ttft: the schedule holds the warm-up and those workloads (TTFT repeated),
+    and the table, ratios and plot rows cover only what was measured."""
+    from swiftkv.vllm.bench import Workloads, compare, format_table, parse_workloads, run_interleaved
+
+    class FakeWorker:
+        def __init__(self, speed):
+            self.facts, self.speed, self.ran = {"kv_cache_tokens": 100}, speed, []
+
+        def run(self, name):
+            self.ran.append(name)
+            return {"warmup": {"warmup_s": 1.0}, "prefill": {"prefill_tok_s": 100.0 * self.speed},
+                    "ttft": {"ttft_s": 2.0 / self.speed}}[name]
+
+    names = parse_workloads("ttft, prefill")
+    assert names == ("prefill", "ttft")
+    workers = [FakeWorker(1.0), FakeWorker(2.0)]
+    base, swift = run_interleaved(workers, Workloads(ttft_repeats=3), names)
+    assert workers[0].ran == ["warmup", "prefill", "ttft", "ttft", "ttft"]
+    assert "tpot_s" not in base and swift["ttft_s"] == 1.0
+    report = {"baseline": base, "swiftkv": swift, "ratio": compare(base, swift), "settings": {"dtype": "float32"},
+              "peak_flops": 1e9, "flops_per_token": 1e6}
+    assert report["ratio"] == {"prefill_tok_s": 2.0, "ttft_s": 0.5, "kv_cache_tokens": 1.0}
+    table = format_table(report)
+    assert "prefill throughput" in table and "TPOT" not in table and "10:1" not in table
+
+
+@pytest.mark.parametrize("text", ["prefill,decode", ","])
+def test_bench_rejects_unknown_workloads(text, capsys):
+    from swiftkv.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "m", "--baseline", "b", "--workloads", text])
+    assert exited.value.code == 2 and "expected a comma-separated subset of prefill,ttft,tpot,e2e" in \
+        capsys.readouterr().err
+
+
+def test_bench_workloads_do_not_apply_online(capsys):
+    from swiftkv.cli import main
+
+    assert main(["bench", "m", "--baseline", "b", "--online", "--workloads", "prefill"]) == 2
+    assert "--workloads chooses the offline benchmark's workloads" in capsys.readouterr().err

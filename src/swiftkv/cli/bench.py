@@ -38,10 +38,14 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = BenchSettings(**given_values(args, BenchSettings))
+    given = given_values(args, BenchSettings)
+    settings = BenchSettings(**given)
     online_given = given_values(args, OnlineSettings)
     if args.online and args.profile:
         raise ValueError("--online and --profile are separate runs; give one of them")
+    if "workloads" in given and (args.online or args.profile):
+        raise ValueError("--workloads chooses the offline benchmark's workloads; it does not apply with "
+                         f"{'--online' if args.online else '--profile'}")
     if args.online:
         return run_online(args, settings, online_given)
     if online_given:

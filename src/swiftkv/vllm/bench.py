@@ -16,6 +16,7 @@ Workloads (random token ids, prefix caching off so nothing is served from cache)
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -31,6 +32,17 @@ from ..metrics import matmul_peak, prefill_flops_per_token
 from ..settings import setting
 from .serve import parse_bytes
 
+WORKLOAD_NAMES = ("prefill", "ttft", "tpot", "e2e")
+
+
+def parse_workloads(text: str) -> tuple[str, ...]:
+    """'prefill,ttft' -> the named workloads, in the benchmark's own order."""
+    names = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = sorted(names - set(WORKLOAD_NAMES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated subset of {','.join(WORKLOAD_NAMES)}")
+    return tuple(name for name in WORKLOAD_NAMES if name in names)
+
 
 @dataclass
 class BenchSettings:
@@ -42,6 +54,9 @@ class BenchSettings:
                          "else fp32", choices=DTYPE_CHOICES)
     enforce_eager: bool = setting(False, "skip torch.compile (faster start, slower run)")
     quick: bool = setting(False, "tiny workloads: checks the pipeline, not for numbers")
+    workloads: tuple[str, ...] = setting(WORKLOAD_NAMES, "offline workloads to run, comma-separated subset of "
+                                         "prefill,ttft,tpot,e2e (e.g. prefill,ttft to compare dtypes quickly); "
+                                         "the KV capacity is always reported", parse=parse_workloads)
     out: str = setting("bench-out", "output folder for bench.json and bench.png")
 
 
@@ -173,10 +188,10 @@ class Worker:
             self.process.kill()
 
 
-def run_interleaved(workers: list[Worker], workloads: Workloads) -> list[dict]:
-    """Every workload on every engine, alternating engines (and who goes first), so load from other
-    processes on the machine hits both sides alike. TTFT is the median of its repeats."""
-    schedule = ["warmup", "prefill", *["ttft"] * workloads.ttft_repeats, "tpot", "e2e"]
+def run_interleaved(workers: list[Worker], workloads: Workloads, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[dict]:
+    """Every named workload on every engine, alternating engines (and who goes first), so load from
+    other processes on the machine hits both sides alike. TTFT is the median of its repeats."""
+    schedule = ["warmup", *(n for name in names for n in [name] * (workloads.ttft_repeats if name == "ttft" else 1))]
     results = [{**w.facts, "ttft_runs": []} for w in workers]
     for step, name in enumerate(schedule):
         order = list(range(len(workers)))[:: 1 if step % 2 == 0 else -1]
@@ -187,7 +202,8 @@ def run_interleaved(workers: list[Worker], workloads: Workloads) -> list[dict]:
             else:
                 results[i].update(measured)
     for result in results:
-        result["ttft_s"] = statistics.median(result["ttft_runs"])
+        if result["ttft_runs"]:
+            result["ttft_s"] = statistics.median(result["ttft_runs"])
     return results
 
 
@@ -209,8 +225,13 @@ METRICS = [  # key, label, higher is better
 ]
 
 
+def measured_metrics(report: dict) -> list[tuple[str, str, bool]]:
+    """The METRICS rows this run measured (a --workloads subset leaves some out)."""
+    return [row for row in METRICS if row[0] in report["baseline"]]
+
+
 def compare(baseline: dict, swiftkv: dict) -> dict:
-    return {key: swiftkv[key] / baseline[key] if baseline[key] else None for key, *_ in METRICS}
+    return {key: swiftkv[key] / baseline[key] if baseline[key] else None for key, *_ in METRICS if key in baseline}
 
 
 def add_e2e_breakdown(result: dict, w: Workloads) -> None:
@@ -222,7 +243,7 @@ def add_e2e_breakdown(result: dict, w: Workloads) -> None:
 
 def format_table(report: dict) -> str:
     rows = [f"{'metric':<34}{'baseline':>14}{'SwiftKV':>14}{'ratio':>9}  better"]
-    for key, label, higher in METRICS:
+    for key, label, higher in measured_metrics(report):
         b, s, r = report["baseline"][key], report["swiftkv"][key], report["ratio"][key]
         ratio = "n/a" if r is None else f"{r:.3f}"  # a zero baseline (e.g. no decode share left)
         rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{ratio:>9}  {'higher' if higher else 'lower'}")
@@ -237,9 +258,10 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [label for _, label, *_ in METRICS]
+    metrics = measured_metrics(report)
+    labels = [label for _, label, *_ in metrics]
     # A ratio is None when the baseline's value is 0 (e.g. no decode share left); draw no bar for it.
-    ratios = [report["ratio"][key] or 0.0 for key, *_ in METRICS]
+    ratios = [report["ratio"][key] or 0.0 for key, *_ in metrics]
     figure, axis = plt.subplots(figsize=(9, 4))
     axis.barh(labels, ratios, color="tab:blue")
     axis.axvline(1.0, color="black", linewidth=0.8)
@@ -267,7 +289,7 @@ def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloa
     try:
         for label, path in (("baseline", baseline_dir), ("SwiftKV", model_dir)):
             workers.append(Worker(label, path, engine, workloads))
-        base, swift = run_interleaved(workers, workloads)
+        base, swift = run_interleaved(workers, workloads, settings.workloads)
     finally:
         for worker in workers:
             worker.close()
@@ -275,8 +297,10 @@ def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloa
 
     flops = prefill_flops_per_token(AutoConfig.from_pretrained(baseline_dir), workloads.prefill_len)
     for result in (base, swift):
-        result["prefill_utilization"] = result["prefill_tok_s"] * flops / peak
-        add_e2e_breakdown(result, workloads)
+        if "prefill_tok_s" in result:
+            result["prefill_utilization"] = result["prefill_tok_s"] * flops / peak
+        if "prefill_tok_s" in result and "e2e_req_s" in result:
+            add_e2e_breakdown(result, workloads)
     report = {"model": model, "baseline_model": baseline, "settings": engine, "workloads": asdict(workloads),
               "peak_flops": peak, "flops_per_token": flops, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "baseline": base, "swiftkv": swift, "ratio": compare(base, swift)}
