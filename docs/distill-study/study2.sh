@@ -17,6 +17,9 @@ for arm in "$@"; do
     r7) ARGS="--recipe reference --init lstsq --targets mixed --kl-mean-over targets --mse-weight 0" ;;
     r8) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0 --lr 1e-3" ;;
     r9) ARGS="--recipe reference --init lstsq --targets teacher --kl-mean-over targets --mse-weight 0 --lr 2e-3" ;;
+    # Not run yet. R10: R9 (= the swiftkv preset) at T = 1: T = 2 spreads the loss over the tail of
+    # the distribution, while greedy agreement (the first-divergence measure) lives at the argmax.
+    r10) ARGS="--recipe swiftkv --temperature 1" ;;
   esac
   if [ ! -f study-$arm/config.json ]; then
     RES=""; [ -f study-$arm.ckpt/checkpoint.pt ] && RES="--resume"

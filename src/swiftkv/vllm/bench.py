@@ -191,7 +191,9 @@ class Worker:
 def run_interleaved(workers: list[Worker], workloads: Workloads, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[dict]:
     """Every named workload on every engine, alternating engines (and who goes first), so load from
     other processes on the machine hits both sides alike. TTFT is the median of its repeats."""
-    schedule = ["warmup", *(n for name in names for n in [name] * (workloads.ttft_repeats if name == "ttft" else 1))]
+    schedule = ["warmup"]
+    for name in names:
+        schedule += [name] * (workloads.ttft_repeats if name == "ttft" else 1)
     results = [{**w.facts, "ttft_runs": []} for w in workers]
     for step, name in enumerate(schedule):
         order = list(range(len(workers)))[:: 1 if step % 2 == 0 else -1]
@@ -302,6 +304,7 @@ def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloa
         if "prefill_tok_s" in result and "e2e_req_s" in result:
             add_e2e_breakdown(result, workloads)
     report = {"model": model, "baseline_model": baseline, "settings": engine, "workloads": asdict(workloads),
+              "measured": list(settings.workloads),
               "peak_flops": peak, "flops_per_token": flops, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "baseline": base, "swiftkv": swift, "ratio": compare(base, swift)}
     write_atomic(out_dir / "bench.json", json.dumps(report, indent=2))
