@@ -129,7 +129,8 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         "",
         *task_rows(results, student),
         "",
-        "\"What is the capital of France?\" (greedy, chat template, `swiftkv generate`):",
+        f"\"What is the capital of France?\" (greedy, chat template, `swiftkv generate`, {results['dtype']} as the "
+        "eval; the teacher: \"The capital of France is Paris.\"):",
         "",
         "> " + " ".join(paris.split()),
     ]
