@@ -56,7 +56,7 @@ def eval_command(results: dict, alias: str) -> str:
     if not any(s["tasks"] for s in results["students"]):
         return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none"
     students = " ".join(Path(s["pair"]["student"]).name for s in results["students"])
-    limits = ",".join(f"{task}={n}" for task, n in results["limits"].items())
+    limits = ",".join(f"{task}={n}" for task, n in results["limits"].items() if n)
     return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}"
 
 
