@@ -122,8 +122,7 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
         f"| previous tensors (65,536 tokens, lr 5e-4, human replies; bfloat16 eval) | {old['kl']:.3f} | "
-        f"{old['top1']:.3f} | "
-        f"{old['div']:.1f} | 0.00 |",
+        f"{old['top1']:.3f} | {old['div']:.1f} | 0.00 |",
         f"| these tensors | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
         f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |",
         "",
