@@ -122,17 +122,20 @@ def test_resume_knows_the_model_by_content_not_by_path(tiny_run, capsys, monkeyp
     assert "model num_key_value_layers: checkpoint 3 vs now 2" in err and "model weights: checkpoint" in err
 
 
-def test_resume_accepts_a_checkpoint_written_before_model_identities(tiny_run):
-    """Checkpoints of older runs hold the source path string in place of the model's identity:
-    they still resume, compared as they were written."""
+def test_resume_accepts_a_checkpoint_written_before_model_identities(tiny_run, capsys):
+    """Checkpoints of older runs hold the source path string in place of the model's identity, and
+    lack settings added since (read as their defaults): they still resume, compared as they were
+    written; a non-default value of such a setting is still another run."""
     tmp_path, folder, data = tiny_run
     out = tmp_path / "out"
     assert main(distill_args(folder, data, out, "--stop-after", "2")) == 0
     path = tmp_path / "out.ckpt" / "checkpoint.pt"
     payload = torch.load(path, weights_only=False)
     # the old format: the training settings and the source as given, no "model ..." keys
-    old = {k: v for k, v in payload["fingerprint"].items() if not k.startswith("model ")} | {"source": str(folder)}
-    torch.save(payload | {"fingerprint": old}, path)
+    old = {k: v for k, v in payload["fingerprint"].items() if not k.startswith("model ") and k != "top1_weight"}
+    torch.save(payload | {"fingerprint": old | {"source": str(folder)}}, path)
+    assert main(distill_args(folder, data, out, "--resume", "--top1-weight", "1", "--stop-after", "3")) == 2
+    assert "top1_weight: checkpoint 0.0 vs now 1.0" in capsys.readouterr().err
     assert main(distill_args(folder, data, out, "--resume", "--stop-after", "3")) == 0
 
 

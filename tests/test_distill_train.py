@@ -21,7 +21,8 @@ from swiftkv.model.surgery import save_swiftkv_params
 from tests.tiny import random_chats, tiny_student, tiny_tokenizer, write_jsonl
 
 
-def test_chunked_loss_and_gradients_equal_unchunked():
+@pytest.mark.parametrize("top1_weight", [0.0, 0.5])
+def test_chunked_loss_and_gradients_equal_unchunked(top1_weight):
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 50)
     projection = torch.nn.Linear(16, 16)
@@ -31,9 +32,10 @@ def test_chunked_loss_and_gradients_equal_unchunked():
         projection.zero_grad()
         student = projection(inputs)
         if chunked:
-            value = backward_distill_loss(student, teacher, head, 2.0, scale=0.1, chunk_rows=8)
+            value = backward_distill_loss(student, teacher, head, 2.0, scale=0.1, chunk_rows=8,
+                                          top1_weight=top1_weight)
         else:
-            loss = distill_loss_sum(student, teacher, head, 2.0)
+            loss = distill_loss_sum(student, teacher, head, 2.0, top1_weight)
             (loss * 0.1).backward()
             value = float(loss.detach())
         gradients.append((value, projection.weight.grad.clone()))
@@ -52,6 +54,24 @@ def test_kl_is_zero_for_identical_rows_and_scaled_by_t_squared():
         p, q = torch.log_softmax(head(rows) / 3, -1), torch.log_softmax(head(other) / 3, -1)
         expected = float((p.exp() * (p - q)).sum() * 9)
     assert float(distill_loss_sum(other, rows, head, 3.0)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_top1_term_is_the_cross_entropy_of_the_teachers_argmax():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 20)
+    student, teacher = torch.randn(6, 8), torch.randn(6, 8)
+    with torch.no_grad():
+        argmax = head(teacher).argmax(-1)
+        nll = -torch.log_softmax(head(student), -1)[torch.arange(6), argmax].sum()
+        kl = distill_loss_sum(student, teacher, head, 1.0)
+    assert float(distill_loss_sum(student, teacher, head, 1.0, top1_weight=0.5)) == pytest.approx(
+        float(kl + 0.5 * nll), rel=1e-5)
+    # where the student already puts (almost) all its mass on the teacher's argmax, the term vanishes
+    sharp = torch.nn.Linear(8, 20)
+    with torch.no_grad():
+        sharp.weight.copy_(head.weight * 1000)
+        sharp.bias.copy_(head.bias * 1000)
+    assert float(distill_loss_sum(teacher, teacher, sharp, 1.0, top1_weight=1.0)) == pytest.approx(0.0, abs=1e-3)
 
 
 def blocks_for(model, seq_len=24, count=2):

@@ -31,6 +31,13 @@ def kl_sum(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperatu
     return kl_per_row(student_logits, teacher_logits, temperature).sum() * temperature**2
 
 
+def top1_cross_entropy_sum(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of -log p_student(the teacher's most likely token): hard-label distillation.
+    Greedy agreement is decided at the argmax alone, which a KL spread over the whole distribution
+    (at T = 2 especially) weighs no more than any other mass."""
+    return F.cross_entropy(student_logits.float(), teacher_logits.argmax(-1), reduction="sum")
+
+
 def top1_matches(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> int:
     """Rows whose most likely next token is the same for both."""
     return int((student_logits.argmax(-1) == teacher_logits.argmax(-1)).sum())

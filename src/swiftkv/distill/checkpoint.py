@@ -4,7 +4,7 @@ function of its settings and step index, so resuming replays exactly."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -53,7 +53,9 @@ def check_resumable(path: Path, settings: DistillSettings) -> Path:
         raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
     saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
     now = run_fingerprint(settings, by_content="source" not in saved)
-    differing = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    # A setting missing from an older checkpoint did not exist then: that run behaved as its default.
+    defaults = {f.name: f.default for f in fields(DistillSettings)}
+    differing = {k: (saved.get(k, defaults.get(k)), v) for k, v in now.items() if saved.get(k, defaults.get(k)) != v}
     if differing:
         detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")

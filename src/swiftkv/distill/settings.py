@@ -62,6 +62,9 @@ class DistillSettings:
     temperature: float = setting(2.0, "softmax temperature of the T^2 * KL term")
     kl_mean_over: str = setting("targets", "the KL sum is divided by the trained (assistant) positions, or by all "
                             "positions as the reference does", choices=KL_MEAN_OVER)
+    top1_weight: float = setting(0.0, "weight of a cross-entropy term on the teacher's most likely token at each "
+                             "trained position (hard-label distillation; greedy agreement is decided at the "
+                             "argmax), divided like the KL")
     mse_weight: float = setting(0.0, "weight of the hidden-state MSE term (all positions)")
     mse_hidden_index: int = setting(-2, "which transformers hidden_states entry the MSE compares (-2: the input of "
                                 "the last layer, as the reference); must be a later layer's input")
@@ -95,10 +98,10 @@ class DistillSettings:
 
 RECIPES: dict[str, dict] = {
     "reference": {"init": "mean", "targets": "human", "temperature": 2.0, "kl_mean_over": "positions",
-                  "mse_weight": 1.0, "mse_hidden_index": -2, "lr": 2e-4, "warmup": 0.05, "weight_decay": 0.0},
+                  "top1_weight": 0.0, "mse_weight": 1.0, "mse_hidden_index": -2, "lr": 2e-4, "warmup": 0.05, "weight_decay": 0.0},
     # R9 of the study: the lr was measured at steps of 2 blocks x 1024 tokens, so the step is part of it.
     "swiftkv": {"init": "lstsq", "targets": "teacher", "temperature": 2.0, "kl_mean_over": "targets",
-                "mse_weight": 0.0, "mse_hidden_index": -2, "lr": 2e-3, "warmup": 0.05, "weight_decay": 0.0,
+                "top1_weight": 0.0, "mse_weight": 0.0, "mse_hidden_index": -2, "lr": 2e-3, "warmup": 0.05, "weight_decay": 0.0,
                 "batch_size": 2},
 }
 DEFAULT_RECIPE = "swiftkv"

@@ -144,7 +144,8 @@ def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Op
                 mse_term = settings.mse_weight * mse * world.size
                 total += float(mse_term.detach()) / world.size
             kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, settings.temperature,
-                                       world.size / max(1, kl_count), settings.chunk_rows, also=mse_term)
+                                       world.size / max(1, kl_count), settings.chunk_rows, also=mse_term,
+                                       top1_weight=settings.top1_weight)
             total += kl / max(1, kl_count)
     parameters = [p for p in model.parameters() if p.requires_grad]
     torch.nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
