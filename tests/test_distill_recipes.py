@@ -91,6 +91,26 @@ def test_reference_loss_is_kl_over_all_positions_plus_mse():
     assert float(mse) > 1e-4  # the MSE term is really there
 
 
+def test_top1_term_joins_the_kl_divided_by_the_trained_positions():
+    """train_step with --top1-weight w reports (T^2 * KL + w * CE on the teacher's argmax) / targets."""
+    torch.manual_seed(2)
+    model = tiny_student()
+    docs = [Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)]
+    blocks = pack(docs, 24, max_blocks=2)
+    settings = settings_for("tiny", "swiftkv", init="keep", top1_weight=0.5, batch_size=2, micro_batch=1, lr=0.0,
+                            dtype="float32")
+    with torch.no_grad():
+        rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
+        pair = model.model.forward_pair(blocks.input_ids, blocks.position_ids, rows)
+        student, teacher = model.lm_head(pair.student), model.lm_head(pair.teacher)
+        ce = torch.nn.functional.cross_entropy(student, teacher.argmax(-1), reduction="sum")
+        expected = (float(kl_sum(student, teacher, 2.0)) + 0.5 * float(ce)) / len(rows)
+    optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)
+    loss = train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert float(ce) > float(kl_sum(student, teacher, 2.0))  # the term is really there, and not small
+
+
 def fake_teacher(calls: list):
     """A deterministic stand-in generator for the cache logic (real generation: the vllm-marked test)."""
     from swiftkv.distill.teacher_data import Reply
