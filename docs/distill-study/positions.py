@@ -18,18 +18,13 @@ import json
 import torch
 
 from swiftkv.dtypes import resolve_dtype
-from swiftkv.evaluate.chat import greedy_tokens
+from swiftkv.evaluate.chat import generation_prompt_ids, greedy_tokens
 from swiftkv.evaluate.pair import STUDENT, TEACHER, load_pair
 from swiftkv.evaluate.run import generation_prompts
 from swiftkv.evaluate.settings import EvalSettings
 
 BUCKETS = ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32))
 NEAR_TIE = 0.2  # teacher top-1 minus top-2 probability below this: a near tie
-
-
-def prompt_ids(tokenizer, messages) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @torch.inference_mode()
@@ -63,12 +58,12 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     dtype = resolve_dtype("auto", torch.device("cpu"))
-    answers, results = None, {}
+    prompts, answers, results = None, None, {}
     for student in args.students:
         pair = load_pair(student, args.teacher, dtype)
-        prompts = [prompt_ids(pair.tokenizer, m) for m in
-                   generation_prompts(pair.tokenizer, EvalSettings(gen_prompts=args.prompts))]
-        if answers is None:  # the same teacher for every student: its answers once
+        if answers is None:  # the same teacher (and tokenizer) for every student: prompts and answers once
+            prompts = [generation_prompt_ids(pair.tokenizer, m) for m in
+                       generation_prompts(pair.tokenizer, EvalSettings(gen_prompts=args.prompts))]
             answers = [greedy_tokens(pair, TEACHER, p, args.tokens) for p in prompts]
         rows = [r for p, a in zip(prompts, answers, strict=True) if a for r in position_rows(pair, p, a)]
         results[student] = summarize(rows) | {"prompts": len(prompts), "dtype": str(dtype)}

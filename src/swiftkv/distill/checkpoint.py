@@ -55,7 +55,8 @@ def check_resumable(path: Path, settings: DistillSettings) -> Path:
     now = run_fingerprint(settings, by_content="source" not in saved)
     # A setting missing from an older checkpoint did not exist then: that run behaved as its default.
     defaults = {f.name: f.default for f in fields(DistillSettings)}
-    differing = {k: (saved.get(k, defaults.get(k)), v) for k, v in now.items() if saved.get(k, defaults.get(k)) != v}
+    then = {k: saved.get(k, defaults.get(k)) for k in now}
+    differing = {k: (then[k], v) for k, v in now.items() if then[k] != v}
     if differing:
         detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")

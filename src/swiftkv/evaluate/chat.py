@@ -107,6 +107,11 @@ def first_divergence(a: list[int], b: list[int], window: int, eos: int | None) -
     return next((i for i in range(window) if a[i] != b[i]), window)
 
 
+def generation_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The token ids greedy answers are generated from: the chat rendered up to the assistant's turn."""
+    return tokenizer(render(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+
+
 def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int = 32,
                          examples: int = 3, progress: bool = True) -> dict:
     """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
@@ -114,7 +119,7 @@ def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list
     tokenizer, eos = pair.tokenizer, pair.tokenizer.eos_token_id
     answers = {TEACHER: [], STUDENT: []}
     for messages in tqdm(prompts, desc="chat (generation)", unit="prompt", disable=not progress):
-        ids = tokenizer(render(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        ids = generation_prompt_ids(tokenizer, messages)
         key = request_key("greedy", str(new_tokens), repr(ids))
         for role in (TEACHER, STUDENT):
             cached = store.get_many(pair.cache_keys[role], [key])

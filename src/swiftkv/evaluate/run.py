@@ -11,7 +11,7 @@ from ..data.chat import first_user_prompt
 from ..data.heldout import heldout_conversations
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import prefill_compute_saving
-from .chat import generation_agreement, teacher_forced_agreement
+from .chat import generation_agreement, generation_prompt_ids, teacher_forced_agreement
 from .harness import run_task
 from .loglikelihood import LoglikelihoodScorer
 from .pair import describe, load_pair
@@ -47,8 +47,7 @@ def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
         prompt = first_user_prompt(messages)
         if prompt is None:
             continue
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= settings.gen_max_prompt_tokens:
+        if len(generation_prompt_ids(tokenizer, prompt)) <= settings.gen_max_prompt_tokens:
             prompts.append(prompt)
         if len(prompts) == settings.gen_prompts:
             break
