@@ -37,8 +37,8 @@ def test_recipes_are_presets_that_explicit_options_override():
         ("mean", "human", 2.0, "positions")
     assert (reference.mse_weight, reference.mse_hidden_index, reference.lr, reference.warmup) == (1.0, -2, 2e-4, 0.05)
     assert settings_for("m", "reference", lr=1e-3, init=None).lr == 1e-3  # None = not given
-    assert settings_for("m").recipe == "swiftkv" and settings_for("m").init == RECIPES["swiftkv"]["init"]
-    ours = settings_for("m")  # R13 of the study: lstsq init, teacher replies cut at 64 tokens
+    ours = settings_for("m")  # the default: R13 of the study, lstsq init, teacher replies cut at 64 tokens
+    assert ours.recipe == "swiftkv" and ours.init == RECIPES["swiftkv"]["init"]
     assert (ours.init, ours.targets, ours.reply_tokens, ours.lr, ours.batch_size) == ("lstsq", "teacher", 64, 2e-3, 2)
     assert settings_for("m", reply_tokens=512).reply_tokens == 512
     assert settings_for("m", "reference").reply_tokens == 512  # the field's default, unused by human targets
