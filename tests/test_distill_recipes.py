@@ -200,3 +200,44 @@ def test_load_blocks_with_teacher_and_mixed_targets(tmp_path):
         assert blocks[0].loss_mask.any()
     # the mixed run's train tokens are not all teacher-written: some trained positions predict human text
     assert not torch.equal(mixed[0].input_ids.sort().values, taught[0].input_ids.sort().values)
+
+
+def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp_path):
+    """`--reply-writer student`: the SwiftKV source as converted writes the replies (swiftkv on), the
+    teacher path of the same folder writes the default ones, and the two caches never mix."""
+    from transformers import AutoModelForCausalLM
+
+    from swiftkv.distill.setup import reply_cache
+
+    folder = save_tiny_folder(tmp_path / "student")
+    tokenizer = tiny_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [[5, 9, 14, 3, 7], [11, 4], [7, 7, 30, 31, 2, 8]]
+    written = {}
+    for writer in ("student", "teacher"):
+        settings = settings_for(str(folder), targets="teacher", reply_writer=writer, reply_engine="hf",
+                                reply_tokens=6, dtype="float32")
+        cache = reply_cache(settings, tokenizer)
+        assert cache.path.name.startswith(f"{writer}-replies-")
+        written[writer] = [r.ids for r in cache.get(prompts)]
+        for prompt, reply in zip(prompts, written[writer], strict=True):
+            ids = torch.tensor([prompt])
+            with torch.no_grad():
+                alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+                                       swiftkv=writer == "student")[0, len(prompt):].tolist()
+            eos = tokenizer.eos_token_id
+            assert reply == (alone[:alone.index(eos) + 1] if eos in alone else alone)
+    assert written["student"] != written["teacher"]
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({"targets": "human"}, "--targets human trains on the data's own replies"),
+    ({"init": "mean"}, "--init mean replaces them before training"),
+])
+def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
+    from swiftkv.distill.setup import load_student
+
+    settings = settings_for(str(tmp_path / "nowhere"), reply_writer="student", out=str(tmp_path / "out"), **given)
+    with pytest.raises(ValueError, match=__import__("re").escape(expected)):
+        load_student(settings)

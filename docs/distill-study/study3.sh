@@ -9,7 +9,7 @@ SK=/work/main/.venv/bin/swiftkv
 cd /work/runs
 [ -f n15-lstsq/config.json ] || $SK convert smollm2-135m-instruct n15-lstsq --num-key-value-layers 15 --init lstsq
 COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
-declare -A REPLIES_OF=([r13]=-64)
+declare -A REPLIES_OF=([r13]=-64 [r14]=-student64)
 for arm in "$@"; do
   case $arm in
     r9) ARGS="--recipe swiftkv" ;;
@@ -19,6 +19,10 @@ for arm in "$@"; do
     # R13: R9 with teacher replies cut at 64 tokens: more answer starts per token budget (2.1x measured:
     # 821 replies vs 382; position 0 is the weakest, positions.py). Its own replies file: the cut changes every reply.
     r13) ARGS="--recipe swiftkv --reply-tokens 64" ;;
+    # R14 (added 2026-11-24): R13 with the replies written by the student as converted (lstsq init) and
+    # scored by the teacher: an on-policy snapshot, so the teacher also teaches after the student's own
+    # divergences (the greedy loops). Its own replies file (vLLM runs the SwiftKV folder as the student).
+    r14) ARGS="--recipe swiftkv --reply-tokens 64 --reply-writer student --reply-engine vllm" ;;
   esac
   if [ ! -f study-$arm/config.json ]; then
     RES=""; [ -f study-$arm.ckpt/checkpoint.pt ] && RES="--resume"

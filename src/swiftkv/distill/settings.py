@@ -26,6 +26,7 @@ from ..settings import parse_count, setting
 CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")
 TARGETS = ("human", "teacher", "mixed")
+REPLY_WRITERS = ("teacher", "student")
 HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets
 REPLY_ENGINES = ("auto", "vllm", "hf")
 KL_MEAN_OVER = ("targets", "positions")
@@ -47,9 +48,13 @@ class DistillSettings:
     targets: str = setting("human", "assistant turns to learn on: the data's own (human), the teacher's greedy "
                        "replies to the same first prompts (teacher; generated once with vLLM or transformers and "
                        "cached), or half of each (mixed)", choices=TARGETS)
-    teacher_data: str | None = setting(None, "JSONL cache of the teacher's replies (default: in the swiftkv cache)")
-    reply_tokens: int = setting(512, "max tokens of a teacher-written reply (the swiftkv recipe: 64)")
-    reply_engine: str = setting("auto", "what writes the teacher's replies: vllm, hf (transformers' generate, "
+    reply_writer: str = setting("teacher", "who writes the replies of --targets teacher|mixed: the teacher, or the "
+                                "student as converted (its own greedy replies, scored by the teacher: an on-policy "
+                                "snapshot that shows the teacher the student's own continuations)",
+                                choices=REPLY_WRITERS)
+    teacher_data: str | None = setting(None, "JSONL cache of the written replies (default: in the swiftkv cache)")
+    reply_tokens: int = setting(512, "max tokens of a written reply (the swiftkv recipe: 64)")
+    reply_engine: str = setting("auto", "what generates the replies: vllm, hf (transformers' generate, "
                                 "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
     tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not), rounded up to whole optimizer steps "
                       "of --batch-size x --seq-len, so at least this many train", parse=parse_count)

@@ -21,6 +21,7 @@ def load_student(settings):
     """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run."""
     from ..sources import load_model, load_tokenizer
 
+    check_reply_writer(settings)
     model = load_model(settings.source, dtype=torch.float32)
     check_student(model, settings)
     apply_init(model, settings)
@@ -43,6 +44,20 @@ def apply_init(model, settings) -> None:
             raise ValueError(f"--init lstsq: {settings.source} was converted with --init {converted}; convert the "
                              "source with `swiftkv convert ... --init lstsq` (it fits on calibration data) or pass "
                              "--init keep / copy / mean")
+
+
+def check_reply_writer(settings) -> None:
+    """A student-written reply comes from SOURCE's SwiftKV parameters as they are on disk, so the run
+    must start from those same parameters, and must train on written replies at all."""
+    if settings.reply_writer != "student":
+        return
+    if settings.targets == "human":
+        raise ValueError("--reply-writer student: --targets human trains on the data's own replies, which nobody "
+                         "writes; expected --targets teacher or mixed")
+    if settings.init in ("copy", "mean"):
+        raise ValueError(f"--reply-writer student writes with {settings.source}'s SwiftKV parameters as converted, "
+                         f"but --init {settings.init} replaces them before training, so another student would write "
+                         "the replies; expected --init keep or lstsq (convert the source with the init you want)")
 
 
 def check_student(model, settings) -> None:
@@ -82,30 +97,39 @@ def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Teacher-written targets
+# Written targets (the teacher's replies, or the student's own scored by the teacher)
 # --------------------------------------------------------------------------------------------------
 
 
 def reply_cache(settings, tokenizer, may_generate: bool = True):
-    """The teacher-reply cache of a `--targets teacher|mixed` run (None for human targets). Only the
+    """The written-reply cache of a `--targets teacher|mixed` run (None for human targets). Only the
     main process generates; the others read what it wrote."""
     from .teacher_data import ReplyCache
 
     if settings.targets == "human":
         return None
     path = Path(settings.teacher_data) if settings.teacher_data else (
-        cache_root() / "distill" / f"teacher-replies-{folder_fingerprint(plain_teacher_folder(settings))}-"
-                                   f"{settings.reply_tokens}.jsonl")
+        cache_root() / "distill" / f"{settings.reply_writer}-replies-"
+                                   f"{folder_fingerprint(reply_writer_folder(settings))}-{settings.reply_tokens}.jsonl")
 
     def refuse(_prompts):
-        raise RuntimeError(f"teacher replies missing from {path}; the main process should have written them")
+        raise RuntimeError(f"{settings.reply_writer} replies missing from {path}; the main process should have "
+                           "written them")
 
     return ReplyCache(path, reply_generator(settings, tokenizer.eos_token_id) if may_generate else refuse)
 
 
+def reply_writer_folder(settings) -> Path:
+    """The HF folder whose greedy replies become the targets: the plain teacher, or the SwiftKV
+    source itself (vLLM and transformers both run a SwiftKV folder as the student)."""
+    from ..sources import resolve_source
+
+    return plain_teacher_folder(settings) if settings.reply_writer == "teacher" else resolve_source(settings.source)
+
+
 def reply_generator(settings, eos_token_id: int):
-    """Greedy replies of the plain teacher: vLLM where it is installed (or asked for), transformers'
-    generate otherwise. The teacher folder and the engine are set up on the first call only, so a run
+    """Greedy replies of the reply writer: vLLM where it is installed (or asked for), transformers'
+    generate otherwise. The writer's folder and the engine are set up on the first call only, so a run
     whose replies are all cached builds neither."""
     import importlib.util
 
@@ -120,11 +144,11 @@ def reply_generator(settings, eos_token_id: int):
 
     def generate(prompts):
         if "engine" not in state:
-            teacher = plain_teacher_folder(settings)
+            writer = reply_writer_folder(settings)
             state["engine"] = (
-                vllm_generator(teacher, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id)
+                vllm_generator(writer, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id)
                 if engine == "vllm" else
-                hf_generator(teacher, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
+                hf_generator(writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
         return state["engine"](prompts)
 
     generate.batch = HF_BATCH_CUDA if device == "cuda" else GENERATION_BATCH

@@ -1,6 +1,8 @@
 """Teacher-written assistant turns (`--targets teacher`): for each training prompt, the teacher's own
 greedy reply replaces the human one, so the student learns on exactly the distribution it is judged
-against (the teacher's own answers), not on text the teacher would never write.
+against (the teacher's own answers), not on text the teacher would never write. With
+`--reply-writer student` the student as converted writes them instead and the teacher still scores
+every position: the student then learns what the teacher would say after its own continuations.
 
 Replies are generated once, batched, with vLLM or with transformers' own generation (where vLLM is
 not installed, e.g. a GPU box with only torch and transformers), and appended to a JSONL file, one
@@ -132,15 +134,15 @@ def teacher_documents(examples: Iterable, tokenizer, tokens: int, cache: ReplyCa
 # --------------------------------------------------------------------------------------------------
 
 
-def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
+def vllm_generator(folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
                    enforce_eager: bool = False) -> Generate:
-    """Greedy replies from the plain teacher on vLLM (the engine starts on the first call). Token ids
+    """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call). Token ids
     in, token ids out: the engine needs no tokenizer, and the reply stops at the given end-of-turn id."""
     state = {}
 
     def generate(prompts: list[list[int]]) -> list[Reply]:
         if "llm" not in state:
-            state["llm"] = start_engine(teacher_folder, max_tokens, dtype, enforce_eager)
+            state["llm"] = start_engine(folder, max_tokens, dtype, enforce_eager)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -152,16 +154,16 @@ def vllm_generator(teacher_folder: Path, max_tokens: int, dtype: str, eos_token_
     return generate
 
 
-def hf_generator(teacher_folder: Path, max_tokens: int, dtype, eos_token_id: int,
+def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
                  device: str | None = None) -> Generate:
-    """Greedy replies from the plain teacher with transformers' `generate`: left-padded batches,
+    """Greedy replies of the model in `folder` with transformers' `generate`: left-padded batches,
     sorted by length so a batch pads little. The same replies as vLLM's up to the numerics of the
     batch (tested equal to unbatched greedy generation in fp32)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(teacher_folder, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
     def generate(prompts: list[list[int]]) -> list[Reply]:
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))

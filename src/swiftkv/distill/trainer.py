@@ -194,7 +194,7 @@ def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module
 
 
 def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple[Blocks, Blocks]:
-    """(train, held-out) blocks; with teacher targets the main process generates the missing
+    """(train, held-out) blocks; with written targets the main process generates the missing
     replies first (then frees the engine) and the other processes read them."""
     from .setup import reply_cache
 
@@ -210,7 +210,7 @@ def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple
         replies = reply_cache(settings, tokenizer, may_generate=False)
     blocks = load()
     if world.is_main:
-        log(world, f"teacher replies: {len(replies.replies)} in {replies.path} ({replies.generated} generated now)")
+        log(world, f"{settings.reply_writer} replies: {len(replies.replies)} in {replies.path} ({replies.generated} generated now)")
     getattr(replies.generate, "close", lambda: None)()
     return blocks
 
