@@ -2,6 +2,7 @@
 hidden_states[-2]), teacher-written targets (cache, resume) and bad chat records."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -155,7 +156,7 @@ def test_teacher_documents_train_only_on_the_reply_and_resume_without_duplicates
 def test_bad_chat_record_names_file_and_line(tmp_path, message, expected):
     path = write_jsonl(tmp_path / "chats.jsonl", [random_chats(1)[0],
                                                   {"messages": [{"role": "user", "content": "a"}, message]}])
-    with pytest.raises(ValueError, match=rf"chats.jsonl:2: {__import__('re').escape(expected)}"):
+    with pytest.raises(ValueError, match=rf"chats.jsonl:2: {re.escape(expected)}"):
         list(read_source(str(path)))
 
 
@@ -211,6 +212,7 @@ def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp
 
     folder = save_tiny_folder(tmp_path / "student")
     tokenizer = tiny_tokenizer()
+    eos = tokenizer.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = [[5, 9, 14, 3, 7], [11, 4], [7, 7, 30, 31, 2, 8]]
     written = {}
@@ -224,9 +226,8 @@ def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp
             ids = torch.tensor([prompt])
             with torch.no_grad():
                 alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+                                       eos_token_id=eos, pad_token_id=eos,
                                        swiftkv=writer == "student")[0, len(prompt):].tolist()
-            eos = tokenizer.eos_token_id
             assert reply == (alone[:alone.index(eos) + 1] if eos in alone else alone)
     assert written["student"] != written["teacher"]
 
@@ -239,5 +240,5 @@ def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
     from swiftkv.distill.setup import load_student
 
     settings = settings_for(str(tmp_path / "nowhere"), reply_writer="student", out=str(tmp_path / "out"), **given)
-    with pytest.raises(ValueError, match=__import__("re").escape(expected)):
+    with pytest.raises(ValueError, match=re.escape(expected)):
         load_student(settings)

@@ -25,6 +25,7 @@ from ..settings import parse_count, setting
 
 CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")
+REDERIVED_INITS = ("copy", "mean")  # recomputed from the model's own teacher weights when the run starts
 TARGETS = ("human", "teacher", "mixed")
 REPLY_WRITERS = ("teacher", "student")
 HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..files import cache_root, cached_folder, folder_fingerprint
+from .settings import REDERIVED_INITS
 
 
 def set_threads() -> None:
@@ -36,7 +37,7 @@ def apply_init(model, settings) -> None:
     lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
     from ..model.surgery import copy_init_params, load_trained
 
-    if settings.init in ("copy", "mean"):
+    if settings.init in REDERIVED_INITS:
         load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
     elif settings.init == "lstsq":
         converted = (getattr(model.config, "swiftkv_conversion", None) or {}).get("init")
@@ -54,7 +55,7 @@ def check_reply_writer(settings) -> None:
     if settings.targets == "human":
         raise ValueError("--reply-writer student: --targets human trains on the data's own replies, which nobody "
                          "writes; expected --targets teacher or mixed")
-    if settings.init in ("copy", "mean"):
+    if settings.init in REDERIVED_INITS:
         raise ValueError(f"--reply-writer student writes with {settings.source}'s SwiftKV parameters as converted, "
                          f"but --init {settings.init} replaces them before training, so another student would write "
                          "the replies; expected --init keep or lstsq (convert the source with the init you want)")

@@ -27,7 +27,6 @@ from ..files import atomic_file, atomic_output_dir, write_atomic
 from .families import FAMILIES, family_of
 from .modeling import swiftkv_parameters
 
-INITS = ("copy", "mean")
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
 # stock lm-eval `hf` model) opens the folder with trust_remote_code=True even without `import swiftkv`.
 AUTO_SHIM = "swiftkv_auto"
