@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from ..files import atomic_file, check_new_output, model_identity
-from ..model.modeling import swiftkv_parameters
 from ..model.surgery import load_trained
 from ..sources import resolve_source
 from .settings import DistillSettings
@@ -32,7 +31,7 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, se
     payload = {
         "fingerprint": run_fingerprint(settings),
         "state": asdict(state),
-        "trained": {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()},
+        "trained": {name: p.detach().clone() for name, p in trained_parameters(model).items()},
         "optimizer": optimizer.state_dict(),
     }
     with atomic_file(path) as tmp:
@@ -41,9 +40,14 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, se
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSettings) -> RunState:
     payload = torch.load(check_resumable(path, settings), map_location="cpu", weights_only=False)
-    load_trained(model, payload["trained"])
+    load_trained(model, payload["trained"], trained_parameters(model))
     optimizer.load_state_dict(payload["optimizer"])
     return RunState(**payload["state"])
+
+
+def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters a run trains (its `--trainable` set, installed before training starts)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
 def check_resumable(path: Path, settings: DistillSettings) -> Path:

@@ -46,15 +46,22 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
 
 
 def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> None:
-    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary."""
+    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. Student-only
+    later-layer weights (`--trainable lora|late|late-norms`) are merged under their original names, and
+    the config says so: the folder then no longer contains its teacher."""
     from ..files import atomic_output_dir
     from ..model.modeling import swiftkv_parameters
     from ..model.surgery import load_trained
     from ..sources import load_model
+    from .trainable import STUDENT_MODULES, student_weights
 
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
     output = load_model(settings.source, dtype=torch.float32)
     load_trained(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
+    merged = student_weights(model)
+    if merged:
+        load_trained(output, merged, dict(output.named_parameters()))
+        output.config.swiftkv_student_trained = list(STUDENT_MODULES[settings.trainable])
     output.config.swiftkv = True
     with atomic_output_dir(settings.out, force=True) as tmp:
         output.save_pretrained(tmp)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..dtypes import DTYPE_CHOICES
 from ..settings import parse_count, setting
+from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
 
 CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")
@@ -57,6 +58,14 @@ class DistillSettings:
     reply_tokens: int = setting(512, "max tokens of a written reply (the swiftkv recipe: 64)")
     reply_engine: str = setting("auto", "what generates the replies: vllm, hf (transformers' generate, "
                                 "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
+    trainable: str = setting("swiftkv", "what trains: the SwiftKV parameters only (swiftkv, the paper), plus "
+                             "student-only low-rank adapters on the later layers' o_proj and MLP (lora), plus "
+                             "student-only copies of them (late), or of them and the later layers' norms "
+                             "(late-norms); the teacher's weights stay frozen in every case, and the student's "
+                             "are merged into the written folder", choices=TRAINABLE_SETS)
+    lora_rank: int | None = setting(None, f"rank of the --trainable lora adapters (default {DEFAULT_LORA_RANK})")
+    late_lr: float = setting(2e-4, "peak learning rate of the student-only later-layer weights (--trainable "
+                             "lora|late|late-norms)")
     tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not), rounded up to whole optimizer steps "
                       "of --batch-size x --seq-len, so at least this many train", parse=parse_count)
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)

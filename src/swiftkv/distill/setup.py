@@ -9,6 +9,7 @@ import torch
 
 from ..files import cache_root, cached_folder, folder_fingerprint
 from .settings import REDERIVED_INITS
+from .trainable import check_trainable
 
 
 def set_threads() -> None:
@@ -25,6 +26,7 @@ def load_student(settings):
     check_reply_writer(settings)
     model = load_model(settings.source, dtype=torch.float32)
     check_student(model, settings)
+    check_trainable(settings.trainable, settings.lora_rank, model.config)
     apply_init(model, settings)
     tokenizer = load_tokenizer(settings.source)
     if settings.teacher:
@@ -66,9 +68,9 @@ def check_student(model, settings) -> None:
     if getattr(config, "num_key_value_layers", None) is None:
         raise ValueError(f"{settings.source} is not a SwiftKV model (no num_key_value_layers); run "
                          "`swiftkv convert SRC DST --num-key-value-layers N` first and distill DST")
-    if getattr(config, "swiftkv_trimmed", False):
-        raise ValueError(f"{settings.source} was converted with --trim: the teacher's q/k/v of layers >= "
-                         f"{config.num_key_value_layers} are gone; distill an untrimmed conversion")
+    if config.teacher_missing:
+        raise ValueError(f"{settings.source} cannot be distilled: {config.teacher_missing}, and distillation needs "
+                         "its teacher path; distill an untrimmed conversion of the source model")
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and settings.seq_len > limit:
         raise ValueError(f"--seq-len {settings.seq_len} exceeds the model's max_position_embeddings {limit}")

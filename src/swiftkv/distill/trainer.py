@@ -25,6 +25,7 @@ from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
+from . import trainable
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
 from .settings import HUMAN_SHARE, DistillSettings
@@ -37,10 +38,19 @@ from .world import World, all_reduce, log
 
 def freeze_all_but_swiftkv(model: nn.Module) -> list[nn.Parameter]:
     """Only the SwiftKV projections and norm_swiftkv train; everything else is the frozen teacher."""
-    trained = swiftkv_parameters(model)
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name in trained)
-    return list(trained.values())
+    return list(trainable.install(model, "swiftkv").values())
+
+
+def optimizer_for(model: nn.Module, settings: DistillSettings) -> torch.optim.Optimizer:
+    """AdamW over the run's trainable set: the SwiftKV parameters at --lr, the student-only later-layer
+    weights (if any) at --late-lr. Each group keeps its peak rate for the schedule."""
+    trained = trainable.install(model, settings.trainable, settings.lora_rank)
+    own = swiftkv_parameters(model)
+    groups = [{"params": [p for n, p in trained.items() if n in own], "peak_lr": settings.lr}]
+    late = [p for n, p in trained.items() if n not in own]
+    if late:
+        groups.append({"params": late, "peak_lr": settings.late_lr})
+    return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay)
 
 
 def cast_frozen(model: nn.Module, dtype: torch.dtype) -> None:
@@ -230,9 +240,8 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
                          f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
                          "--seq-len")
     model.to(world.device)
-    parameters = freeze_all_but_swiftkv(model)
+    optimizer = optimizer_for(model, settings)
     cast_frozen(model, compute_dtype(settings, world.device))
-    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=settings.weight_decay)
     state = load_checkpoint(ckpt, model, optimizer, settings) if settings.resume else RunState()
     state.total_steps = total_steps
     distiller = wrap(model, settings, world)
@@ -248,13 +257,14 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
         blocks = rank_blocks(train, step, settings, world)
         sizes = BatchSizes.of(train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size)))
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, total_steps, settings.lr, settings.warmup)
+            group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
         loss = train_step(distiller, model, optimizer, blocks, sizes, settings, world)
         loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
         state.step, seconds = step + 1, time.perf_counter() - started
         state.elapsed += seconds
-        progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{group['lr']:.2e}")
-        state.history.append({"step": state.step, "loss": loss, "lr": group["lr"]})
+        lr = optimizer.param_groups[0]["lr"]
+        progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
+        state.history.append({"step": state.step, "loss": loss, "lr": lr})
         if state.step % settings.eval_every == 0 or state.step == total_steps:
             state.history.append({"step": state.step, **evaluate(model, heldout, settings, world)})
             if world.is_main:

@@ -101,7 +101,7 @@ def teacher_weights_match(student, teacher) -> bool:
 
 
 def can_run_teacher_path(model) -> bool:
-    return is_swiftkv(model) and not getattr(model.config, "swiftkv_trimmed", False)
+    return is_swiftkv(model) and not model.config.teacher_missing
 
 
 def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16,
@@ -122,7 +122,8 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
     teacher = None
     if teacher_src is None:
         if not can_run_teacher_path(student):
-            raise ValueError(f"{student_src!r} cannot run its own teacher path (not an untrimmed SwiftKV model); "
+            why = student.config.teacher_missing if is_swiftkv(student) else "it is not a SwiftKV model"
+            raise ValueError(f"{student_src!r} cannot run its own teacher path ({why}); "
                              "pass --teacher with the model it was converted from")
         keys[TEACHER] = keys[STUDENT] + "-teacher-path"
     else:

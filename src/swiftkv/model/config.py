@@ -90,6 +90,19 @@ class SwiftKVConfigMixin:
             )
 
     @property
+    def teacher_missing(self) -> str | None:
+        """Why this folder cannot run its teacher path (None: it can). A trimmed folder lost the later
+        layers' original q/k/v; a folder whose later layers were trained for the student
+        (`swiftkv_student_trained`, e.g. ["mlp"]) holds the student's weights under the teacher's names."""
+        if self.swiftkv_trimmed:
+            return (f"it was converted with --trim: the original q/k/v projections of layers >= "
+                    f"{self.num_key_value_layers} were dropped")
+        if self.swiftkv_student_trained:
+            return (f"its later layers' {', '.join(self.swiftkv_student_trained)} were distilled for the student "
+                    f"(layers >= {self.num_key_value_layers} no longer hold the teacher's weights)")
+        return None
+
+    @property
     def later_layers(self) -> range:
         """Indices of the layers whose K/V come from norm_swiftkv(h_N)."""
         return range(self.num_key_value_layers, self.num_hidden_layers)
@@ -129,13 +142,15 @@ class SwiftKVConfigMixin:
 @strict
 class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
     """LlamaConfig + SwiftKV keys. `swiftkv_trimmed` marks checkpoints without the later layers'
-    original q/k/v (those can only run the student path)."""
+    original q/k/v; `swiftkv_student_trained` names the later-layer modules (e.g. "mlp") distilled for
+    the student. Either kind can only run the student path."""
 
     model_type = "llama_swiftkv"
     swiftkv: bool = False
     num_key_value_layers: int | None = None
     key_value_group_size: int = 1
     swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
 
 
 @strict
@@ -147,3 +162,4 @@ class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
     num_key_value_layers: int | None = None
     key_value_group_size: int = 1
     swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None

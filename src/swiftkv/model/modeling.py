@@ -17,6 +17,9 @@ reuse h_N for both the teacher and the student.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +52,23 @@ from transformers.utils.output_capturing import capture_outputs
 from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
 
 RowSelection = slice | torch.Tensor | None
+
+# True while the student's later layers run. Student-only weights that distillation may add to the
+# later layers (`swiftkv.distill.trainable`) read it, so the teacher path keeps the frozen originals.
+_STUDENT_PATH: ContextVar[bool] = ContextVar("swiftkv_student_path", default=False)
+
+
+def on_student_path() -> bool:
+    return _STUDENT_PATH.get()
+
+
+@contextmanager
+def student_path() -> Iterator[None]:
+    token = _STUDENT_PATH.set(True)
+    try:
+        yield
+    finally:
+        _STUDENT_PATH.reset(token)
 
 
 def swiftkv_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -249,11 +269,12 @@ class SwiftKVModelMixin:
     def late_student(self, early: EarlyOutput, keep_rows: RowSelection, layer_inputs=None, **kwargs) -> torch.Tensor:
         kv_per_group = self.swiftkv_key_values(early)
         hidden, position_embeddings, masks = select_rows(early, keep_rows)
-        for i in self.config.later_layers:
-            record_input(layer_inputs, i, hidden)
-            hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
-                                    position_embeddings=position_embeddings,
-                                    swiftkv_kv=kv_per_group[self.config.group_of(i)], **kwargs)
+        with student_path():
+            for i in self.config.later_layers:
+                record_input(layer_inputs, i, hidden)
+                hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
+                                        position_embeddings=position_embeddings,
+                                        swiftkv_kv=kv_per_group[self.config.group_of(i)], **kwargs)
         return hidden
 
     def forward_pair(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -295,12 +316,7 @@ class SwiftKVModelMixin:
         return key_values
 
     def check_teacher_weights(self) -> None:
-        if getattr(self.config, "swiftkv_trimmed", False):
-            raise ValueError(
-                "this SwiftKV checkpoint was converted with --trim: the original q/k/v projections of layers "
-                f">= {self.config.num_key_value_layers} were dropped, so it can only run with swiftkv=True. "
-                "Use the source model (or an untrimmed conversion) as the teacher."
-            )
+        check_teacher_contained(self.config)
 
     # -- forward -----------------------------------------------------------------------------------
 
@@ -320,6 +336,15 @@ class SwiftKVModelMixin:
         hidden = self.late(early, student=student, keep_rows=keep_rows, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden),
                                        past_key_values=past_key_values if use_cache else None)
+
+
+def check_teacher_contained(config) -> None:
+    """Refuse the teacher path of a folder that does not hold its teacher (trimmed, or later layers
+    distilled for the student): it would silently compute something that is neither model."""
+    why = config.teacher_missing if getattr(config, "num_key_value_layers", None) is not None else None
+    if why:
+        raise ValueError(f"this SwiftKV checkpoint cannot run its teacher path (swiftkv=False): {why}. It can only "
+                         "run with swiftkv=True; use the source model it was converted from as the teacher.")
 
 
 def record_input(layer_inputs: dict | None, layer: int, hidden: torch.Tensor) -> None:
@@ -403,6 +428,8 @@ class SwiftKVForCausalLMMixin:
         call can choose instead: `model(ids, swiftkv=False)`, `model.generate(ids, swiftkv=False)`."""
         if enabled and self.config.num_key_value_layers is None:
             raise ValueError("this model has no SwiftKV layers (num_key_value_layers is not set)")
+        if not enabled:
+            check_teacher_contained(self.config)
         self.config.swiftkv = bool(enabled)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,

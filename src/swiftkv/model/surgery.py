@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ..files import atomic_file, atomic_output_dir, write_atomic
 from .families import FAMILIES, family_of
-from .modeling import swiftkv_parameters
+from .modeling import check_teacher_contained, swiftkv_parameters
 
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
 # stock lm-eval `hf` model) opens the folder with trust_remote_code=True even without `import swiftkv`.
@@ -96,9 +96,10 @@ def mean_linear(name: str, sources: list[torch.nn.Linear]) -> dict[str, torch.Te
 
 
 @torch.no_grad()
-def load_trained(model, tensors: dict[str, torch.Tensor]) -> None:
-    """Copy SwiftKV tensors (by parameter name) into `model`, checking names and shapes."""
-    params = swiftkv_parameters(model)
+def load_trained(model, tensors: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter] | None = None) -> None:
+    """Copy trained tensors (by parameter name) into `model`, checking names and shapes against
+    `params` (default: its SwiftKV parameters)."""
+    params = swiftkv_parameters(model) if params is None else params
     unknown = sorted(set(tensors) - set(params))
     if unknown:
         raise ValueError(f"SwiftKV weights {unknown[:3]} do not exist in this model "
@@ -126,6 +127,7 @@ def plain_teacher(model):
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    check_teacher_contained(model.config)
     values = {k: v for k, v in model.config.to_dict().items() if "swiftkv" not in k and k not in PLAIN_DROP}
     base_type = family_of(model.config.model_type).base_type
     plain = AutoModelForCausalLM.from_config(CONFIG_MAPPING[base_type](**values)).to(model.dtype)

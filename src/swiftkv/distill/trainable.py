@@ -1,0 +1,146 @@
+"""What a distillation run trains (`--trainable`): the SwiftKV parameters, and optionally student-only
+weights in the later layers.
+
+  swiftkv     q/k/v_proj_swiftkv and norm_swiftkv only (the paper: the original weights stay frozen)
+  lora        + low-rank adapters (rank `--lora-rank`) on the later layers' o_proj and MLP projections
+  late        + a trainable copy of the later layers' o_proj and MLP
+  late-norms  + `late`, and copies of their input / post-attention norms
+
+The teacher and the student share one model in memory (layers < N run once for both), so a later-layer
+weight cannot simply be unfrozen: the teacher would drift with it. Each extra weight is wrapped instead:
+the wrapper runs the frozen original on the teacher path and the student's own version on the student
+path (`swiftkv.model.modeling.on_student_path`). When the distilled folder is written, the student's
+versions are merged under the original names (`student_weights`), so vLLM, transformers and the
+reference project's code load it unchanged; its config names what was trained
+(`swiftkv_student_trained`), because the folder no longer contains its teacher.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from ..model.modeling import on_student_path, swiftkv_parameters
+
+TRAINABLE_SETS = ("swiftkv", "lora", "late", "late-norms")
+DEFAULT_LORA_RANK = 16
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# Later-layer modules each set trains for the student, by their name inside a decoder layer (the
+# names recorded in a distilled folder's `swiftkv_student_trained`).
+STUDENT_MODULES = {
+    "swiftkv": (),
+    "lora": ("self_attn.o_proj", "mlp"),
+    "late": ("self_attn.o_proj", "mlp"),
+    "late-norms": ("self_attn.o_proj", "mlp", "input_layernorm", "post_attention_layernorm"),
+}
+
+
+class LowRankAdapter(nn.Module):
+    """base(x) on the teacher path; base(x) + B(A(x)) on the student path. B starts at zero, so the
+    student starts exactly where the SwiftKV parameters alone put it."""
+
+    def __init__(self, base: nn.Linear, rank: int):
+        super().__init__()
+        self.base = base
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, dtype=torch.float32, device=base.weight.device))
+        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=base.weight.device))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))  # nn.Linear's own init, as LoRA does
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base(x)
+        if on_student_path():
+            out = out + nn.functional.linear(nn.functional.linear(x, self.lora_a), self.lora_b)
+        return out
+
+    def merged(self) -> dict[str, torch.Tensor]:
+        weight = self.base.weight.detach().float() + self.lora_b.detach() @ self.lora_a.detach()
+        merged = {"weight": weight}
+        if self.base.bias is not None:
+            merged["bias"] = self.base.bias.detach().float()
+        return merged
+
+
+class StudentCopy(nn.Module):
+    """The frozen original on the teacher path, a trainable copy of it on the student path."""
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        self.original = original
+        self.copy = copy.deepcopy(original).float()
+
+    def forward(self, *args, **kwargs):
+        return (self.copy if on_student_path() else self.original)(*args, **kwargs)
+
+    def merged(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().float() for name, p in self.copy.state_dict().items()}
+
+
+STUDENT_WRAPPERS = (LowRankAdapter, StudentCopy)
+
+
+def max_lora_rank(config) -> int:
+    """The widest rank that is still low: the narrowest side of any adapted projection."""
+    return min(config.hidden_size, config.intermediate_size)
+
+
+def check_trainable(trainable: str, lora_rank: int | None, config) -> None:
+    """Refuse an unknown set or a rank that is not a low rank of the adapted layers (before any work)."""
+    if trainable not in TRAINABLE_SETS:
+        raise ValueError(f"--trainable {trainable!r} is unknown; expected one of {list(TRAINABLE_SETS)}")
+    if lora_rank is None:
+        return
+    if trainable != "lora":
+        raise ValueError(f"--lora-rank {lora_rank} applies to --trainable lora only (got --trainable {trainable})")
+    high = max_lora_rank(config)
+    if not 1 <= lora_rank <= high:
+        raise ValueError(f"--lora-rank {lora_rank} is out of range; expected 1 <= rank <= {high} (the narrowest "
+                         "width of the later layers' o_proj and MLP projections)")
+
+
+def install(model: nn.Module, trainable: str, lora_rank: int | None = None) -> dict[str, nn.Parameter]:
+    """Wrap the later layers' student-only weights of `trainable` and freeze everything else. Returns
+    the trained parameters by name (SwiftKV parameters first); the optimizer and checkpoints use it."""
+    check_trainable(trainable, lora_rank, model.config)
+    if any(isinstance(module, STUDENT_WRAPPERS) for module in model.modules()):
+        raise ValueError("a trainable set is already installed in this model; install one per run, on a fresh model")
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    rank = lora_rank or DEFAULT_LORA_RANK
+    for i in model.config.later_layers:
+        layer = model.model.layers[i]
+        for module_name in STUDENT_MODULES[trainable]:
+            wrap_module(layer, module_name, trainable, rank)
+    trained = swiftkv_parameters(model)
+    trained.update({name: p for name, p in model.named_parameters()
+                    if p.requires_grad and name not in trained})
+    for parameter in trained.values():
+        parameter.requires_grad_(True)
+    return trained
+
+
+def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int) -> None:
+    parent_name, _, leaf = module_name.rpartition(".")
+    parent = layer.get_submodule(parent_name) if parent_name else layer
+    original = getattr(parent, leaf)
+    if trainable != "lora":
+        setattr(parent, leaf, StudentCopy(original).requires_grad_(True))
+        original.requires_grad_(False)
+        return
+    linears = [(parent, leaf)] if leaf == "o_proj" else [(original, name) for name in MLP_PROJECTIONS]
+    for owner, name in linears:
+        adapter = LowRankAdapter(getattr(owner, name), rank)
+        adapter.base.requires_grad_(False)
+        setattr(owner, name, adapter)
+
+
+def student_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The student's versions of the wrapped weights, merged, under the original parameter names
+    (what a distilled folder holds for them)."""
+    weights = {}
+    for path, module in model.named_modules():
+        if isinstance(module, STUDENT_WRAPPERS):
+            weights.update({f"{path}.{name}": tensor for name, tensor in module.merged().items()})
+    return weights

@@ -1,0 +1,144 @@
+"""Student-only trainable sets (`--trainable lora|late|late-norms`): the teacher path stays exact, the
+written folder holds the student's merged weights under the original names and says it lost its teacher."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from swiftkv.distill.checkpoint import trained_parameters
+from swiftkv.distill.run import run_distillation
+from swiftkv.distill.settings import DistillSettings, settings_for
+from swiftkv.distill.trainable import install, max_lora_rank, student_weights
+from swiftkv.distill.trainer import BatchSizes, SharedPrefixDistiller, distill, optimizer_for, train_step
+from swiftkv.distill.world import World
+from swiftkv.model.surgery import load_trained
+from tests.test_distill_train import blocks_for, run_settings
+from tests.tiny import random_chats, save_tiny_folder, tiny_student, tiny_tokenizer, write_jsonl
+
+STUDENT_ONLY = ("lora", "late", "late-norms")
+
+
+def pair_of(model, blocks):
+    rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
+    with torch.no_grad():
+        return SharedPrefixDistiller(model)(blocks.input_ids, blocks.position_ids, rows)
+
+
+def prepared(model, trainable):
+    """(settings, optimizer) of a one-step run; installs the trainable set."""
+    settings = DistillSettings(source="tiny", trainable=trainable, lora_rank=4 if trainable == "lora" else None,
+                               batch_size=2, micro_batch=1, lr=1e-2, late_lr=1e-2, dtype="float32")
+    return settings, optimizer_for(model, settings)
+
+
+def one_step(model, blocks, settings, optimizer):
+    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
+
+
+@pytest.mark.parametrize("trainable", STUDENT_ONLY)
+def test_student_only_weights_start_as_the_teachers_and_never_move_the_teacher_path(trainable):
+    torch.manual_seed(0)
+    model = tiny_student()
+    blocks = blocks_for(model)
+    before = pair_of(model, blocks)
+    run = prepared(model, trainable)
+    installed = pair_of(model, blocks)
+    assert torch.equal(installed.teacher, before.teacher)
+    assert (installed.student - before.student).abs().max().item() < 1e-6  # B = 0 / exact copies
+    one_step(model, blocks, *run)
+    after = pair_of(model, blocks)
+    assert torch.equal(after.teacher, before.teacher)  # the frozen originals serve the teacher path
+    assert (after.student - before.student).abs().max().item() > 1e-3  # and the student's own versions moved
+
+
+def test_each_set_trains_exactly_its_weights():
+    sizes = {}
+    for trainable in ("swiftkv", *STUDENT_ONLY):
+        model = tiny_student()
+        names = set(install(model, trainable, 4 if trainable == "lora" else None))
+        assert names == set(trained_parameters(model))
+        sizes[trainable] = sum(p.numel() for n, p in model.named_parameters() if n in names)
+        late = {n for n in names if "swiftkv" not in n}
+        layers = {int(n.split(".")[2]) for n in late}
+        assert layers <= {3, 4, 5}, late  # later layers only (N = 3 of 6)
+    # hidden 64, intermediate 128, 3 later layers: o_proj + gate/up/down adapters of rank 4, or full copies
+    lora = 3 * 4 * ((64 + 64) + 2 * (64 + 128) + (128 + 64))
+    full = 3 * (64 * 64 + 3 * 64 * 128)
+    assert sizes["lora"] - sizes["swiftkv"] == lora
+    assert sizes["late"] - sizes["swiftkv"] == full
+    assert sizes["late-norms"] - sizes["late"] == 3 * 2 * 64
+
+
+@pytest.mark.parametrize("trainable", STUDENT_ONLY)
+def test_merged_weights_reproduce_the_trained_student(trainable):
+    torch.manual_seed(1)
+    model = tiny_student()
+    source = copy.deepcopy(model)
+    blocks = blocks_for(model)
+    one_step(model, blocks, *prepared(model, trainable))
+    merged = student_weights(model)
+    load_trained(source, {n: p for n, p in trained_parameters(model).items() if "swiftkv" in n})
+    load_trained(source, merged, dict(source.named_parameters()))
+    trained = pair_of(model, blocks).student
+    plain = pair_of(source, blocks).student
+    assert (trained - plain).abs().max().item() < 1e-5
+
+
+def test_rank_out_of_range_and_a_rank_without_lora_are_refused():
+    model = tiny_student()
+    high = max_lora_rank(model.config)
+    assert high == 64
+    for rank in (0, -1, high + 1):
+        with pytest.raises(ValueError, match=f"expected 1 <= rank <= {high}"):
+            install(tiny_student(), "lora", rank)
+    with pytest.raises(ValueError, match="applies to --trainable lora only"):
+        install(model, "late", 8)
+    install(model, "late")
+    with pytest.raises(ValueError, match="already installed"):
+        install(model, "lora", 4)
+
+
+def test_resume_with_another_trainable_set_is_refused(tmp_path):
+    tokenizer = tiny_tokenizer()
+    distill(run_settings(tmp_path, stop_after=1, trainable="late"), tiny_student(), tokenizer)
+    with pytest.raises(ValueError, match="trainable: checkpoint 'late' vs now 'lora'"):
+        distill(run_settings(tmp_path, resume=True, trainable="lora"), tiny_student(), tokenizer)
+
+
+def distilled_folder(tmp_path, trainable: str):
+    source = save_tiny_folder(tmp_path / "src")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=3))
+    settings = settings_for(str(source), "reference", data=str(data), trainable=trainable, tokens=32 * 4 * 2,
+                            heldout_tokens=64, seq_len=32, batch_size=4, micro_batch=2, lr=1e-2, late_lr=1e-2,
+                            out=str(tmp_path / "out"), dtype="float32", mse_weight=0.0)
+    run_distillation(settings)
+    return source, tmp_path / "out"
+
+
+def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teacher_path(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from swiftkv.evaluate.pair import load_pair
+
+    source, out = distilled_folder(tmp_path, "late")
+    config = json.loads((out / "config.json").read_text())
+    assert config["swiftkv_student_trained"] == ["self_attn.o_proj", "mlp"]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    original = AutoModelForCausalLM.from_pretrained(source)
+    # same weight names as the source (vLLM and the reference code load it), later MLPs changed
+    assert set(model.state_dict()) == set(original.state_dict())
+    assert not torch.equal(model.model.layers[4].mlp.up_proj.weight, original.model.layers[4].mlp.up_proj.weight)
+    assert torch.equal(model.model.layers[1].mlp.up_proj.weight, original.model.layers[1].mlp.up_proj.weight)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with pytest.raises(ValueError, match="distilled for the student"):
+        model.set_swiftkv(False)
+    with pytest.raises(ValueError, match="cannot run its teacher path"):
+        model(ids, swiftkv=False)
+    with pytest.raises(ValueError, match="pass --teacher"):
+        load_pair(str(out), None, torch.float32)
+    pair = load_pair(str(out), str(source), torch.float32)
+    assert pair.mode == "separate"  # never the student's own (gone) teacher path
+    with pytest.raises(ValueError, match="cannot be distilled"):
+        run_distillation(DistillSettings(source=str(out), out=str(tmp_path / "again"), dtype="float32"))
