@@ -3,7 +3,8 @@
 # preset) is the control; each arm adds a student-only trainable set (--trainable) to it. Same budget,
 # seed, split and replies as study3.sh. Per arm: the distillation (tok/s, peak RSS), then
 # `swiftkv eval --tasks none` (chat, greedy, long prompts, floor) and the knowledge tasks at one limit.
-# Run: SWIFTKV_SRC=<worktree>/src ./study4.sh r13 c1r16 c1r64 c2 c3  (each stage skips itself when done)
+# Run: SWIFTKV_SRC=<worktree>/src ./study4.sh r13 c1r16 c1r64 c2 c3  (each stage skips itself when done;
+# STAGES=distill trains the arms only, STAGES=eval evaluates the trained ones)
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
 export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}  # a worktree, so edits in main never change a running arm
@@ -21,11 +22,13 @@ for arm in "$@"; do
     c3) ARGS="--recipe swiftkv --trainable late-norms --late-lr 2e-4" ;;
     *) echo "unknown arm $arm"; exit 2 ;;
   esac
-  if [ ! -f s4-$arm/config.json ]; then
+  if [ ! -f s4-$arm/config.json ] && [ "${STAGES:-all}" != eval ]; then
     RES=""; [ -f s4-$arm.ckpt/checkpoint.pt ] && RES="--resume"
-    /usr/bin/time -v -a -o time-s4-$arm.txt $SK distill n15-lstsq $ARGS $COMMON --teacher-data replies-64.jsonl \
+    /usr/bin/time -v -a -o time-s4-$arm.txt $SK distill n15-lstsq $ARGS $COMMON --teacher-data replies-64.jsonl --reply-engine vllm \
       --out s4-$arm --json s4-$arm.json $RES > s4-$arm.log 2>&1 || exit 1
   fi
+  [ "${STAGES:-all}" = distill ] && continue
+  [ -f s4-$arm/config.json ] || continue
   [ -f eval-s4-$arm/results.json ] || $SK eval s4-$arm --teacher smollm2-135m-instruct --tasks none \
       --out eval-s4-$arm --no-progress > eval-s4-$arm.log 2>&1 || exit 1
   [ -f know-s4-$arm/results.json ] || $SK eval s4-$arm --teacher smollm2-135m-instruct $KNOWLEDGE \
