@@ -29,7 +29,7 @@ def tokenizer():
 def save_models(root, tokenizer) -> dict:
     """A tiny SwiftKV model (N=3 of 6), its plain-Llama teacher (same weights), and a model with another
     tokenizer, all over `tokenizer`'s vocabulary."""
-    shape = dict(vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True)
+    shape = dict(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True)
     torch.manual_seed(0)
     student = LlamaSwiftKVForCausalLM(tiny_swiftkv_config(**shape, num_key_value_layers=3, key_value_group_size=1))
     with torch.no_grad():  # make the SwiftKV projections differ from the teacher's so scores differ
@@ -177,7 +177,8 @@ def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys)
     code = main(["eval", str(smollm2_models["student"]), "--teacher", str(smollm2_models["teacher"]),
                  "--tasks", "arc_easy,hellaswag,winogrande,mmlu_anatomy", "--limit", "5",
                  "--chat-conversations", "2", "--chat-max-tokens", "128", "--gen-prompts", "2", "--gen-tokens", "4",
-                 "--dtype", "float32", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"), "--no-progress"])
+                 "--long-prompts", "2", "--dtype", "float32", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"),
+                 "--no-progress"])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -200,7 +201,43 @@ def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys)
     assert "| S1 | " + " | ".join(f"{value:.3f}" for value in summary) + " |" in report  # one row per model
     assert student["teacher_forced"]["tokens"] > 0 and 0 <= student["teacher_forced"]["top1_agreement"] <= 1
     assert student["generation"]["prompts"] == 2
+    long = student["long_prompt"]
+    assert long["prompts"] == 2 and 1000 <= long["prompt_tokens_mean"] <= 2100
+    assert long["kl_mean"] > 0 and 0 <= long["top1_agreement"] <= 1 and 0 <= long["mean_first_divergence"] <= 4
+    assert "## Long prompts" in report
     assert 0.4 < student["prefill_compute_saving"] < 0.5  # 3 of 6 layers skipped, minus the new K/V projections
+
+
+@pytest.mark.slow  # ShareGPT held-out chats
+def test_the_floor_of_a_teacher_against_itself_at_the_same_dtype_is_exact_agreement(smollm2_models, tmp_path):
+    def floor_run(dtype: str, name: str) -> dict:
+        code = main(["eval", str(smollm2_models["student"]), "--teacher", str(smollm2_models["teacher"]),
+                     "--tasks", "none", "--chat-conversations", "2", "--chat-max-tokens", "128", "--gen-prompts", "2",
+                     "--gen-tokens", "4", "--long-prompts", "2", "--floor", "--floor-dtype", dtype, "--dtype", "float32",
+                     "--out", str(tmp_path / name), "--cache", str(tmp_path / f"{name}.sqlite"), "--no-progress"])
+        assert code == 0
+        return json.loads((tmp_path / name / "results.json").read_text())["floor"]
+
+    same = floor_run("float32", "same")
+    assert same["teacher_forced"]["kl_mean"] == 0 and same["teacher_forced"]["top1_agreement"] == 1
+    assert same["generation"]["identical_fraction"] == 1
+    assert same["long_prompt"]["kl_mean"] == 0 and same["long_prompt"]["top1_agreement"] == 1
+    assert same["long_prompt"]["identical_fraction"] == 1
+    assert "| floor: " in (tmp_path / "same" / "report.md").read_text()
+    other = floor_run("other", "other")  # bf16 against the float32 eval: close, not exact
+    assert other["pair"]["student"].endswith("in bfloat16")
+    assert 0 < other["teacher_forced"]["kl_mean"] < 0.05 and other["teacher_forced"]["top1_agreement"] > 0.8
+
+
+def test_floor_needs_a_teacher_and_swiftkv_students(models, tmp_path):
+    from swiftkv.evaluate.run import evaluate_models
+    from swiftkv.evaluate.settings import EvalSettings
+
+    settings = EvalSettings(tasks="none", floor=True)
+    with pytest.raises(ValueError, match="pass --teacher"):
+        evaluate_models([str(models["student"])], None, settings, tmp_path / "c.sqlite")
+    with pytest.raises(ValueError, match="is not a SwiftKV model"):
+        evaluate_models([str(models["teacher"])], str(models["teacher"]), settings, tmp_path / "c.sqlite")
 
 
 @pytest.mark.parametrize("argv, message", [

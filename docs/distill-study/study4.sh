@@ -12,7 +12,7 @@ SK="/work/main/.venv/bin/python -m swiftkv.cli"
 cd /work/runs
 [ -f n15-lstsq/config.json ] || $SK convert smollm2-135m-instruct n15-lstsq --num-key-value-layers 15 --init lstsq
 COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
-KNOWLEDGE="--tasks arc_easy,arc_challenge,hellaswag,piqa,winogrande --limit 500 --chat-conversations 0 --gen-prompts 0"
+KNOWLEDGE="--tasks arc_easy,arc_challenge,hellaswag,piqa,winogrande --limit 500 --chat-conversations 0 --gen-prompts 0 --long-prompts 0"
 for arm in "$@"; do
   case $arm in
     r13) ARGS="--recipe swiftkv" ;;
@@ -29,7 +29,7 @@ for arm in "$@"; do
   fi
   [ "${STAGES:-all}" = distill ] && continue
   [ -f s4-$arm/config.json ] || continue
-  [ -f eval-s4-$arm/results.json ] || $SK eval s4-$arm --teacher smollm2-135m-instruct --tasks none \
+  [ -f eval-s4-$arm/results.json ] || $SK eval s4-$arm --teacher smollm2-135m-instruct --tasks none --floor \
       --out eval-s4-$arm --no-progress > eval-s4-$arm.log 2>&1 || exit 1
   [ -f know-s4-$arm/results.json ] || $SK eval s4-$arm --teacher smollm2-135m-instruct $KNOWLEDGE \
       --out know-s4-$arm --no-progress > know-s4-$arm.log 2>&1 || exit 1

@@ -112,14 +112,12 @@ def generation_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(render(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
 
 
-def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int = 32,
-                         examples: int = 3, progress: bool = True) -> dict:
-    """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
-    divergence position, and a few side-by-side answers."""
-    tokenizer, eos = pair.tokenizer, pair.tokenizer.eos_token_id
+def greedy_answers(pair: ModelPair, store: ResultStore, prompt_ids: list[list[int]], new_tokens: int,
+                   desc: str = "chat (generation)", progress: bool = True) -> dict[str, list[list[int]]]:
+    """Each role's greedy answer to each prompt, cached per model: a teacher's answers serve every
+    student compared with it."""
     answers = {TEACHER: [], STUDENT: []}
-    for messages in tqdm(prompts, desc="chat (generation)", unit="prompt", disable=not progress):
-        ids = generation_prompt_ids(tokenizer, messages)
+    for ids in tqdm(prompt_ids, desc=desc, unit="prompt", disable=not progress):
         key = request_key("greedy", str(new_tokens), repr(ids))
         for role in (TEACHER, STUDENT):
             cached = store.get_many(pair.cache_keys[role], [key])
@@ -127,8 +125,21 @@ def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list
                 cached[key] = greedy_tokens(pair, role, ids, new_tokens)
                 store.put_many(pair.cache_keys[role], cached)
             answers[role].append(cached[key])
-    divergence = [first_divergence(t, s, new_tokens, eos) for t, s in zip(answers[TEACHER], answers[STUDENT],
-                                                                          strict=True)]
+    return answers
+
+
+def divergences(answers: dict[str, list[list[int]]], new_tokens: int, eos: int | None) -> list[int]:
+    return [first_divergence(t, s, new_tokens, eos) for t, s in zip(answers[TEACHER], answers[STUDENT], strict=True)]
+
+
+def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int = 32,
+                         examples: int = 3, progress: bool = True) -> dict:
+    """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
+    divergence position, and a few side-by-side answers."""
+    tokenizer = pair.tokenizer
+    ids = [generation_prompt_ids(tokenizer, messages) for messages in prompts]
+    answers = greedy_answers(pair, store, ids, new_tokens, progress=progress)
+    divergence = divergences(answers, new_tokens, tokenizer.eos_token_id)
     return {
         "prompts": len(prompts), "new_tokens": new_tokens,
         "identical_fraction": sum(d == new_tokens for d in divergence) / max(1, len(prompts)),

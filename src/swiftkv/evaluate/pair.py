@@ -139,6 +139,17 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
                      names, keys, dtype)
 
 
+def load_floor_pair(teacher_src: str, dtype: torch.dtype, floor_dtype: torch.dtype) -> ModelPair:
+    """The teacher (in `dtype`) paired with itself in `floor_dtype` as the "student": how far the
+    teacher moves from itself with precision alone, the floor of every agreement measure."""
+    pair = load_pair(teacher_src, teacher_src, dtype)
+    pair.student = pair.student.to(floor_dtype)
+    floor_name = str(floor_dtype).removeprefix("torch.")
+    pair.cache_keys[STUDENT] = pair.cache_keys[STUDENT].rsplit("-", 1)[0] + f"-{floor_name}"
+    pair.names[STUDENT] = f"{teacher_src} in {floor_name}"
+    return pair
+
+
 def describe(pair: ModelPair) -> dict:
     """Facts about the pair for the report."""
     config = pair.student.config

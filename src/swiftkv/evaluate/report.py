@@ -58,7 +58,7 @@ def markdown(results: dict) -> str:
         lines += ["", *summary_table(results)]
     if students and students[0]["tasks"]:
         lines += ["", *task_table(results)]
-    lines += ["", *chat_tables(students)]
+    lines += ["", *chat_tables(students), *long_prompt_table(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -67,27 +67,38 @@ def summary_table(results: dict) -> list[str]:
     students = results["students"]
     tasks = list(students[0]["tasks"])
     header = ["model", *tasks] + (["mean acc"] if tasks else []) + ["chat KL", "chat top-1", "greedy identical",
-                                                                 "first divergence"]
+                                                                 "first divergence", "long top-1",
+                                                                 "long first divergence"]
     lines = ["## Summary", "", "Accuracy is lm-eval's `acc`; the mean is unweighted over the tasks. Chat columns: "
              "teacher-forced KL(teacher‖student) and top-1 agreement on held-out ShareGPT; greedy identical: "
              "fraction of prompts whose first generated tokens equal the teacher's; first divergence: mean index of "
-             "the first generated token that differs.", "",
+             "the first generated token that differs. Long: the same after 1-2k-token prompts (passages + a "
+             "question, a document + a summary request), top-1 along the teacher's answer. The floor row is the "
+             "teacher against itself at another dtype: the most agreement a student can be asked for.", "",
              "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     teacher = [students[0]["tasks"][t]["metrics"][TEACHER]["acc"] for t in tasks]
-    lines.append(summary_row("teacher", teacher, None, None, None, None))
+    lines.append(summary_row("teacher", teacher, {}))
+    if results.get("floor"):
+        lines.append(summary_row(f"floor: {results['floor']['pair']['student']}", [None] * len(tasks),
+                                 results["floor"]))
     for i, student in enumerate(students):
         accuracy = [student["tasks"][t]["metrics"][STUDENT]["acc"] for t in tasks]
-        forced, generated = student.get("teacher_forced") or {}, student.get("generation") or {}
-        lines.append(summary_row(f"S{i + 1}", accuracy, forced.get("kl_mean"), forced.get("top1_agreement"),
-                                 generated.get("identical_fraction"), generated.get("mean_first_divergence")))
+        lines.append(summary_row(f"S{i + 1}", accuracy, student))
     return lines
 
 
-def summary_row(name: str, accuracy: list[float], kl, top1, identical, divergence) -> str:
-    mean = [sum(accuracy) / len(accuracy)] if accuracy else []
-    cells = [f"{value:.3f}" for value in (*accuracy, *mean)]
-    cells += ["–" if value is None else f"{value:.3f}" for value in (kl, top1, identical)]
-    cells.append("–" if divergence is None else f"{divergence:.1f}")
+def summary_row(name: str, accuracy: list[float | None], measured: dict) -> str:
+    """Accuracy cells, their mean, then the agreement measures of `measured` (a student or the floor)."""
+    known = [value for value in accuracy if value is not None]
+    mean = [sum(known) / len(known) if len(known) == len(accuracy) else None] if accuracy else []
+    forced, generated = measured.get("teacher_forced") or {}, measured.get("generation") or {}
+    long = measured.get("long_prompt") or {}
+    values = [*accuracy, *mean, forced.get("kl_mean"), forced.get("top1_agreement"),
+              generated.get("identical_fraction")]
+    cells = ["–" if value is None else f"{value:.3f}" for value in values]
+    cells.append("–" if not generated else f"{generated['mean_first_divergence']:.1f}")
+    cells.append("–" if not long else f"{long['top1_agreement']:.3f}")
+    cells.append("–" if not long else f"{long['mean_first_divergence']:.1f}")
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
@@ -140,6 +151,21 @@ def chat_tables(students: list[dict]) -> list[str]:
                           f"{quote(example['prompt'])}", "",
                           f"- teacher: {quote(example['teacher'])}", f"- student: {quote(example['student'])}", ""]
     return lines
+
+
+def long_prompt_table(results: dict) -> list[str]:
+    rows = [(f"S{i + 1}", s["long_prompt"]) for i, s in enumerate(results["students"]) if s.get("long_prompt")]
+    if (results.get("floor") or {}).get("long_prompt"):
+        rows.insert(0, ("floor", results["floor"]["long_prompt"]))
+    if not rows:
+        return []
+    lines = ["## Long prompts (1-2k tokens), short answers", "",
+             "| model | prompts | mean prompt tokens | KL along the teacher's answer | top-1 | identical first tokens "
+             "| mean first divergence |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {lp['prompts']} | {lp['prompt_tokens_mean']:.0f} | {lp['kl_mean']:.4f} | "
+              f"{lp['top1_agreement']:.3f} | {lp['identical_fraction']:.3f} (of {lp['new_tokens']}) | "
+              f"{lp['mean_first_divergence']:.1f} |" for name, lp in rows]
+    return [*lines, ""]
 
 
 def quote(text: str) -> str:

@@ -11,10 +11,12 @@ from ..data.chat import first_user_prompt
 from ..data.heldout import heldout_conversations
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import prefill_compute_saving
+from ..sources import check_supported, resolve_source
 from .chat import generation_agreement, generation_prompt_ids, teacher_forced_agreement
 from .harness import run_task
 from .loglikelihood import LoglikelihoodScorer
-from .pair import describe, load_pair
+from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_agreement
+from .pair import describe, load_floor_pair, load_pair
 from .settings import EvalSettings
 from .store import ResultStore
 
@@ -22,12 +24,22 @@ from .store import ResultStore
 def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, store: ResultStore) -> dict:
     started = time.time()
     pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
+    if settings.long_prompts:
+        check_long_context(pair.max_length, settings.gen_tokens)
     scorer = LoglikelihoodScorer(pair, store, settings.batch_tokens, settings.progress)
     tasks = {}
     for name in settings.tasks:
         tasks[name] = run_task(name, scorer, settings.limits.get(name))
         print_task_line(student, name, tasks[name])
-    result = {"pair": describe(pair), "tasks": tasks}
+    result = {"pair": describe(pair), "tasks": tasks, **agreement(pair, settings, store)}
+    result["prefill_compute_saving"] = prefill_compute_saving(pair.student.config)
+    result["seconds"] = time.time() - started
+    return result
+
+
+def agreement(pair, settings: EvalSettings, store: ResultStore) -> dict:
+    """The agreement measures of a pair: held-out chat (teacher-forced, greedy) and long prompts."""
+    result = {}
     if settings.chat_conversations:
         conversations = heldout_conversations()[:settings.chat_conversations]
         result["teacher_forced"] = teacher_forced_agreement(pair, store, conversations, settings.chat_max_tokens,
@@ -35,9 +47,33 @@ def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, 
     if settings.gen_prompts:
         result["generation"] = generation_agreement(pair, store, generation_prompts(pair.tokenizer, settings),
                                                     settings.gen_tokens, progress=settings.progress)
-    result["prefill_compute_saving"] = prefill_compute_saving(pair.student.config)
-    result["seconds"] = time.time() - started
+    if settings.long_prompts:
+        prompts = heldout_long_prompts(pair.tokenizer, settings.long_prompts)
+        result["long_prompt"] = long_prompt_agreement(pair, store, prompts, settings.gen_tokens, settings.progress)
     return result
+
+
+def floor_dtype(settings: EvalSettings) -> torch.dtype:
+    if settings.floor_dtype != "other":
+        return getattr(torch, settings.floor_dtype)
+    return torch.bfloat16 if resolve_dtype(settings.dtype) == torch.float32 else torch.float32
+
+
+def evaluate_floor(teacher: str, settings: EvalSettings, store: ResultStore) -> dict:
+    """The teacher against itself at another dtype, on the agreement measures only."""
+    started = time.time()
+    pair = load_floor_pair(teacher, resolve_dtype(settings.dtype), floor_dtype(settings))
+    return {"pair": describe(pair), **agreement(pair, settings, store), "seconds": time.time() - started}
+
+
+def check_floor(students: list[str], teacher: str | None) -> None:
+    """--floor compares a teacher with itself, for SwiftKV students: refused before any model loads."""
+    if teacher is None:
+        raise ValueError("--floor scores the teacher against itself at another dtype; pass --teacher")
+    for student in students:
+        if "num_key_value_layers" not in check_supported(resolve_source(student)):
+            raise ValueError(f"--floor: {student!r} is not a SwiftKV model (no num_key_value_layers); the floor "
+                             "bounds how closely a SwiftKV student can follow its teacher")
 
 
 def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
@@ -64,9 +100,12 @@ def print_task_line(student: str, task: str, result: dict) -> None:
 def evaluate_models(students: list[str], teacher: str | None, settings: EvalSettings,
                     cache: Path | None = None) -> dict:
     started = time.time()
+    if settings.floor:
+        check_floor(students, teacher)
     store = ResultStore(cache)
     try:
         results = [evaluate_student(student, teacher, settings, store) for student in students]
+        floor = evaluate_floor(teacher, settings, store) if settings.floor else None
     finally:
         store.close()
     return {
@@ -76,7 +115,8 @@ def evaluate_models(students: list[str], teacher: str | None, settings: EvalSett
         "limits": settings.limits,
         "settings": {"batch_tokens": settings.batch_tokens, "chat_conversations": settings.chat_conversations,
                      "chat_max_tokens": settings.chat_max_tokens, "gen_prompts": settings.gen_prompts,
-                     "gen_tokens": settings.gen_tokens, "threads": torch.get_num_threads(), **settings.extra},
+                     "gen_tokens": settings.gen_tokens, "long_prompts": settings.long_prompts, "threads": torch.get_num_threads(), **settings.extra},
         "students": results,
+        "floor": floor,
         "wall_time_s": time.time() - started,
     }

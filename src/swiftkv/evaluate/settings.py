@@ -27,6 +27,13 @@ class EvalSettings:
     gen_prompts: int = setting(32, "held-out prompts for greedy generation (0 skips)")
     gen_tokens: int = setting(32, "tokens generated per prompt")
     gen_max_prompt_tokens: int = setting(256, "longest rendered prompt used for generation", cli=False)
+    long_prompts: int = setting(16, "held-out long prompts (1-2k tokens: passages + a question, a document + a "
+                                "summary request) answered greedily and teacher-forced along the teacher's answer "
+                                "(0 skips)")
+    floor: bool = setting(False, "also score the teacher against itself at --floor-dtype on the agreement measures "
+                          "(chat, greedy, long prompts): the most agreement a student can be asked for")
+    floor_dtype: str = setting("other", "dtype of the floor's second teacher: other = bfloat16 when the eval runs "
+                               "in float32, else float32", choices=("other", "bfloat16", "float32", "float16"))
     dtype: str = setting("auto", "inference dtype: auto = bf16 where the hardware has it natively, else fp32",
                          choices=DTYPE_CHOICES)
     batch_tokens: int = setting(4096, "padded tokens per scoring batch")
@@ -38,6 +45,7 @@ class EvalSettings:
         non_negative("--chat-max-tokens", self.chat_max_tokens, allow_zero=False)
         non_negative("--gen-prompts", self.gen_prompts)
         non_negative("--gen-tokens", self.gen_tokens, allow_zero=False)
+        non_negative("--long-prompts", self.long_prompts)
         non_negative("--batch-tokens", self.batch_tokens, allow_zero=False)
         if isinstance(self.tasks, str):
             self.tasks = tuple(parse_tasks(self.tasks))
