@@ -1,4 +1,5 @@
-"""dtype auto: bf16 only where the hardware runs it natively (CUDA, AVX512-BF16 or AMX), else fp32."""
+"""dtype auto: bf16 only where the hardware runs it natively (CUDA, AVX512-BF16 or AMX) and, on a CPU,
+measurably faster than fp32; else fp32."""
 
 import pytest
 import torch
@@ -6,17 +7,40 @@ import torch
 from swiftkv import dtypes
 
 
-@pytest.mark.parametrize(("avx512_bf16", "amx", "expected"), [
-    (False, False, torch.float32),  # e.g. Ice Lake: AVX-512 without BF16 emulates bf16 (4.7x slower)
-    (True, False, torch.bfloat16),
-    (False, True, torch.bfloat16),
+@pytest.mark.parametrize(("avx512_bf16", "amx", "speedup", "expected", "reason"), [
+    (False, False, 0.2, torch.float32, "no native bf16"),  # Ice Lake: AVX-512 without BF16 emulates bf16
+    (True, False, 2.0, torch.bfloat16, "native bf16"),
+    (False, True, 4.0, torch.bfloat16, "native bf16"),
+    (True, False, 0.3, torch.float32, "bf16 is native but measured 0.30x fp32"),  # the flag, yet slower
 ])
-def test_auto_follows_the_cpu_capability(monkeypatch, avx512_bf16, amx, expected):
+def test_auto_follows_the_cpu_capability(monkeypatch, avx512_bf16, amx, speedup, expected, reason):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(dtypes, "cpu_bf16_speedup", lambda: speedup)
     assert dtypes.auto_dtype("cpu") == expected
     assert dtypes.resolve_dtype("auto") == expected and dtypes.resolve_dtype(None) == expected
-    assert ("native bf16" if expected == torch.bfloat16 else "no native bf16") in dtypes.describe_choice("auto")
+    assert reason in dtypes.describe_choice("auto")
+
+
+def test_the_bf16_measurement_is_stored_per_machine(monkeypatch, tmp_path):
+    """Measured once per CPU model / torch / threads, so every stage on one machine chooses alike."""
+    monkeypatch.setenv("SWIFTKV_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(dtypes, "measure_bf16_speedup", lambda: calls.append(1) or 0.5)
+    dtypes.cpu_bf16_speedup.cache_clear()
+    try:
+        assert dtypes.cpu_bf16_speedup() == 0.5
+        dtypes.cpu_bf16_speedup.cache_clear()
+        assert dtypes.cpu_bf16_speedup() == 0.5 and calls == [1]  # the second process reads the file
+        stored = (tmp_path / "bf16-speedup.json").read_text()
+        assert f"{torch.get_num_threads()} threads" in stored and "0.5" in stored
+    finally:
+        dtypes.cpu_bf16_speedup.cache_clear()
+
+
+def test_the_measurement_times_both_dtypes():
+    assert dtypes.matmul_seconds(torch.float32, size=128, repeats=2) > 0
+    assert 0.01 < dtypes.measure_bf16_speedup(rounds=1) < 100
 
 
 def test_cuda_uses_bf16_when_the_device_supports_it(monkeypatch):
@@ -28,6 +52,7 @@ def test_cuda_uses_bf16_when_the_device_supports_it(monkeypatch):
 
 
 def test_explicit_dtype_overrides_and_bad_names_fail_clearly(monkeypatch):
+    monkeypatch.setattr(dtypes, "cpu_bf16_speedup", lambda: 1.0)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert dtypes.resolve_dtype("bf16") == torch.bfloat16 and dtypes.resolve_dtype("float32") == torch.float32
