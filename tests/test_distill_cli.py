@@ -174,3 +174,17 @@ def test_a_distill_killed_mid_checkpoint_resumes_to_the_same_weights(tiny_run):
     straight = AutoModelForCausalLM.from_pretrained(tmp_path / "straight").state_dict()
     for name in swiftkv_parameters(AutoModelForCausalLM.from_pretrained(out)):
         assert torch.equal(resumed[name], straight[name]), name
+
+
+def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_run):
+    """--compare-naive / --speed run on the training device (the CPU here) with --micro-batch auto
+    resolved, and put the step's FLOPs against the measured matmul peak in the compute dtype."""
+    tmp_path, folder, data = tiny_run
+    args = ["distill", str(folder), "--data", str(data), "--seq-len", "32", "--batch-size", "2", "--dtype", "float32",
+            "--targets", "human", "--init", "keep", "--compare-naive", "1", "--json", str(tmp_path / "speed.json")]
+    assert main(args) == 0
+    result = json.loads((tmp_path / "speed.json").read_text())
+    assert result["device"] == "cpu" and result["dtype"] == "float32" and result["micro_batch"] == 2
+    assert result["shared"]["tokens_per_s"] > 0 and result["naive"]["tokens_per_s"] > 0
+    bound = result["compute_bound"]
+    assert bound["matmul_peak_flops"] > 1e9 and 0 < bound["fraction_of_bound"] < 1

@@ -115,14 +115,21 @@ def distill_flops_per_token(config, seq_len: int, target_fraction: float) -> flo
     return n * full_layer + later * full_layer + student + 3 * head
 
 
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
-    """Best observed matmul rate (FLOP/s) in `dtype` on the host CPU, with torch's own threads."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
+def matmul_peak(dtype: torch.dtype, size: int | None = None, repeats: int = 10,
+                device: str | torch.device = "cpu") -> float:
+    """Best observed matmul rate (FLOP/s) in `dtype` on `device` (the CPU with torch's own threads, or
+    a GPU, whose peak needs bigger matrices to show)."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     a @ b  # warm-up
+    sync()
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best

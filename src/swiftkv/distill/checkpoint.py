@@ -24,6 +24,7 @@ class RunState:
     total_steps: int = 0
     elapsed: float = 0.0  # wall seconds spent training, over all resumed segments
     history: list = field(default_factory=list)  # held-out evaluations
+    micro_batch: int | None = None  # blocks per forward this segment used (--micro-batch auto resolves it)
 
 
 def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, settings: DistillSettings) -> None:

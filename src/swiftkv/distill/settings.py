@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..dtypes import DTYPE_CHOICES
 from ..settings import parse_count, setting
+from .microbatch import AUTO, parse_micro_batch
 from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -71,7 +72,9 @@ class DistillSettings:
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
     batch_size: int = setting(16, "blocks per optimizer step, over all processes")
-    micro_batch: int = setting(2, "blocks per forward")
+    micro_batch: int | str = setting(AUTO, "blocks per forward, or auto: on CUDA the largest divisor of the "
+                                     "per-process batch whose first step fits in memory (tried), on CPU 2",
+                                     parse=parse_micro_batch)
     lr: float = setting(2e-4, "peak learning rate (AdamW)")
     warmup: float = setting(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
     weight_decay: float = setting(0.0, "AdamW weight decay")

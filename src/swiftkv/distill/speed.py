@@ -14,20 +14,24 @@ from ..data.packing import load_blocks
 from ..dtypes import dtype_name
 from ..metrics import distill_flops_per_token, matmul_peak
 from .trainer import (
+    ATTENTION,
     BatchSizes,
     SharedPrefixDistiller,
     cast_frozen,
     compute_dtype,
     freeze_all_but_swiftkv,
     probe_layer_of,
+    sized_micro_batch,
     train_step,
 )
-from .world import World
+from .world import World, training_device
 
 
-def timed_step(distiller, model, optimizer, blocks, settings) -> tuple[float, float]:
+def timed_step(distiller, model, optimizer, blocks, settings, world: World) -> tuple[float, float]:
+    sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
     wall, cpu = time.perf_counter(), time.process_time()
-    train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
+    train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings, world)
+    sync()
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -39,8 +43,13 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     model, tokenizer = load_student(settings)
     train, _ = load_blocks(settings.data, tokenizer, settings.seq_len, settings.batch_size * (steps + 1) * settings.seq_len,
                            settings.seq_len, settings.seed)
+    world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
+    model.to(world.device)
+    model.set_attn_implementation(ATTENTION)
     optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)  # lr 0: weights stay put
-    cast_frozen(model, compute_dtype(settings, torch.device("cpu")))
+    dtype = compute_dtype(settings, world.device)
+    cast_frozen(model, dtype)
+    settings = sized_micro_batch(model, train, settings, world)
     probe = probe_layer_of(settings, model.config)
     ways = {"shared": SharedPrefixDistiller(model, probe_layer=probe)}
     if naive:
@@ -49,31 +58,36 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     for step in range(steps + 1):
         blocks = train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
         for name, distiller in ways.items():
-            wall, cpu = timed_step(distiller, model, optimizer, blocks, settings)
+            wall, cpu = timed_step(distiller, model, optimizer, blocks, settings, world)
             if step:  # step 0 warms up allocators and kernels
                 totals[name][0] += wall
                 totals[name][1] += cpu
     tokens = steps * settings.batch_size * settings.seq_len
     result = {"model": settings.source, "num_key_value_layers": model.config.num_key_value_layers,
               "tokens_per_way": tokens, "seq_len": settings.seq_len,
-              "dtype": dtype_name(compute_dtype(settings, torch.device("cpu"))),
+              "dtype": dtype_name(dtype), "device": device_name(world.device), "micro_batch": settings.micro_batch,
               "threads": torch.get_num_threads()}
     for name, (wall, cpu) in totals.items():
         result[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall, 1),
                         "tokens_per_cpu_s": round(tokens / cpu, 1)}
-    result["compute_bound"] = compute_bound(model.config, settings, train, result["shared"]["tokens_per_s"])
+    result["compute_bound"] = compute_bound(model.config, settings, train, result["shared"]["tokens_per_s"], dtype,
+                                            world.device)
     if naive:
         result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
         result["speedup_cpu"] = round(totals["naive"][1] / totals["shared"][1], 3)
     return result
 
 
-def compute_bound(config, settings, train, tokens_per_s: float) -> dict:
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def compute_bound(config, settings, train, tokens_per_s: float, dtype: torch.dtype, device: torch.device) -> dict:
     """The shared-prefix step's FLOPs per train token over the measured matmul peak in the compute
-    dtype: the tokens/s a perfectly matmul-bound step would reach, and how close the run came."""
-    dtype = compute_dtype(settings, torch.device("cpu"))
+    dtype on the training device: the tokens/s a perfectly matmul-bound step would reach, and how
+    close the run came."""
     target_fraction = float(train.loss_mask.float().mean())
     flops = distill_flops_per_token(config, settings.seq_len, target_fraction)
-    peak = matmul_peak(dtype)
+    peak = matmul_peak(dtype, device=device)
     return {"flops_per_token": round(flops), "matmul_peak_flops": round(peak), "bound_tokens_per_s": round(peak / flops, 1),
             "fraction_of_bound": round(tokens_per_s * flops / peak, 3)}

@@ -16,7 +16,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from . import trainable
+from . import microbatch, trainable
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
 from .settings import HUMAN_SHARE, DistillSettings
@@ -34,6 +34,12 @@ from .world import World, all_reduce, log
 # --------------------------------------------------------------------------------------------------
 # Model pieces
 # --------------------------------------------------------------------------------------------------
+
+
+# torch's fused attention (on CUDA it dispatches to flash / memory-efficient kernels). transformers'
+# flash_attention_2 is not used: the student's later layers attend with queries on a subset of the
+# positions (the prefill skip) over every position's K/V, which its packed-sequence path does not take.
+ATTENTION = "sdpa"
 
 
 def freeze_all_but_swiftkv(model: nn.Module) -> list[nn.Parameter]:
@@ -137,7 +143,19 @@ class BatchSizes:
 def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, blocks: Blocks,
                sizes: BatchSizes, settings: DistillSettings, world: World) -> float:
     """One optimizer step over this process's blocks; returns this process's share of the global
-    mean loss. Each micro-batch is scaled so the (DDP-averaged) gradient is that of the global mean."""
+    mean loss."""
+    total = accumulate_gradients(distiller, model, blocks, sizes, settings, world)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks, sizes: BatchSizes,
+                         settings: DistillSettings, world: World) -> float:
+    """Forward + backward of `blocks`, --micro-batch blocks at a time. Each micro-batch is scaled so
+    the (DDP-averaged) gradient is that of the global mean loss; returns this process's share of it."""
     kl_count = sizes.targets if settings.kl_mean_over == "targets" else sizes.positions
     micro_batches = [blocks.select(slice(i, i + settings.micro_batch)) for i in range(0, len(blocks), settings.micro_batch)]
     total, device = 0.0, device_of(model)
@@ -157,10 +175,6 @@ def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Op
                                        world.size / max(1, kl_count), settings.chunk_rows, also=mse_term,
                                        top1_weight=settings.top1_weight)
             total += kl / max(1, kl_count)
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    torch.nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
     return total
 
 
@@ -190,9 +204,36 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
 
 def check_batch(settings: DistillSettings, world: World) -> None:
     per_rank = settings.batch_size // world.size
-    if settings.batch_size % world.size or per_rank % settings.micro_batch:
+    micro = settings.micro_batch if settings.micro_batch != microbatch.AUTO else 1
+    if settings.batch_size % world.size or per_rank % micro:
         raise ValueError(f"--batch-size {settings.batch_size} must split into {world.size} process(es) x a multiple "
                          f"of --micro-batch {settings.micro_batch}")
+
+
+def sized_micro_batch(model: nn.Module, train: Blocks, settings: DistillSettings, world: World) -> DistillSettings:
+    """The settings with --micro-batch resolved to a number (`auto`: see distill/microbatch.py). The
+    CUDA probe runs the first step's blocks through a plain (not DDP) distiller, so no process waits
+    on another's collective, and every process then takes the smallest size any of them could fit."""
+    per_rank = settings.batch_size // world.size
+    probe_blocks = rank_blocks(train, 0, settings, world)
+
+    def probe_step(size: int) -> None:
+        sized = replace(settings, micro_batch=size)
+        plain = SharedPrefixDistiller(model, naive=settings.naive, probe_layer=probe_layer_of(settings, model.config))
+        try:
+            accumulate_gradients(plain, model, probe_blocks.select(slice(0, size)), BatchSizes.of(probe_blocks), sized,
+                                 World(device=world.device))
+        finally:
+            model.zero_grad(set_to_none=True)
+
+    size = microbatch.resolve_micro_batch(settings.micro_batch, per_rank, world.device, probe_step)
+    if world.ddp:
+        smallest = torch.tensor([size], device=world.device)
+        torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
+        size = int(smallest)
+    if settings.micro_batch == microbatch.AUTO:
+        log(world, f"--micro-batch auto: {size} block(s) per forward on {world.device.type}")
+    return replace(settings, micro_batch=size)
 
 
 def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module:
@@ -240,10 +281,13 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
                          f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
                          "--seq-len")
     model.to(world.device)
+    model.set_attn_implementation(ATTENTION)
     optimizer = optimizer_for(model, settings)
     cast_frozen(model, compute_dtype(settings, world.device))
     state = load_checkpoint(ckpt, model, optimizer, settings) if settings.resume else RunState()
     state.total_steps = total_steps
+    checkpoint_settings, settings = settings, sized_micro_batch(model, train, settings, world)
+    state.micro_batch = settings.micro_batch
     distiller = wrap(model, settings, world)
     if not state.history:
         state.history.append({"step": 0, **evaluate(model, heldout, settings, world)})
@@ -270,7 +314,7 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
             if world.is_main:
                 progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
         if ckpt is not None and world.is_main and (state.step % settings.checkpoint_every == 0 or state.step == last):
-            save_checkpoint(ckpt, model, optimizer, state, settings)
+            save_checkpoint(ckpt, model, optimizer, state, checkpoint_settings)
     progress.close()
     return state
 
@@ -286,6 +330,7 @@ def run_summary(settings: DistillSettings, state: RunState) -> dict:
     return {
         "settings": asdict(settings),
         "steps": state.step,
+        "micro_batch": state.micro_batch,
         "train_tokens": tokens,
         "train_seconds": round(state.elapsed, 1),
         "tokens_per_second": round(tokens / state.elapsed, 1) if state.elapsed else None,
