@@ -65,7 +65,7 @@ def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
         hooks.append(model.model.layers[j].self_attn.v_proj.register_forward_hook(record_into(values[j])))
     try:
         for block in tqdm(blocks, desc=desc, leave=False):
-            early = model.model.embed_and_early(input_ids=block[None])
+            early = model.model.embed_and_early(input_ids=block[None].to(model.device))
             h_n.append(early.hidden_states.flatten(0, 1).float())
             model.model.late(early, student=False)
     finally:
@@ -102,10 +102,11 @@ def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool):
     """argmin_W ||x W^T + b - y||^2 + lambda ||W||^2 in float64, lambda relative to x's scale."""
     x, y = x.double(), y.double()
     if with_bias:
-        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+        x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype, device=x.device)], dim=1)
     gram = x.T @ x
     lam = ridge * gram.diagonal().mean()
-    solution = torch.linalg.solve(gram + lam * torch.eye(len(gram), dtype=x.dtype), x.T @ y).T.float()
+    identity = torch.eye(len(gram), dtype=x.dtype, device=x.device)
+    solution = torch.linalg.solve(gram + lam * identity, x.T @ y).T.float()
     return (solution[:, :-1], solution[:, -1]) if with_bias else (solution, None)
 
 
@@ -133,7 +134,7 @@ def agreement(model, blocks: list[torch.Tensor]) -> tuple[float, float]:
     """Teacher-forced top-1 agreement and mean KL(teacher || student) per token, every position."""
     kl, same, count = 0.0, 0, 0
     for block in blocks:
-        pair = model.model.forward_pair(block[None])
+        pair = model.model.forward_pair(block[None].to(model.device))
         block_kl, block_same, rows = agreement_stats(pair.student, pair.teacher, model.lm_head)
         kl, same, count = kl + block_kl, same + block_same, count + rows
     return same / count, kl / count

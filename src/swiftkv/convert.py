@@ -16,7 +16,7 @@ import torch
 
 from . import calibration
 from .data.chat import check_source
-from .dtypes import DTYPE_CHOICES, autocast, parse_dtype, resolve_dtype
+from .dtypes import DTYPE_CHOICES, autocast, compute_device, parse_dtype, resolve_dtype
 from .files import check_new_output
 from .model.config import num_key_value_layers_for
 from .model.surgery import (
@@ -203,19 +203,30 @@ def fit_and_measure(model, tokenizer, report: ConversionReport,
     lstsq), each measured on held-out calibration tokens into `report`. The forward passes run in
     the compute dtype; each in its own autocast region, because autocast caches the cast weights
     for a region and the candidates are swapped in between."""
-    compute = resolve_dtype(settings.compute_dtype)
+    device = compute_device()  # a GPU where there is one; the folder is written from the CPU copy
+    compute = resolve_dtype(settings.compute_dtype, device)
     fit_blocks, eval_blocks = calibration.token_blocks(tokenizer, settings.calib_data, settings.calib_tokens,
                                                        settings.eval_tokens)
+    model.to(device)
+    try:
+        candidates = measured_candidates(model, fit_blocks, eval_blocks, compute, report, settings)
+    finally:
+        model.to("cpu")
+    return {name: {key: tensor.cpu() for key, tensor in params.items()} for name, params in candidates.items()}
+
+
+def measured_candidates(model, fit_blocks, eval_blocks, compute, report: ConversionReport,
+                        settings: ConvertSettings) -> dict[str, dict[str, torch.Tensor]]:
     reference = "copy" if settings.init in ("copy", "lstsq") else settings.init
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it
-    with autocast(compute):
+    with autocast(compute, model.device):
         fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
         eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
     candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
     for name, params in candidates.items():
         load_trained(model, params)
-        with autocast(compute):
+        with autocast(compute, model.device):
             report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
             report.top1_agreement[name], report.mean_kl[name] = calibration.agreement(model, eval_blocks)
     return candidates

@@ -100,6 +100,11 @@ def has_native_bf16(device: str | torch.device = "cpu") -> bool:
     return device.type == "cpu" and cpu_bf16_is_faster()
 
 
+def compute_device(local_rank: int = 0) -> torch.device:
+    """Where the heavy passes run: this process's GPU when there is one, else the CPU."""
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def auto_dtype(device: str | torch.device = "cpu") -> torch.dtype:
     """bf16 where the hardware runs it natively, fp32 otherwise."""
     return torch.bfloat16 if has_native_bf16(device) else torch.float32

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..dtypes import compute_device
+
 
 @dataclass
 class World:
@@ -39,9 +41,7 @@ def init_world() -> World:
 def training_device() -> torch.device:
     """This process's GPU when there is one (torchrun's LOCAL_RANK picks it), else the CPU. A single
     process on a GPU machine trains on the GPU too, not only a torchrun group."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+    return compute_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def all_reduce(tensor: torch.Tensor, world: World) -> torch.Tensor:
