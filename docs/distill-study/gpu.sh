@@ -71,6 +71,14 @@ torch.cuda.get_device_name(0))"
       --reply-engine hf --stop-after 0 --out "$W/replies-run" --force || echo "replies: stopped by the timeout"
     wc -l "$REPLIES"
     ;;
+  speed)  # issue 25: training tok/s on the GPU (bf16, --micro-batch auto) against its measured bf16 matmul peak
+    for n in 15 22; do
+      $SK distill "$W/n$n" --recipe swiftkv --seq-len 1024 --batch-size 16 --targets human --speed 20 \
+        --json "$OUT/speed-n$n.json" > "$W/speed-n$n.log" 2>&1 || tail -n 20 "$W/speed-n$n.log"
+      python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['device'], r['micro_batch'], \
+r['shared']['tokens_per_s'], r['compute_bound'])" "$OUT/speed-n$n.json"
+    done
+    ;;
   study)  # every arm at equal budget, in parallel on the one GPU, each with its own copy of the replies
     for arm in r0 r1 r2 r3 r4 r5 r6 r7; do
       cp "$REPLIES" "$W/replies-$arm.jsonl"
