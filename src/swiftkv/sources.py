@@ -17,9 +17,16 @@ from pathlib import Path
 
 import torch
 
-from .files import atomic_output_dir, cached_folder
+from .files import cached_folder
 from .model.config import add_legacy_rope_keys
 from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES
+from .model.surgery import (
+    build_swiftkv_model,
+    load_trained,
+    read_trained,
+    write_model_folder,
+    write_swiftkv_folder,
+)
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -70,10 +77,13 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
         del config.quantization_config
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
-    with atomic_output_dir(out) as tmp:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         add_legacy_rope_keys(tmp)
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
+
+    write_model_folder(out, fill)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -178,8 +188,6 @@ def distilled_folder(tensors: Path, alias: str) -> Path:
 
 def build_distilled(tensors: Path, alias: str, out: Path) -> None:
     """Base model + trained SwiftKV parameters -> a complete SwiftKV HF folder."""
-    from .model.surgery import build_swiftkv_model, load_trained, read_trained, write_swiftkv_folder
-
     spec, trained = read_trained(tensors)
     model = build_swiftkv_model(load_model(spec["base"]), spec["num_key_value_layers"],
                                 spec.get("key_value_group_size", 1))
@@ -192,6 +200,4 @@ def build_distilled(tensors: Path, alias: str, out: Path) -> None:
 def export(src: str, out: str | os.PathLike, force: bool = False) -> Path:
     """Write any source (alias, GGUF, folder) as a complete HF folder at `out`."""
     folder = resolve_source(src)
-    with atomic_output_dir(out, force=force) as tmp:
-        shutil.copytree(folder, tmp, dirs_exist_ok=True)
-    return Path(out)
+    return write_model_folder(out, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True), force=force)

@@ -49,9 +49,8 @@ def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> 
     """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. Student-only
     later-layer weights (`--trainable lora|late|late-norms`) are merged under their original names, and
     the config says so: the folder then no longer contains its teacher."""
-    from ..files import atomic_output_dir
     from ..model.modeling import swiftkv_parameters
-    from ..model.surgery import load_trained
+    from ..model.surgery import load_trained, write_model_folder
     from ..sources import load_model
     from .trainable import STUDENT_MODULES, student_weights
 
@@ -63,10 +62,13 @@ def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> 
         load_trained(output, merged, dict(output.named_parameters()))
         output.config.swiftkv_student_trained = list(STUDENT_MODULES[settings.trainable])
     output.config.swiftkv = True
-    with atomic_output_dir(settings.out, force=True) as tmp:
+
+    def fill(tmp: Path) -> None:
         output.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (Path(tmp) / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (tmp / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    write_model_folder(settings.out, fill, force=True)
 
 
 def heldout_agreement(settings: DistillSettings) -> dict:

@@ -172,9 +172,12 @@ def plain_teacher_folder(settings) -> Path:
 
 def save_plain_teacher(folder: Path, out: Path) -> None:
     from ..model.config import add_legacy_rope_keys
-    from ..model.surgery import plain_teacher
+    from ..model.surgery import plain_teacher, write_model_folder
     from ..sources import load_model, load_tokenizer
 
-    plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(out)
-    add_legacy_rope_keys(out)
-    load_tokenizer(folder).save_pretrained(out)
+    def fill(tmp: Path) -> None:
+        plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(tmp)
+        add_legacy_rope_keys(tmp)
+        load_tokenizer(folder).save_pretrained(tmp)
+
+    write_model_folder(out, fill)

@@ -19,6 +19,13 @@ class SwiftKVConfigError(ValueError):
     """A SwiftKV setting that cannot describe a valid model."""
 
 
+def is_swiftkv(config) -> bool:
+    """Whether a config (a config object, or config.json as a dict) is a SwiftKV model's: it names N.
+    The one test used wherever a plain model and a SwiftKV model are told apart."""
+    value = config.get("num_key_value_layers") if isinstance(config, dict) else getattr(config, "num_key_value_layers", None)
+    return value is not None
+
+
 def head_dim_of(config) -> int:
     """Per-head width: the config's own `head_dim` where it has one, else hidden / heads."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

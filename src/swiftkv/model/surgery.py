@@ -18,12 +18,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from ..files import atomic_file, atomic_output_dir, write_atomic
+from .config import is_swiftkv
 from .families import FAMILIES, family_of
 from .modeling import check_teacher_contained, swiftkv_parameters
 
@@ -169,12 +171,40 @@ def write_swiftkv_folder(model, tokenizer, dst: str | os.PathLike, info: dict, f
     `info` and an auto_map to the shim that points plain transformers at this package), tokenizer
     (unless None: a source without one gives a folder without one)."""
     model.config.swiftkv_conversion = {**info, "date": time.strftime("%Y-%m-%d")}
-    model.config.auto_map = {"AutoConfig": f"{AUTO_SHIM}.{type(model.config).__name__}",
-                             "AutoModelForCausalLM": f"{AUTO_SHIM}.{type(model).__name__}"}
-    with atomic_output_dir(dst, force=force) as tmp:
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
-        (tmp / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+
+    write_model_folder(dst, fill, force=force)
+
+
+def write_model_folder(dst: str | os.PathLike, fill: Callable[[Path], None], force: bool = False) -> Path:
+    """The one writer of model folders (convert, distill, export, the cached GGUF, alias and plain-teacher
+    folders): `fill(tmp)` writes the files into a temp folder that then becomes `dst` atomically. A
+    SwiftKV folder gets the auto_map and the shim it names, so it loads with trust_remote_code=True in
+    a process that never imported swiftkv."""
+    with atomic_output_dir(dst, force=force) as tmp:
+        fill(tmp)
+        add_auto_shim(tmp)
+    return Path(dst)
+
+
+def add_auto_shim(folder: Path) -> None:
+    """Point a SwiftKV config.json at the shim (`AUTO_SHIM`) and write the shim beside it. A plain
+    model's folder, and one whose auto_map names other code, are left as they are."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if not is_swiftkv(config):
+        return
+    family = family_of(config["model_type"])
+    auto_map = {"AutoConfig": f"{AUTO_SHIM}.{family.config_class.__name__}",
+                "AutoModelForCausalLM": f"{AUTO_SHIM}.{family.model_class.__name__}"}
+    if config.get("auto_map") not in (None, auto_map):
+        return
+    if config.get("auto_map") != auto_map:
+        path.write_text(json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
+    (folder / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
