@@ -10,9 +10,8 @@ import torch
 from swiftkv.cli import main
 from swiftkv.data.chat import read_source
 from swiftkv.data.packing import pack
-from swiftkv.data.tokens import Document
+from swiftkv.data.tokens import Document, prompt_ids_of, teacher_documents
 from swiftkv.distill.settings import RECIPES, settings_for
-from swiftkv.distill.teacher_data import ReplyCache, prompt_ids_of, read_replies, teacher_documents
 from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
@@ -22,6 +21,7 @@ from swiftkv.distill.trainer import (
 )
 from swiftkv.distill.world import World
 from swiftkv.metrics import kl_sum
+from swiftkv.replies import ReplyCache, read_replies
 from tests.tiny import (
     random_chats,
     save_tiny_folder,
@@ -118,7 +118,7 @@ def test_top1_term_joins_the_kl_divided_by_the_trained_positions():
 
 def fake_teacher(calls: list):
     """A deterministic stand-in generator for the cache logic (real generation: the vllm-marked test)."""
-    from swiftkv.distill.teacher_data import Reply
+    from swiftkv.data.tokens import Reply
 
     def generate(prompts):
         calls.append(len(prompts))
@@ -165,7 +165,7 @@ def test_hf_replies_batched_equal_greedy_one_by_one(tmp_path):
     give each prompt the same greedy reply as generating it alone, and mark where the teacher stopped."""
     from transformers import AutoModelForCausalLM
 
-    from swiftkv.distill.teacher_data import hf_generator
+    from swiftkv.replies import hf_generator
 
     folder = save_tiny_teacher(tmp_path / "teacher", "llama")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -208,7 +208,7 @@ def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp
     teacher path of the same folder writes the default ones, and the two caches never mix."""
     from transformers import AutoModelForCausalLM
 
-    from swiftkv.distill.setup import reply_cache
+    from swiftkv.replies import reply_cache
 
     folder = save_tiny_folder(tmp_path / "student")
     tokenizer = tiny_tokenizer()
@@ -219,7 +219,7 @@ def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp
     for writer in ("student", "teacher"):
         settings = settings_for(str(folder), targets="teacher", reply_writer=writer, reply_engine="hf",
                                 reply_tokens=6, dtype="float32")
-        cache = reply_cache(settings, tokenizer)
+        cache = reply_cache(settings.replies_settings(), tokenizer)
         assert cache.path.name.startswith(f"{writer}-replies-")
         written[writer] = [r.ids for r in cache.get(prompts)]
         for prompt, reply in zip(prompts, written[writer], strict=True):

@@ -11,7 +11,7 @@ import sys
 # Modules that provide subcommands, in the order `--help` lists them. Each module's import must be
 # cheap (no vLLM / lm-eval at import time): heavy imports belong inside the command function.
 COMMAND_MODULES = tuple(f"swiftkv.cli.{name}" for name in (
-    "convert", "export", "generate", "demo", "distill", "eval", "serve", "bench"))
+    "convert", "export", "generate", "demo", "replies", "distill", "eval", "serve", "bench"))
 
 
 class OneLineParser(argparse.ArgumentParser):

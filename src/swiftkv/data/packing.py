@@ -1,4 +1,4 @@
-"""Token documents -> packed training blocks, and the seeded train / held-out split of `--data`.
+"""Token documents -> packed training blocks (the seeded train / held-out split is `swiftkv.data.split`).
 
 Documents (`swiftkv.data.tokens`) are packed back to back into fixed-length blocks;
 position ids restart at 0 at each document start, and the model's causal mask (transformers detects
@@ -13,15 +13,14 @@ distribution over token t+1, so it is trained iff token t+1 is a target token of
 
 from __future__ import annotations
 
-import itertools
-import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-from .chat import Example, read_source
-from .tokens import Document, tokenize
+from .chat import read_source
+from .split import split_documents
+from .tokens import Document
 
 
 @dataclass
@@ -87,43 +86,6 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
     same_document = position_ids[:, 1:] == position_ids[:, :-1] + 1
     mask[:, :-1] = is_target[:, 1:] & same_document
     return mask
-
-
-def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
-                    train_tokens: int, replies=None, human_share: float = 0.0,
-                    shuffle_window: int = 50_000) -> tuple[list[Document], list[Document]]:
-    """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
-    `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
-    each until its token budget is met. Only as many examples as needed are tokenized. With
-    `replies` (a `teacher_data.ReplyCache`), train documents are the examples' first prompts answered
-    by the teacher (`human_share` of the train tokens stay the data's own conversations, taken after
-    the teacher's prompts); the held-out documents stay the data's own, so every recipe is measured
-    alike."""
-    examples = list(itertools.islice(examples, shuffle_window))
-    random.Random(seed).shuffle(examples)
-    rest = iter(examples)
-    heldout = take_documents(rest, tokenizer, heldout_tokens)
-    if replies is not None:
-        from ..distill.teacher_data import teacher_documents
-
-        taught = teacher_documents(rest, tokenizer, round(train_tokens * (1 - human_share)), replies)
-        human_tokens = train_tokens - sum(len(d.ids) for d in taught)
-        return heldout, taught + (take_documents(rest, tokenizer, human_tokens) if human_share else [])
-    return heldout, take_documents(rest, tokenizer, train_tokens)
-
-
-def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]:
-    """Tokenized documents from `examples` until they hold `tokens` tokens."""
-    documents = []
-    while tokens > 0:
-        example = next(examples, StopIteration)
-        if example is StopIteration:
-            break
-        document = tokenize(tokenizer, example)
-        if document is not None:
-            documents.append(document)
-            tokens -= len(document.ids)
-    return documents
 
 
 def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,

@@ -10,9 +10,13 @@ text is a target everywhere, with EOS appended.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .chat import Example, Messages
+from .chat import Example, Messages, first_user_prompt
 
 
 @dataclass
@@ -62,3 +66,58 @@ def tokenize(tokenizer, example: Example | None) -> Document | None:
         return None
     document = tokenize_chat(tokenizer, example)
     return document if any(document.is_target) else None
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts and written replies (`--targets teacher|mixed`; the replies come from `swiftkv.replies`)
+# --------------------------------------------------------------------------------------------------
+
+MAX_PROMPT_TOKENS = 1024  # longer first turns are skipped (the reply would not fit a block)
+
+
+@dataclass
+class Reply:
+    ids: list[int]  # the writer's tokens, its end-of-turn token included when it stopped by itself
+    finished: bool
+
+
+def prompt_key(prompt_ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:24]
+
+
+def first_prompt(tokenizer, example, max_tokens: int = MAX_PROMPT_TOKENS) -> tuple[Messages, list[int]] | None:
+    """The chat up to its first user turn and its token ids with the generation prompt: what a model
+    answers (None for plain text, a chat without a user turn, or a prompt over `max_tokens`)."""
+    if not isinstance(example, list):
+        return None  # plain text has no prompt to answer
+    prompt = first_user_prompt(example)
+    if prompt is None:
+        return None
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return (prompt, list(ids)) if len(ids) <= max_tokens else None
+
+
+def prompt_ids_of(tokenizer, example) -> list[int] | None:
+    found = first_prompt(tokenizer, example)
+    return None if found is None else found[1]
+
+
+def teacher_documents(examples: Iterable, tokenizer, tokens: int, replies, batch: int | None = None) -> list[Document]:
+    """Documents of prompt + written reply (only the reply is a target) until `tokens` are reached.
+    `replies.get(prompt_ids, chats)` gives the replies (a `swiftkv.replies.ReplyCache`: it generates the
+    missing ones, or refuses them when the replies stage has not run)."""
+    batch = batch or replies.batch
+    documents: list[Document] = []
+    prompts = (p for p in (first_prompt(tokenizer, e) for e in examples) if p is not None)
+    while tokens > 0:
+        chunk = list(itertools.islice(prompts, batch))
+        if not chunk:
+            break
+        ids = [p for _, p in chunk]
+        for prompt, reply in zip(ids, replies.get(ids, [chat for chat, _ in chunk]), strict=True):
+            if tokens <= 0 or not reply.ids:
+                continue
+            documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids)))
+            tokens -= len(prompt) + len(reply.ids)
+    return documents

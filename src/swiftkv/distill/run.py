@@ -10,11 +10,12 @@ from pathlib import Path
 
 import torch
 
+from ..replies import reply_cache, write_replies
 from .checkpoint import RunState, check_start
 from .settings import DistillSettings
 from .setup import load_student
 from .trainer import distill, finished, run_summary
-from .world import init_world, log
+from .world import World, init_world, log
 
 
 @dataclass
@@ -33,7 +34,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     check_start(settings)
     model, tokenizer = load_student(settings)
     started = time.time()
-    state = distill(settings, model, tokenizer, world)
+    state = distill(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
     summary = run_summary(settings, state)
     wrote = world.is_main and finished(state)
     if wrote:
@@ -43,6 +44,20 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     elif world.is_main:
         log(world, f"stopped after step {state.step}; continue with --resume")
     return DistillResult(state, summary, wrote)
+
+
+def written_replies(settings: DistillSettings, tokenizer, world: World):
+    """The replies of `--targets teacher|mixed` (None for human targets): the main process writes the
+    missing ones through the replies stage (then frees its engine), the others wait and read them."""
+    if settings.targets == "human":
+        return None
+    if world.is_main:
+        cache = write_replies(settings.replies_settings(), tokenizer)
+        log(world, f"{settings.reply_writer} replies: {len(cache.replies)} in {cache.path} "
+                   f"({cache.generated} generated now)")
+    if world.ddp:
+        torch.distributed.barrier()
+    return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
 def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> None:
@@ -75,7 +90,6 @@ def heldout_agreement(settings: DistillSettings) -> dict:
     """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
     from ..data.packing import load_blocks
     from .trainer import evaluate
-    from .world import World
 
     model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
     _, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens,

@@ -20,7 +20,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ..data.split import written_tokens
 from ..dtypes import DTYPE_CHOICES
+from ..replies import ENGINES as REPLY_ENGINES
+from ..replies import WRITERS as REPLY_WRITERS
+from ..replies import RepliesSettings
 from ..settings import parse_count, setting
 from .microbatch import AUTO, parse_micro_batch
 from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
@@ -29,9 +33,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")
 REDERIVED_INITS = ("copy", "mean")  # recomputed from the model's own teacher weights when the run starts
 TARGETS = ("human", "teacher", "mixed")
-REPLY_WRITERS = ("teacher", "student")
 HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets
-REPLY_ENGINES = ("auto", "vllm", "hf")
 KL_MEAN_OVER = ("targets", "positions")
 # Settings that do not change the training trajectory; a resume may differ in them.
 RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume",
@@ -109,6 +111,15 @@ class DistillSettings:
         gave 999,424 at steps of 2 x 1024)."""
         step_tokens = self.batch_size * self.seq_len
         return -(-self.tokens // step_tokens) * step_tokens
+
+    def replies_settings(self) -> RepliesSettings:
+        """The replies stage of `--targets teacher|mixed`: the writer's replies to the train prompts of
+        this run's split, as many tokens as the run trains on written replies."""
+        writer = self.source if self.reply_writer == "student" else (self.teacher or self.source)
+        return RepliesSettings(source=writer, out=self.teacher_data, writer=self.reply_writer, data=self.data,
+                               tokens=written_tokens(self.train_tokens, HUMAN_SHARE[self.targets]),
+                               heldout_tokens=self.heldout_tokens, seed=self.seed, reply_tokens=self.reply_tokens,
+                               engine=self.reply_engine, dtype=self.dtype)
 
     def checkpoint_path(self) -> Path | None:
         folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
-from ..files import cache_root, cached_folder, folder_fingerprint
 from .settings import REDERIVED_INITS
 from .trainable import check_trainable
 
@@ -97,87 +95,3 @@ def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
         if not torch.equal(teacher[name], tensor):
             raise ValueError(f"--teacher {teacher_source}: {name} differs from the student's copy; the shared-prefix "
                              "distillation needs the student converted from exactly this teacher")
-
-
-# --------------------------------------------------------------------------------------------------
-# Written targets (the teacher's replies, or the student's own scored by the teacher)
-# --------------------------------------------------------------------------------------------------
-
-
-def reply_cache(settings, tokenizer, may_generate: bool = True):
-    """The written-reply cache of a `--targets teacher|mixed` run (None for human targets). Only the
-    main process generates; the others read what it wrote."""
-    from .teacher_data import ReplyCache
-
-    if settings.targets == "human":
-        return None
-    path = Path(settings.teacher_data) if settings.teacher_data else (
-        cache_root() / "distill" / f"{settings.reply_writer}-replies-"
-                                   f"{folder_fingerprint(reply_writer_folder(settings))}-{settings.reply_tokens}.jsonl")
-
-    def refuse(_prompts):
-        raise RuntimeError(f"{settings.reply_writer} replies missing from {path}; the main process should have "
-                           "written them")
-
-    return ReplyCache(path, reply_generator(settings, tokenizer.eos_token_id) if may_generate else refuse)
-
-
-def reply_writer_folder(settings) -> Path:
-    """The HF folder whose greedy replies become the targets: the plain teacher, or the SwiftKV
-    source itself (vLLM and transformers both run a SwiftKV folder as the student)."""
-    from ..sources import resolve_source
-
-    return plain_teacher_folder(settings) if settings.reply_writer == "teacher" else resolve_source(settings.source)
-
-
-def reply_generator(settings, eos_token_id: int):
-    """Greedy replies of the reply writer: vLLM where it is installed (or asked for), transformers'
-    generate otherwise. The writer's folder and the engine are set up on the first call only, so a run
-    whose replies are all cached builds neither."""
-    import importlib.util
-
-    from ..dtypes import dtype_name, resolve_dtype
-    from .teacher_data import GENERATION_BATCH, HF_BATCH_CUDA, hf_generator, vllm_generator
-
-    engine = settings.reply_engine
-    if engine == "auto":
-        engine = "vllm" if importlib.util.find_spec("vllm") else "hf"
-    device = "cuda" if engine == "hf" and torch.cuda.is_available() else "cpu"
-    state = {}
-
-    def generate(prompts):
-        if "engine" not in state:
-            writer = reply_writer_folder(settings)
-            state["engine"] = (
-                vllm_generator(writer, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id)
-                if engine == "vllm" else
-                hf_generator(writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
-        return state["engine"](prompts)
-
-    generate.batch = HF_BATCH_CUDA if device == "cuda" else GENERATION_BATCH
-    generate.close = lambda: getattr(state.pop("engine", None), "close", lambda: None)()
-    return generate
-
-
-def plain_teacher_folder(settings) -> Path:
-    """An HF folder of the plain teacher for vLLM: `--teacher`, or the SwiftKV folder's own teacher
-    weights saved as the base architecture (vLLM would run a SwiftKV folder as the student)."""
-    from ..sources import resolve_source
-
-    if settings.teacher:
-        return resolve_source(settings.teacher)
-    folder = resolve_source(settings.source)
-    return cached_folder(f"teacher-of-{folder_fingerprint(folder)}", lambda out: save_plain_teacher(folder, out))
-
-
-def save_plain_teacher(folder: Path, out: Path) -> None:
-    from ..model.config import add_legacy_rope_keys
-    from ..model.surgery import plain_teacher, write_model_folder
-    from ..sources import load_model, load_tokenizer
-
-    def fill(tmp: Path) -> None:
-        plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(tmp)
-        add_legacy_rope_keys(tmp)
-        load_tokenizer(folder).save_pretrained(tmp)
-
-    write_model_folder(out, fill)

@@ -244,37 +244,27 @@ def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module
     return distiller
 
 
-def training_blocks(settings: DistillSettings, tokenizer, world: World) -> tuple[Blocks, Blocks]:
-    """(train, held-out) blocks; with written targets the main process generates the missing
-    replies first (then frees the engine) and the other processes read them."""
-    from .setup import reply_cache
-
-    replies = reply_cache(settings, tokenizer, may_generate=world.is_main)
-    load = lambda: load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens,  # noqa: E731
-                               settings.heldout_tokens, settings.seed, replies, HUMAN_SHARE[settings.targets])
-    if replies is None:
-        return load()
-    if world.ddp:
-        if world.is_main:
-            load()
-        torch.distributed.barrier()
-        replies = reply_cache(settings, tokenizer, may_generate=False)
-    blocks = load()
-    if world.is_main:
-        log(world, f"{settings.reply_writer} replies: {len(replies.replies)} in {replies.path} ({replies.generated} generated now)")
-    getattr(replies.generate, "close", lambda: None)()
-    return blocks
+def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple[Blocks, Blocks]:
+    """(train, held-out) blocks; `replies` (a `swiftkv.replies.ReplyCache`, written before the run)
+    answer the train prompts of `--targets teacher|mixed`."""
+    if settings.targets != "human" and replies is None:
+        raise ValueError(f"--targets {settings.targets} trains on written replies, and none were given; "
+                         "`run_distillation` writes them first (the replies stage)")
+    return load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens, settings.heldout_tokens,
+                       settings.seed, replies if settings.targets != "human" else None, HUMAN_SHARE[settings.targets])
 
 
-def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None) -> RunState:
+def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None,
+            replies=None) -> RunState:
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
-    state; checkpoints go to `settings.checkpoint_path()` when it is set."""
+    state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
+    of `--targets teacher|mixed`."""
     from tqdm import tqdm
 
     world = world or World()
     check_batch(settings, world)
     ckpt = settings.checkpoint_path()
-    train, heldout = training_blocks(settings, tokenizer, world)
+    train, heldout = training_blocks(settings, tokenizer, replies)
     total_steps = len(train) // settings.batch_size
     if total_steps == 0:
         raise ValueError(f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "

@@ -12,6 +12,9 @@ from .env import configure_cpu_env, engine_core_in_process
 # KV-sharing fast prefill is what lets prompt tokens skip layers >= N. The plugin's config hook
 # switches it on for SwiftKV models anyway; passing it keeps plain-vLLM command lines honest too.
 SWIFTKV_ENGINE_ARGS = {"kv_sharing_fast_prefill": True}
+# KV-cache memory of every engine swiftkv starts (serve, the replies stage): on CPU the default is a
+# fraction of RAM, which the 2-core machines this targets do not have to spare.
+KV_CACHE_BYTES = 2 * 2**30
 
 
 def engine_kwargs(model: str, **overrides) -> dict:

@@ -1,0 +1,59 @@
+"""The seeded train / held-out split of `--data`, seen by both stages that need it: `swiftkv replies`
+(which prompts of the train part get written replies) and distill's packing (which documents train
+and which are held out). Both walk the same examples in the same order, so a reply written by the
+replies stage is exactly the one packing asks for."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterable, Iterator
+
+from .chat import Example
+from .tokens import Document, teacher_documents, tokenize
+
+SHUFFLE_WINDOW = 50_000  # examples shuffled with the seed; the rest keep the source's order
+
+
+def shuffled(examples: Iterable[Example | None], seed: int, shuffle_window: int = SHUFFLE_WINDOW) -> list:
+    examples = list(itertools.islice(examples, shuffle_window))
+    random.Random(seed).shuffle(examples)
+    return examples
+
+
+def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
+                    train_tokens: int, replies=None, human_share: float = 0.0,
+                    shuffle_window: int = SHUFFLE_WINDOW) -> tuple[list[Document], list[Document]]:
+    """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
+    `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
+    each until its token budget is met. Only as many examples as needed are tokenized. With
+    `replies` (a `swiftkv.replies.ReplyCache`), train documents are the examples' first prompts answered
+    by the reply writer (`human_share` of the train tokens stay the data's own conversations, taken after
+    the written prompts); the held-out documents stay the data's own, so every recipe is measured
+    alike."""
+    rest = iter(shuffled(examples, seed, shuffle_window))
+    heldout = take_documents(rest, tokenizer, heldout_tokens)
+    if replies is not None:
+        taught = teacher_documents(rest, tokenizer, written_tokens(train_tokens, human_share), replies)
+        human_tokens = train_tokens - sum(len(d.ids) for d in taught)
+        return heldout, taught + (take_documents(rest, tokenizer, human_tokens) if human_share else [])
+    return heldout, take_documents(rest, tokenizer, train_tokens)
+
+
+def written_tokens(train_tokens: int, human_share: float) -> int:
+    """The train tokens that come from written replies (`--targets mixed`: half)."""
+    return round(train_tokens * (1 - human_share))
+
+
+def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]:
+    """Tokenized documents from `examples` until they hold `tokens` tokens."""
+    documents = []
+    while tokens > 0:
+        example = next(examples, StopIteration)
+        if example is StopIteration:
+            break
+        document = tokenize(tokenizer, example)
+        if document is not None:
+            documents.append(document)
+            tokens -= len(document.ids)
+    return documents

@@ -1,0 +1,329 @@
+"""`swiftkv replies SRC --out replies.jsonl`: a model's greedy replies to the first prompts of the train
+part of `--data`, as a stage of its own. Distillation's `--targets teacher|mixed` trains on them: the
+teacher's own answers are the distribution the student is judged against, not text the teacher would
+never write. With `--writer student` a SwiftKV folder as converted writes them instead, and the
+teacher still scores every position in distill (an on-policy snapshot).
+
+The prompts are the ones distill's packing asks for: the same seeded split (`swiftkv.data.split`),
+the held-out part skipped, then prompts in order until `--tokens` of prompt + reply are written.
+Each line of the output is a chat record that `--data` reads (`messages`: the prompt and the reply),
+plus the exact token ids (`key`, `reply_ids`, `finished`) distill trains on. Replies are generated in
+batches with vLLM or with transformers' own generation (where vLLM is not installed, e.g. a GPU box
+with only torch and transformers), appended one complete record per line, fsync'd batch by batch. A
+killed run loses at most the batch in flight: on restart a truncated last line is cut off, records
+already there are reused (first one wins for a repeated key), and only the missing prompts are
+generated. `distill` calls `write_replies` first when replies are missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .data.chat import read_source
+from .data.split import split_documents
+from .data.tokens import MAX_PROMPT_TOKENS, Reply, prompt_key
+from .dtypes import DTYPE_CHOICES
+from .files import cache_root, cached_folder, folder_fingerprint
+from .settings import parse_count, setting
+
+GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
+WRITERS = ("teacher", "student")
+ENGINES = ("auto", "vllm", "hf")
+
+Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greedy replies
+
+
+@dataclass
+class RepliesSettings:
+    source: str = setting(None, "the model whose replies are written (HF folder, .gguf or alias)", cli=False)
+    out: str | None = setting(None, "the replies JSONL (appended to, so a killed run resumes; default: in the "
+                              "swiftkv cache, named after the writer's weights and --reply-tokens)")
+    writer: str = setting("teacher", "who writes: the teacher (SRC itself when plain, its own teacher weights when "
+                          "SRC is a SwiftKV folder) or the student (SRC, a SwiftKV folder, as it is)", choices=WRITERS)
+    data: str = setting("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk "
+                        "folder: the first user turn of each train chat is a prompt")
+    tokens: int = setting(1_000_000, "prompt + reply tokens to write (distill: its train tokens, half with "
+                          "--targets mixed)", parse=parse_count)
+    heldout_tokens: int = setting(32_768, "held-out tokens of the split, skipped (distill's --heldout-tokens)",
+                                  parse=parse_count)
+    seed: int = setting(0, "the split's seed (distill's --seed)")
+    reply_tokens: int = setting(512, "max tokens of a reply")
+    engine: str = setting("auto", "vllm, hf (transformers' generate, on CUDA when available) or auto (vllm where "
+                          "installed)", choices=ENGINES)
+    dtype: str = setting("auto", "compute dtype: auto = bf16 where native, else fp32", choices=DTYPE_CHOICES)
+
+
+# --------------------------------------------------------------------------------------------------
+# The stage
+# --------------------------------------------------------------------------------------------------
+
+
+def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
+    """Write the missing replies of `settings` (all of them on a first run); returns the cache, whose
+    `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
+    from .sources import load_tokenizer
+
+    tokenizer = tokenizer or load_tokenizer(settings.source)
+    cache = reply_cache(settings, tokenizer)
+    try:
+        split_documents(read_source(settings.data), tokenizer, settings.seed, settings.heldout_tokens, settings.tokens,
+                        replies=cache)
+    finally:
+        getattr(cache.generate, "close", lambda: None)()
+    return cache
+
+
+def reply_cache(settings: RepliesSettings, tokenizer, may_generate: bool = True) -> ReplyCache:
+    """The replies of `settings` as a cache: generated on demand, or (`may_generate=False`, what
+    distill's packing reads) refused when missing."""
+    path = replies_path(settings)
+
+    def refuse(_prompts):
+        raise RuntimeError(f"{settings.writer} replies missing from {path}; write them first (`swiftkv replies`, "
+                           "or distill's main process)")
+
+    refuse.batch = generation_batch(settings)  # the writer's batches: --targets mixed takes human chats after them
+    return ReplyCache(path, reply_generator(settings, tokenizer.eos_token_id) if may_generate else refuse, tokenizer)
+
+
+def replies_path(settings: RepliesSettings) -> Path:
+    if settings.out:
+        return Path(settings.out)
+    return cache_root() / "distill" / (f"{settings.writer}-replies-{folder_fingerprint(writer_folder(settings))}-"
+                                       f"{settings.reply_tokens}.jsonl")
+
+
+def writer_folder(settings: RepliesSettings) -> Path:
+    """The HF folder whose greedy replies are written: SRC (a plain model, or a SwiftKV one for the
+    student: vLLM and transformers both run a SwiftKV folder as the student), or the plain teacher
+    held inside a SwiftKV SRC."""
+    from .model.config import is_swiftkv
+    from .sources import read_config_dict, resolve_source
+
+    folder = resolve_source(settings.source)
+    swiftkv = is_swiftkv(read_config_dict(folder))
+    if settings.writer == "student":
+        if not swiftkv:
+            raise ValueError(f"--writer student: {settings.source} is not a SwiftKV model; expected a folder from "
+                             "`swiftkv convert`")
+        return folder
+    return plain_teacher_folder(folder) if swiftkv else folder
+
+
+def plain_teacher_folder(folder: Path) -> Path:
+    """The SwiftKV folder's own teacher weights saved as the base architecture, in the cache (vLLM
+    would run a SwiftKV folder as the student)."""
+    return cached_folder(f"teacher-of-{folder_fingerprint(folder)}", lambda out: save_plain_teacher(folder, out))
+
+
+def save_plain_teacher(folder: Path, out: Path) -> None:
+    import torch
+
+    from .model.config import add_legacy_rope_keys
+    from .model.surgery import plain_teacher, write_model_folder
+    from .sources import load_model, load_tokenizer
+
+    def fill(tmp: Path) -> None:
+        plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(tmp)
+        add_legacy_rope_keys(tmp)
+        load_tokenizer(folder).save_pretrained(tmp)
+
+    write_model_folder(out, fill)
+
+
+def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
+    """Greedy replies of the writer: vLLM where it is installed (or asked for), transformers'
+    generate otherwise. The writer's folder and the engine are set up on the first call only, so a run
+    whose replies are all cached builds neither."""
+    import torch
+
+    from .dtypes import dtype_name, resolve_dtype
+
+    engine = resolved_engine(settings)
+    device = "cuda" if engine == "hf" and torch.cuda.is_available() else "cpu"
+    state = {}
+
+    def generate(prompts):
+        if "engine" not in state:
+            writer = writer_folder(settings)
+            state["engine"] = (
+                vllm_generator(writer, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id)
+                if engine == "vllm" else
+                hf_generator(writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
+        return state["engine"](prompts)
+
+    generate.batch = generation_batch(settings)
+    generate.close = lambda: getattr(state.pop("engine", None), "close", lambda: None)()
+    return generate
+
+
+def resolved_engine(settings: RepliesSettings) -> str:
+    return settings.engine if settings.engine != "auto" else ("vllm" if importlib.util.find_spec("vllm") else "hf")
+
+
+def generation_batch(settings: RepliesSettings) -> int:
+    """Prompts per generation call. It decides which examples the written prompts consume, and so
+    where `--targets mixed` takes its human chats from: the writing and the reading walk share it."""
+    import torch
+
+    return HF_BATCH_CUDA if resolved_engine(settings) == "hf" and torch.cuda.is_available() else GENERATION_BATCH
+
+
+# --------------------------------------------------------------------------------------------------
+# The reply file
+# --------------------------------------------------------------------------------------------------
+
+
+def read_replies(path: Path) -> dict[str, Reply]:
+    """Complete records of `path`; a torn last line (a kill mid-write) is cut off the file."""
+    if not path.is_file():
+        return {}
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    if len(complete) != len(data):
+        with path.open("r+b") as handle:
+            handle.truncate(len(complete))
+    replies: dict[str, Reply] = {}
+    for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line)
+            replies.setdefault(record["key"], Reply(record["reply_ids"], record["finished"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}:{number}: not a teacher-reply record ({error}); delete the file to "
+                             "regenerate it") from error
+    return replies
+
+
+def append_replies(path: Path, records: dict[str, Reply], chats: dict[str, list[dict]] | None = None,
+                   tokenizer=None) -> None:
+    """Append `records`; with their prompt `chats` and a tokenizer, each line is also a chat record
+    (`messages`: the prompt, then the reply as text) that `--data` reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        for key, reply in records.items():
+            record = {"key": key, "reply_ids": reply.ids, "finished": reply.finished}
+            if chats and key in chats and tokenizer is not None:
+                text = tokenizer.decode(reply.ids, skip_special_tokens=True)
+                record = {"messages": [*chats[key], {"role": "assistant", "content": text}], **record}
+            handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+class ReplyCache:
+    """The writer's replies by prompt, generated on demand and kept in a JSONL file."""
+
+    def __init__(self, path: Path, generate: Generate, tokenizer=None):
+        self.path = path
+        self.generate = generate
+        self.tokenizer = tokenizer  # decodes the replies into the chat records (None: ids only)
+        self.batch = getattr(generate, "batch", GENERATION_BATCH)  # prompts per generation call
+        self.replies = read_replies(path)
+        self.generated = 0
+
+    def get(self, prompts: list[list[int]], chats: list[list[dict]] | None = None) -> list[Reply]:
+        keys = [prompt_key(p) for p in prompts]
+        missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self.replies}
+        if missing:
+            new = dict(zip(missing, self.generate(list(missing.values())), strict=True))
+            append_replies(self.path, new, dict(zip(keys, chats, strict=True)) if chats else None, self.tokenizer)
+            self.replies.update(new)
+            self.generated += len(new)
+        return [self.replies[k] for k in keys]
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation with vLLM
+# --------------------------------------------------------------------------------------------------
+
+
+def vllm_generator(folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
+                   enforce_eager: bool = False) -> Generate:
+    """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call). Token ids
+    in, token ids out: the engine needs no tokenizer, and the reply stops at the given end-of-turn id."""
+    state = {}
+
+    def generate(prompts: list[list[int]]) -> list[Reply]:
+        if "llm" not in state:
+            state["llm"] = start_engine(folder, max_tokens, dtype, enforce_eager)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[eos_token_id])
+        outputs = state["llm"].generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [reply_of(out.outputs[0], eos_token_id) for out in outputs]
+
+    generate.close = lambda: state.pop("llm", None)  # type: ignore[attr-defined]
+    return generate
+
+
+def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
+                 device: str | None = None) -> Generate:
+    """Greedy replies of the model in `folder` with transformers' `generate`: left-padded batches,
+    sorted by length so a batch pads little. The same replies as vLLM's up to the numerics of the
+    batch (tested equal to unbatched greedy generation in fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+
+    def generate(prompts: list[list[int]]) -> list[Reply]:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        replies: dict[int, Reply] = {}
+        width = HF_BATCH_CUDA if device.startswith("cuda") else HF_BATCH
+        for start in range(0, len(order), width):
+            chunk = order[start:start + width]
+            for index, reply in zip(chunk, greedy_batch(model, [prompts[i] for i in chunk], max_tokens,
+                                                         eos_token_id), strict=True):
+                replies[index] = reply
+        return [replies[i] for i in range(len(prompts))]
+
+    return generate
+
+
+HF_BATCH = 64  # prompts per transformers generate() call on CPU
+HF_BATCH_CUDA = 256  # a GPU is launch-bound at small batches: wider batches, fewer decode steps in all
+
+
+def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id: int) -> list[Reply]:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[eos_token_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
+                             eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    replies = []
+    for row in out[:, width:].tolist():
+        finished = eos_token_id in row  # generate pads a finished row with eos after its own
+        replies.append(Reply(row[:row.index(eos_token_id) + 1] if finished else row, finished))
+    return replies
+
+
+def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False):
+    from vllm import LLM
+
+    from .sources import read_config_dict
+    from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
+    from .vllm.env import configure_cpu_env
+
+    configure_cpu_env()
+    window = read_config_dict(folder).get("max_position_embeddings", MAX_PROMPT_TOKENS + max_tokens)
+    return LLM(**engine_kwargs(str(folder), dtype=dtype, max_model_len=min(window, MAX_PROMPT_TOKENS + max_tokens),
+                               kv_cache_memory_bytes=KV_CACHE_BYTES, enable_prefix_caching=False,
+                               skip_tokenizer_init=True, enforce_eager=enforce_eager))
+
+
+def reply_of(completion, eos_token_id: int) -> Reply:
+    ids = list(completion.token_ids)
+    finished = completion.finish_reason == "stop"
+    if finished and (not ids or ids[-1] != eos_token_id):
+        ids.append(eos_token_id)  # the student must learn where the teacher stops
+    return Reply(ids, finished)
