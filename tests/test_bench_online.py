@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swiftkv.vllm.online_metrics import (
+from swiftkv.bench.online_metrics import (
     SLO,
     RequestResult,
     choose_slo,
@@ -151,7 +151,7 @@ def test_compare_when_the_baseline_sustains_no_rate():
 
 
 def test_sessions_alternate_who_goes_first_and_share_a_server_back_to_back():
-    from swiftkv.vllm.online import sessions
+    from swiftkv.bench.online import sessions
 
     assert sessions(3) == [("baseline", [0]), ("swiftkv", [0, 1]), ("baseline", [1, 2]), ("swiftkv", [2])]
     for count in (1, 2, 5):
@@ -161,7 +161,7 @@ def test_sessions_alternate_who_goes_first_and_share_a_server_back_to_back():
 
 
 def test_token_prompts_have_the_exact_length_and_start_with_a_new_text():
-    from swiftkv.vllm.online import token_prompts
+    from swiftkv.bench.online import token_prompts
 
     texts = ["a b c", "d e", "f g h i j k", "l", "m n o p"]
     vocab = {w: i for i, w in enumerate("abcdefghijklmnop")}
@@ -176,7 +176,7 @@ def test_token_prompts_have_the_exact_length_and_start_with_a_new_text():
 
 
 def test_json_ready_turns_non_finite_numbers_into_null():
-    from swiftkv.vllm.online import json_ready
+    from swiftkv.bench.online import json_ready
 
     report = {"a": [1.0, math.nan], "b": {"c": math.inf, "d": "x"}, "e": (2, 3)}
     assert json.loads(json.dumps(json_ready(report), allow_nan=False)) == {"a": [1.0, None], "b": {"c": None, "d": "x"},
@@ -193,7 +193,7 @@ ENGINE = {"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 2*
 def test_server_commands_differ_only_in_fast_prefill():
     """Same options for both; only `swiftkv serve` adds --kv-sharing-fast-prefill (and nothing else:
     the dtype, memory and name are given, so none of its defaults applies)."""
-    from swiftkv.vllm.online_server import baseline_command, server_args, swiftkv_command
+    from swiftkv.bench.online_server import baseline_command, server_args, swiftkv_command
     from swiftkv.vllm.serve import serve_command, vllm_server_launcher
 
     args = server_args(ENGINE, 8123, "m")
@@ -209,7 +209,7 @@ def test_server_commands_differ_only_in_fast_prefill():
 
 
 def test_stop_server_ends_the_whole_process_group():
-    from swiftkv.vllm.online_server import group_alive, stop_server
+    from swiftkv.bench.online_server import group_alive, stop_server
 
     process = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300"], start_new_session=True)
     time.sleep(0.3)
@@ -219,7 +219,7 @@ def test_stop_server_ends_the_whole_process_group():
 
 
 def test_a_server_that_exits_early_fails_with_its_log(tmp_path):
-    from swiftkv.vllm.online_server import free_port, running_server
+    from swiftkv.bench.online_server import free_port, running_server
 
     command = [sys.executable, "-c", "print('no such model'); raise SystemExit(3)"]
     with pytest.raises(RuntimeError, match="(?s)code 3.*no such model"), \
@@ -234,7 +234,7 @@ async def fake_completions(tokens: int, gap: float, seen: list):
     """A /v1/completions that streams `tokens` chunks `gap` seconds apart, then usage, like vLLM."""
     from aiohttp import web
 
-    from swiftkv.vllm.online_server import free_port
+    from swiftkv.bench.online_server import free_port
 
     async def handle(http_request):
         body = await http_request.json()
@@ -259,7 +259,7 @@ async def fake_completions(tokens: int, gap: float, seen: list):
 
 
 def test_client_streams_token_ids_and_times_every_token():
-    from swiftkv.vllm.online import Client
+    from swiftkv.bench.online import Client
 
     async def scenario():
         seen = []
@@ -293,8 +293,8 @@ def parse(*argv):
 
 
 def test_cli_online_options_and_quick_defaults():
+    from swiftkv.bench.online import QUICK, OnlineSettings, online_settings
     from swiftkv.cli.options import given_values
-    from swiftkv.vllm.online import QUICK, OnlineSettings, online_settings
 
     args = parse("--online", "--rates", "0.1,0.2,0.4,0.8", "--slo-tpot", "0.5", "--quick")
     given = given_values(args, OnlineSettings)
@@ -320,7 +320,7 @@ def test_online_options_without_online_are_an_error(capsys):
 
 
 def test_check_settings_rejects_prompts_longer_than_the_context():
-    from swiftkv.vllm.online import check_settings, online_settings
+    from swiftkv.bench.online import check_settings, online_settings
 
     with pytest.raises(ValueError, match="max-model-len"):
         check_settings(online_settings({}), max_model_len=2048)
@@ -341,7 +341,7 @@ def synthetic_report() -> dict:
 
 
 def test_report_table_and_plot(tmp_path):
-    from swiftkv.vllm.online_report import format_table, plot
+    from swiftkv.bench.online_report import format_table, plot
 
     report = synthetic_report()
     table = format_table(report)
@@ -361,7 +361,7 @@ def test_report_table_and_plot(tmp_path):
 def test_quick_online_bench_end_to_end(tmp_path):
     """The real command on a tiny SwiftKV checkpoint (SmolLM2's tokenizer, head_dim 64) against its
     plain teacher: two vLLM servers in turn, ShareGPT prompts, both rates, JSON and PNG."""
-    from swiftkv.distill.setup import save_plain_teacher
+    from swiftkv.replies import save_plain_teacher
     from tests.test_vllm_model import tiny_checkpoint
 
     skv, teacher, out = tmp_path / "skv", tmp_path / "teacher", tmp_path / "out"
@@ -398,8 +398,8 @@ def test_quick_online_bench_end_to_end(tmp_path):
 def test_quick_profile_of_one_mixed_step(tmp_path):
     """`swiftkv bench --profile --quick` on a tiny SwiftKV checkpoint and its plain teacher: the mixed
     step holds the whole prompt, SwiftKV's regions nest inside its forward, the baseline has none."""
-    from swiftkv.distill.setup import save_plain_teacher
-    from swiftkv.vllm.profile import MODEL, STEP, SWIFTKV_REGIONS
+    from swiftkv.bench.profile import MODEL, STEP, SWIFTKV_REGIONS
+    from swiftkv.replies import save_plain_teacher
     from tests.test_vllm_model import tiny_checkpoint
 
     skv, teacher, out = tmp_path / "skv", tmp_path / "teacher", tmp_path / "out"

@@ -134,7 +134,7 @@ def test_prefill_flops_per_token_of_smollm2_shape():
 def test_bench_workloads_subset_runs_and_reports_only_those():
     """--workloads prefill,ttft: the schedule holds the warm-up and those workloads (TTFT repeated),
     and the table, ratios and plot rows cover only what was measured."""
-    from swiftkv.vllm.bench import Workloads, compare, format_table, parse_workloads, run_interleaved
+    from swiftkv.bench.offline import Workloads, compare, format_table, parse_workloads, run_interleaved
 
     class FakeWorker:
         def __init__(self, speed):

@@ -1,15 +1,15 @@
 """`swiftkv bench MODEL --baseline TEACHER [--online]`: SwiftKV vs its baseline on vLLM, one run, same
 settings. Offline (default): engines in-process, fixed batches. `--online`: both models behind vLLM's
 OpenAI server under Poisson request arrivals. The options are generated from
-`swiftkv.vllm.bench.BenchSettings` (both modes) and `swiftkv.vllm.online.OnlineSettings` (--online).
-`--profile`: one mixed prefill/decode step of each model under torch's profiler (`swiftkv.vllm.profile`)."""
+`swiftkv.bench.offline.BenchSettings` (both modes) and `swiftkv.bench.online.OnlineSettings` (--online).
+`--profile`: one mixed prefill/decode step of each model under torch's profiler (`swiftkv.bench.profile`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..vllm.bench import BenchSettings
-from ..vllm.online import OnlineSettings
+from ..bench.offline import BenchSettings
+from ..bench.online import OnlineSettings
 from .options import add_dataclass_options, given_values, option_name
 
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{', '.join(names)} only apply with --online")
     if args.profile:
         return run_profile(args, settings)
-    from ..vllm.bench import bench, format_table
+    from ..bench.offline import bench, format_table
 
     report = bench(args.model, args.baseline, settings)
     print(format_table(report))
@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: dict) -> int:
-    from ..vllm.online import online_bench, online_settings
-    from ..vllm.online_report import format_table
+    from ..bench.online import online_bench, online_settings
+    from ..bench.online_report import format_table
 
     report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
     print(format_table(report))
@@ -76,8 +76,8 @@ def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: 
 def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
     from pathlib import Path
 
-    from ..vllm.bench import engine_settings
-    from ..vllm.profile import Scenario, format_table, profile
+    from ..bench.offline import engine_settings
+    from ..bench.profile import Scenario, format_table, profile
 
     scenario = Scenario.quick() if settings.quick else Scenario()
     report = profile(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)

@@ -188,7 +188,7 @@ class SwiftKVModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        # The named ranges let `swiftkv bench --profile` (swiftkv/vllm/profile.py) split the step's time;
+        # The named ranges let `swiftkv bench --profile` (swiftkv/bench/profile.py) split the step's time;
         # with no profiler running they cost about a microsecond each.
         rows, num_rows = self.logits_rows()
         with record_function("swiftkv:early"):

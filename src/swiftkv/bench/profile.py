@@ -105,13 +105,13 @@ def region_times(profiler) -> dict:
 
 def profile_model(model: str, settings: dict, scenario: dict) -> dict:
     """Child process: build the engine in this process, run the scenario warm, timed and profiled."""
-    from swiftkv.vllm.engine import engine_kwargs, in_process_engine
+    from ..vllm.engine import engine_kwargs, in_process_engine
 
     with in_process_engine():
         import torch
         from vllm import LLM
 
-        from .bench import PromptMaker
+        from .offline import PromptMaker
 
         llm = LLM(**engine_kwargs(model, **settings))
         llm.apply_model(lambda m: range_hooks(m, MODEL))
@@ -169,7 +169,7 @@ def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scen
     OUT/profile.json and return the report."""
     import multiprocessing
 
-    from swiftkv.sources import resolve_source
+    from ..sources import resolve_source
 
     results = {}
     for label, path in (("baseline", baseline), ("swiftkv", model)):

@@ -143,7 +143,7 @@ def build_prompts(tokenizer_folder: str, count: int, length: int) -> tuple[list[
     try:
         return token_prompts(sharegpt_texts(), encode, count, length), "ShareGPT conversations, concatenated and cut"
     except FileNotFoundError as error:
-        from .bench import PromptMaker
+        from .offline import PromptMaker
 
         print(f"[online] {error}; using random token ids", file=sys.stderr, flush=True)
         made = PromptMaker(len(tokenizer))(count, length)
@@ -318,11 +318,11 @@ class OnlineRun:
 
 def online_bench(model: str, baseline: str, settings, online: OnlineSettings) -> dict:
     """Run the online benchmark of `model` (SwiftKV) against `baseline` (its teacher) with the server
-    options of `settings` (a `swiftkv.vllm.bench.BenchSettings`; --quick also runs eager); write
+    options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
     OUT/online.json (after every rate) and OUT/online.png, and return the report."""
     from ..dtypes import describe_choice
     from ..sources import resolve_source
-    from .bench import engine_settings
+    from .offline import engine_settings
     from .online_report import plot
 
     engine = engine_settings(settings)

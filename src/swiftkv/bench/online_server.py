@@ -16,14 +16,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from .env import configure_cpu_env
-from .serve import vllm_server_launcher
+from ..vllm.env import configure_cpu_env
+from ..vllm.serve import vllm_server_launcher
 
 HOST = "127.0.0.1"
 
 
 def server_args(engine: dict, port: int, served_name: str) -> list[str]:
-    """vLLM server options from `swiftkv.vllm.bench.engine_settings` (the offline bench's engine
+    """vLLM server options from `swiftkv.bench.offline.engine_settings` (the offline bench's engine
     settings, so both benches run the models alike) plus the address."""
     args = ["--host", HOST, "--port", str(port), "--served-model-name", served_name, "--seed", "0",
             "--dtype", engine["dtype"], "--max-model-len", str(engine["max_model_len"]),

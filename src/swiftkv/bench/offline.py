@@ -30,7 +30,7 @@ from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_d
 from ..files import write_atomic
 from ..metrics import matmul_peak, prefill_flops_per_token
 from ..settings import setting
-from .serve import parse_bytes
+from ..vllm.serve import parse_bytes
 
 WORKLOAD_NAMES = ("prefill", "ttft", "tpot", "e2e")
 
@@ -137,8 +137,8 @@ def measure(llm, make: PromptMaker, w: Workloads, name: str) -> dict:
 
 def worker_loop(connection, model: str, settings: dict, workloads: dict) -> None:
     """Child process: build one engine, report its facts, then run workloads on request until None."""
-    from swiftkv.vllm.engine import engine_kwargs, kv_cache_tokens
-    from swiftkv.vllm.env import configure_cpu_env
+    from ..vllm.engine import engine_kwargs, kv_cache_tokens
+    from ..vllm.env import configure_cpu_env
 
     configure_cpu_env()
     from vllm import LLM
@@ -278,7 +278,7 @@ def plot(report: dict, path: Path) -> None:
 def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> dict:
     """Run both models with identical settings and workloads (default: full, or quick when
     `settings.quick`); write bench.json and bench.png to `settings.out` and return the report."""
-    from swiftkv.sources import resolve_source
+    from ..sources import resolve_source
 
     engine = engine_settings(settings)
     workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
