@@ -7,14 +7,14 @@ import time
 
 import torch
 
+from .data.tokens import prompt_ids
+
 
 def chat_input_ids(tokenizer, prompt: str, raw: bool = False) -> torch.Tensor:
     """[1, tokens] ids of one user turn rendered with the model's chat template (or raw text)."""
     if raw:
         return tokenizer(prompt, return_tensors="pt")["input_ids"]
-    messages = [{"role": "user", "content": prompt}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    return torch.tensor([ids])
+    return torch.tensor([prompt_ids(tokenizer, [{"role": "user", "content": prompt}])])
 
 
 @torch.no_grad()

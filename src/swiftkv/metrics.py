@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .model.config import head_dim_of
+from .model.config import head_dim_of, is_swiftkv
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] -> logits [M, V] (lm_head)
 
@@ -87,9 +87,9 @@ def prefill_flops_per_token(config, prompt_len: int) -> float:
 def prefill_compute_saving(config) -> float | None:
     """Fraction of a prompt token's linear-layer FLOPs a SwiftKV student skips: layers >= N run only
     their group owners' k/v_proj_swiftkv. Attention-score FLOPs (length dependent) are not counted."""
-    n = getattr(config, "num_key_value_layers", None)
-    if n is None:
+    if not is_swiftkv(config):
         return None
+    n = config.num_key_value_layers
     flops = layer_linear_flops(config)
     layers, per_layer = config.num_hidden_layers, sum(flops.values())
     student = n * per_layer + (layers - n) // config.key_value_group_size * flops["kv"]

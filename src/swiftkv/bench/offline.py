@@ -30,6 +30,7 @@ from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_d
 from ..files import write_atomic
 from ..metrics import matmul_peak, prefill_flops_per_token
 from ..settings import setting
+from ..vllm.engine import KV_CACHE_BYTES
 from ..vllm.serve import parse_bytes
 
 WORKLOAD_NAMES = ("prefill", "ttft", "tpot", "e2e")
@@ -48,7 +49,7 @@ def parse_workloads(text: str) -> tuple[str, ...]:
 class BenchSettings:
     """What `swiftkv bench` runs with; both engines get the same values."""
 
-    kv_cache_memory: str = setting("2G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M")
+    kv_cache_memory: str = setting(f"{KV_CACHE_BYTES // 2**30}G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M")
     max_model_len: int = setting(4096, "longest sequence each engine accepts")
     dtype: str = setting(AUTO, "compute dtype of both engines; auto is bf16 where the hardware has it natively, "
                          "else fp32", choices=DTYPE_CHOICES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..model.config import is_swiftkv
 from .options import add_dtype_option, source_help
 
 
@@ -30,7 +31,7 @@ def run(args) -> int:
 
     print(f"swiftkv generate: {describe_choice(args.dtype)}", file=sys.stderr)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype)), load_tokenizer(args.model)
-    if args.teacher and getattr(model.config, "num_key_value_layers", None) is None:
+    if args.teacher and not is_swiftkv(model):
         raise ValueError(f"--teacher: {args.model} is not a SwiftKV model, so it has no separate teacher path")
     input_ids = chat_input_ids(tokenizer, args.prompt, raw=args.no_chat_template)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from ..vllm.engine import KV_CACHE_BYTES
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve", help="start vLLM's OpenAI-compatible server for a SwiftKV model",
         description="Start vLLM's OpenAI-compatible server (`vllm serve`) for a SwiftKV folder or alias, with "
-        "--kv-sharing-fast-prefill, the hardware's dtype (bf16 where it is native, else fp32), 2 GiB of KV "
+        f"--kv-sharing-fast-prefill, the hardware's dtype (bf16 where it is native, else fp32), {KV_CACHE_BYTES // 2**30} GiB of KV "
         "cache and the CPU environment set. Every other option is passed to vLLM unchanged, e.g. "
         "swiftkv serve out/skv50 --port 8001 --api-key KEY",
     )

@@ -93,9 +93,15 @@ def first_prompt(tokenizer, example, max_tokens: int = MAX_PROMPT_TOKENS) -> tup
     prompt = first_user_prompt(example)
     if prompt is None:
         return None
-    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return (prompt, list(ids)) if len(ids) <= max_tokens else None
+    ids = prompt_ids(tokenizer, prompt)
+    return (prompt, ids) if len(ids) <= max_tokens else None
+
+
+def prompt_ids(tokenizer, messages: Messages) -> list[int]:
+    """The token ids a model answers `messages` from: the chat rendered up to the assistant's turn.
+    The one prompt -> ids of swiftkv (written replies, eval's greedy answers, `swiftkv generate`)."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def prompt_ids_of(tokenizer, example) -> list[int] | None:

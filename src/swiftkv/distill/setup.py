@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from ..model.config import is_swiftkv
 from .settings import REDERIVED_INITS
 from .trainable import check_trainable
 
@@ -63,7 +64,7 @@ def check_reply_writer(settings) -> None:
 
 def check_student(model, settings) -> None:
     config = model.config
-    if getattr(config, "num_key_value_layers", None) is None:
+    if not is_swiftkv(config):
         raise ValueError(f"{settings.source} is not a SwiftKV model (no num_key_value_layers); run "
                          "`swiftkv convert SRC DST --num-key-value-layers N` first and distill DST")
     if config.teacher_missing:
@@ -78,20 +79,15 @@ def check_student(model, settings) -> None:
 
 def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
     """Shared-prefix distillation is only valid when the student was converted from this teacher:
-    same tokenizer, same shapes and the same weights in every tensor the two have in common."""
+    same tokenizer, same shapes and the same weights in every teacher tensor (`teacher_difference`)."""
+    from ..model.surgery import teacher_difference, tokenizer_differences
     from ..sources import load_model, load_tokenizer
 
-    teacher_tokenizer = load_tokenizer(teacher_source)
-    if teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
-        raise ValueError(f"--teacher {teacher_source}: its tokenizer differs from the student's; expected the "
-                         "model the student was converted from")
-    teacher = load_model(teacher_source, dtype=torch.float32).state_dict()
-    for name, tensor in student.state_dict().items():
-        if "swiftkv" in name or name not in teacher:
-            continue
-        if teacher[name].shape != tensor.shape:
-            raise ValueError(f"--teacher {teacher_source}: {name} has shape {tuple(teacher[name].shape)}, the "
-                             f"student's has {tuple(tensor.shape)}; expected the model the student was converted from")
-        if not torch.equal(teacher[name], tensor):
-            raise ValueError(f"--teacher {teacher_source}: {name} differs from the student's copy; the shared-prefix "
-                             "distillation needs the student converted from exactly this teacher")
+    differences = tokenizer_differences(student_tokenizer, load_tokenizer(teacher_source))
+    if differences:
+        raise ValueError(f"--teacher {teacher_source}: its tokenizer differs from the student's ({'; '.join(differences)}); "
+                         "expected the model the student was converted from")
+    difference = teacher_difference(student, load_model(teacher_source, dtype=torch.float32))
+    if difference:
+        raise ValueError(f"--teacher {teacher_source}: {difference}; the shared-prefix distillation needs the student "
+                         "converted from exactly this teacher")

@@ -15,9 +15,10 @@ import torch
 from tqdm import tqdm
 
 from ..data.chat import from_first_user
-from ..data.tokens import tokenize_chat
+from ..data.tokens import prompt_ids, tokenize_chat
 from ..metrics import kl_per_row, top1_matches
-from .pair import STUDENT, TEACHER, ModelPair, is_swiftkv
+from ..model.config import is_swiftkv
+from .pair import STUDENT, TEACHER, ModelPair
 from .store import ResultStore, request_key
 
 # --------------------------------------------------------------------------------------------------
@@ -107,11 +108,6 @@ def first_divergence(a: list[int], b: list[int], window: int, eos: int | None) -
     return next((i for i in range(window) if a[i] != b[i]), window)
 
 
-def generation_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """The token ids greedy answers are generated from: the chat rendered up to the assistant's turn."""
-    return tokenizer(render(tokenizer, messages, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-
-
 def greedy_answers(pair: ModelPair, store: ResultStore, prompt_ids: list[list[int]], new_tokens: int,
                    desc: str = "chat (generation)", progress: bool = True) -> dict[str, list[list[int]]]:
     """Each role's greedy answer to each prompt, cached per model: a teacher's answers serve every
@@ -137,7 +133,7 @@ def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list
     """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
     divergence position, and a few side-by-side answers."""
     tokenizer = pair.tokenizer
-    ids = [generation_prompt_ids(tokenizer, messages) for messages in prompts]
+    ids = [prompt_ids(tokenizer, messages) for messages in prompts]
     answers = greedy_answers(pair, store, ids, new_tokens, progress=progress)
     divergence = divergences(answers, new_tokens, tokenizer.eos_token_id)
     return {

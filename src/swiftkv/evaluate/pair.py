@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 
 from ..files import folder_fingerprint
+from ..model.config import is_swiftkv
+from ..model.surgery import teacher_difference, tokenizer_differences
 from ..sources import check_supported, load_model, load_tokenizer, resolve_source
 
 STUDENT, TEACHER = "student", "teacher"
@@ -66,10 +68,6 @@ class ModelPair:
         return self.model_of(role).lm_head
 
 
-def is_swiftkv(model) -> bool:
-    return getattr(model.config, "num_key_value_layers", None) is not None
-
-
 def check_causal_lm(folder: Path) -> None:
     config = check_supported(folder)
     architectures = config.get("architectures") or []
@@ -79,25 +77,10 @@ def check_causal_lm(folder: Path) -> None:
 
 def check_same_tokenizer(student_tok, teacher_tok, names: dict[str, str]) -> None:
     """Paired scoring compares token by token, so the two vocabularies must be the same."""
-    differences = []
-    if student_tok.get_vocab() != teacher_tok.get_vocab():
-        differences.append(f"vocabularies differ ({len(student_tok)} vs {len(teacher_tok)} tokens)")
-    for attr in ("bos_token_id", "eos_token_id"):
-        if getattr(student_tok, attr) != getattr(teacher_tok, attr):
-            differences.append(f"{attr} {getattr(student_tok, attr)} vs {getattr(teacher_tok, attr)}")
+    differences = tokenizer_differences(student_tok, teacher_tok)
     if differences:
         raise ValueError(f"student {names[STUDENT]!r} and teacher {names[TEACHER]!r} have different tokenizers: "
                          + "; ".join(differences) + ". Expected the teacher the student was converted from.")
-
-
-def teacher_weights_match(student, teacher) -> bool:
-    """True when every teacher parameter exists in the student with the same value."""
-    student_state = student.state_dict()
-    for name, tensor in teacher.state_dict().items():
-        mine = student_state.get(name)
-        if mine is None or mine.shape != tensor.shape or not torch.equal(mine, tensor):
-            return False
-    return True
 
 
 def can_run_teacher_path(model) -> bool:
@@ -129,7 +112,7 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
     else:
         teacher = load_model(folders[TEACHER], dtype=torch.float32)
         keys[TEACHER] = folder_fingerprint(folders[TEACHER])
-        if share_early and can_run_teacher_path(student) and teacher_weights_match(student, teacher):
+        if share_early and can_run_teacher_path(student) and teacher_difference(student, teacher, swiftkv_too=True) is None:
             teacher = None  # the student's teacher path computes exactly the teacher: share layers < N
     if is_swiftkv(student):
         student.set_swiftkv(True)  # `generate` and plain forwards of the student run the SwiftKV path

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from ..files import atomic_file, write_atomic
+from ..model.config import is_swiftkv
 from .pair import STUDENT, TEACHER
 
 
@@ -26,7 +27,7 @@ def write_report(results: dict, out: Path) -> list[Path]:
 
 def student_label(student: dict) -> str:
     info = student["pair"]
-    if "num_key_value_layers" in info:
+    if is_swiftkv(info):
         return f"{info['student']} (N={info['num_key_value_layers']}, G={info['key_value_group_size']})"
     return info["student"]
 

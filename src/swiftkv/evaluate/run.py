@@ -9,10 +9,12 @@ import torch
 
 from ..data.chat import first_user_prompt
 from ..data.heldout import heldout_conversations
+from ..data.tokens import prompt_ids
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import prefill_compute_saving
+from ..model.config import is_swiftkv
 from ..sources import check_supported, resolve_source
-from .chat import generation_agreement, generation_prompt_ids, teacher_forced_agreement
+from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
 from .loglikelihood import LoglikelihoodScorer
 from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_agreement
@@ -71,7 +73,7 @@ def check_floor(students: list[str], teacher: str | None) -> None:
     if teacher is None:
         raise ValueError("--floor scores the teacher against itself at another dtype; pass --teacher")
     for student in students:
-        if "num_key_value_layers" not in check_supported(resolve_source(student)):
+        if not is_swiftkv(check_supported(resolve_source(student))):
             raise ValueError(f"--floor: {student!r} is not a SwiftKV model (no num_key_value_layers); the floor "
                              "bounds how closely a SwiftKV student can follow its teacher")
 
@@ -83,7 +85,7 @@ def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
         prompt = first_user_prompt(messages)
         if prompt is None:
             continue
-        if len(generation_prompt_ids(tokenizer, prompt)) <= settings.gen_max_prompt_tokens:
+        if len(prompt_ids(tokenizer, prompt)) <= settings.gen_max_prompt_tokens:
             prompts.append(prompt)
         if len(prompts) == settings.gen_prompts:
             break

@@ -20,8 +20,9 @@ class SwiftKVConfigError(ValueError):
 
 
 def is_swiftkv(config) -> bool:
-    """Whether a config (a config object, or config.json as a dict) is a SwiftKV model's: it names N.
-    The one test used wherever a plain model and a SwiftKV model are told apart."""
+    """Whether a model, its config, or config.json as a dict is SwiftKV: it names N. The one test used
+    wherever a plain model and a SwiftKV model are told apart."""
+    config = getattr(config, "config", config)  # a model: its config
     value = config.get("num_key_value_layers") if isinstance(config, dict) else getattr(config, "num_key_value_layers", None)
     return value is not None
 

@@ -49,7 +49,7 @@ from transformers.models.qwen2.modeling_qwen2 import (
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
+from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, is_swiftkv
 
 RowSelection = slice | torch.Tensor | None
 
@@ -332,7 +332,7 @@ class SwiftKVModelMixin:
         early = self.embed_and_early(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
                                      **kwargs)
         wanted = self.config.swiftkv if swiftkv is None else swiftkv
-        student = bool(wanted) and self.config.num_key_value_layers is not None
+        student = bool(wanted) and is_swiftkv(self.config)
         hidden = self.late(early, student=student, keep_rows=keep_rows, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden),
                                        past_key_values=past_key_values if use_cache else None)
@@ -341,7 +341,7 @@ class SwiftKVModelMixin:
 def check_teacher_contained(config) -> None:
     """Refuse the teacher path of a folder that does not hold its teacher (trimmed, or later layers
     distilled for the student): it would silently compute something that is neither model."""
-    why = config.teacher_missing if getattr(config, "num_key_value_layers", None) is not None else None
+    why = config.teacher_missing if is_swiftkv(config) else None
     if why:
         raise ValueError(f"this SwiftKV checkpoint cannot run its teacher path (swiftkv=False): {why}. It can only "
                          "run with swiftkv=True; use the source model it was converted from as the teacher.")
@@ -426,7 +426,7 @@ class SwiftKVForCausalLMMixin:
     def set_swiftkv(self, enabled: bool) -> None:
         """Set the default path of this model (True: student, False: the original teacher). A single
         call can choose instead: `model(ids, swiftkv=False)`, `model.generate(ids, swiftkv=False)`."""
-        if enabled and self.config.num_key_value_layers is None:
+        if enabled and not is_swiftkv(self.config):
             raise ValueError("this model has no SwiftKV layers (num_key_value_layers is not set)")
         if not enabled:
             check_teacher_contained(self.config)

@@ -208,3 +208,33 @@ def add_auto_shim(folder: Path) -> None:
     if config.get("auto_map") != auto_map:
         path.write_text(json.dumps({**config, "auto_map": auto_map}, indent=2, sort_keys=True) + "\n")
     (folder / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
+
+
+def teacher_difference(student, teacher, swiftkv_too: bool = False) -> str | None:
+    """Why `teacher` is not the model `student` was converted from (None when it is): every tensor of the
+    teacher must be in the student with the same shape and value. The SwiftKV tensors of a SwiftKV
+    teacher are not teacher weights and are skipped unless `swiftkv_too`. The one same-teacher check:
+    distill refuses a --teacher that fails it; eval shares layers < N only with one that passes it
+    whole (`swiftkv_too`)."""
+    mine = student.state_dict()
+    for name, tensor in teacher.state_dict().items():
+        if "swiftkv" in name and not swiftkv_too:
+            continue
+        if name not in mine:
+            return f"{name} is missing from the student"
+        if mine[name].shape != tensor.shape:
+            return f"{name} has shape {tuple(tensor.shape)}, the student's has {tuple(mine[name].shape)}"
+        if not torch.equal(mine[name], tensor):
+            return f"{name} differs from the student's copy"
+    return None
+
+
+def tokenizer_differences(student_tokenizer, teacher_tokenizer) -> list[str]:
+    """How two tokenizers differ where paired scoring and distillation need them equal (empty: they do not)."""
+    differences = []
+    if student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
+        differences.append(f"vocabularies differ ({len(student_tokenizer)} vs {len(teacher_tokenizer)} tokens)")
+    for attr in ("bos_token_id", "eos_token_id"):
+        if getattr(student_tokenizer, attr) != getattr(teacher_tokenizer, attr):
+            differences.append(f"{attr} {getattr(student_tokenizer, attr)} vs {getattr(teacher_tokenizer, attr)}")
+    return differences

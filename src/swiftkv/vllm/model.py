@@ -31,7 +31,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
 
-from ..model.config import head_dim_of
+from ..model.config import head_dim_of, is_swiftkv
 from .layers import KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
 from .parallel import RankHeads, rank_heads
 from .weights import load_swiftkv_weights
@@ -60,7 +60,7 @@ def require_one_pipeline_stage(vllm_config: VllmConfig) -> None:
 
 
 def require_swiftkv_config(config) -> None:
-    if getattr(config, "num_key_value_layers", None) is None:
+    if not is_swiftkv(config):
         raise ValueError(
             f"{getattr(config, 'model_type', '?')} config has no num_key_value_layers: this folder is not a SwiftKV "
             "checkpoint (convert it with `swiftkv convert`)"

@@ -10,12 +10,13 @@ import sys
 from typing import NoReturn
 
 from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
+from .engine import KV_CACHE_BYTES
 
 # Added to `vllm serve` unless the user passes the same option (or, for memory, any memory option).
 # KV memory is set explicitly because on CPU vLLM would otherwise take a share of RAM. The dtype
 # default is not a constant: it is the hardware's choice (`default_dtype`).
 SERVE_DEFAULTS = {
-    "--kv-cache-memory-bytes": str(2 * 2**30),
+    "--kv-cache-memory-bytes": str(KV_CACHE_BYTES),
 }
 MEMORY_OPTIONS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
 
