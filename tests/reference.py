@@ -1,5 +1,6 @@
-"""An independent, deliberately plain implementation of the SwiftKV student math (FACTS.md), written
-with torch ops only, to check the model against. Slow and obvious on purpose."""
+"""An independent, deliberately plain implementation of the SwiftKV student math (SingleInputKV and
+AcrossKV as the paper, arXiv 2410.03960, describes them), written with torch ops only, to check the
+model against. Slow and obvious on purpose."""
 
 from __future__ import annotations
 
