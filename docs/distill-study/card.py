@@ -15,6 +15,10 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schemas of the JSON files read here (swiftkv.results)
+    from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
 FINAL_SH = "docs/distill-study/final64.sh"
@@ -37,11 +41,11 @@ def wall_seconds(log: str) -> float:
     return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
 
 
-def student_of(results: dict, alias: str) -> dict:
+def student_of(results: EvalResults, alias: str) -> StudentResult:
     return next(s for s in results["students"] if Path(s["pair"]["student"]).name == alias)
 
 
-def task_rows(results: dict, student: dict) -> list[str]:
+def task_rows(results: EvalResults, student: StudentResult) -> list[str]:
     if not student["tasks"]:
         return ["lm-eval tasks: not yet run for these tensors (the next full `swiftkv eval`, "
                 "`docs/eval-full/`)."]
@@ -56,7 +60,7 @@ def task_rows(results: dict, student: dict) -> list[str]:
             "| " + " | ".join(cells) + f" | {mean:.3f} (drop {-sum(drops) / len(drops) * 100:.2f} points) |"]
 
 
-def eval_command(results: dict, alias: str) -> str:
+def eval_command(results: EvalResults, alias: str) -> str:
     """The command that wrote `results`: the full suite names every student and the item limits."""
     if not any(s["tasks"] for s in results["students"]):
         return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none"
@@ -65,13 +69,13 @@ def eval_command(results: dict, alias: str) -> str:
     return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}"
 
 
-def chat_row(label: str, student: dict) -> str:
+def chat_row(label: str, student: StudentResult) -> str:
     chat, gen = student["teacher_forced"], student["generation"]
     return (f"| {label} | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
             f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |")
 
 
-def card(alias: str, n: int, run: dict, results: dict, log: str, paris: str, replies: int, note: str = "") -> str:
+def card(alias: str, n: int, run: DistillSummary, results: EvalResults, log: str, paris: str, replies: int, note: str = "") -> str:
     s, student = run["settings"], student_of(results, alias)
     chat, gen = student["teacher_forced"], student["generation"]
     before, after = run["heldout_before"], run["heldout_after"]

@@ -29,6 +29,8 @@ import torch
 from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_dtype
 from ..files import write_atomic
 from ..metrics import matmul_peak, prefill_flops_per_token
+from ..plots import figure
+from ..results import BenchResults
 from ..settings import setting
 from ..vllm.engine import KV_CACHE_BYTES
 from ..vllm.serve import parse_bytes
@@ -228,7 +230,7 @@ METRICS = [  # key, label, higher is better
 ]
 
 
-def measured_metrics(report: dict) -> list[tuple[str, str, bool]]:
+def measured_metrics(report: BenchResults) -> list[tuple[str, str, bool]]:
     """The METRICS rows this run measured (a --workloads subset leaves some out)."""
     return [row for row in METRICS if row[0] in report["baseline"]]
 
@@ -244,7 +246,7 @@ def add_e2e_breakdown(result: dict, w: Workloads) -> None:
     result["e2e_rest_s"] = max(e2e_s - result["e2e_prefill_s"], 0.0)
 
 
-def format_table(report: dict) -> str:
+def format_table(report: BenchResults) -> str:
     rows = [f"{'metric':<34}{'baseline':>14}{'SwiftKV':>14}{'ratio':>9}  better"]
     for key, label, higher in measured_metrics(report):
         b, s, r = report["baseline"][key], report["swiftkv"][key], report["ratio"][key]
@@ -255,28 +257,20 @@ def format_table(report: dict) -> str:
     return "\n".join(rows)
 
 
-def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(report: BenchResults, path: Path) -> None:
     metrics = measured_metrics(report)
     labels = [label for _, label, *_ in metrics]
     # A ratio is None when the baseline's value is 0 (e.g. no decode share left); draw no bar for it.
     ratios = [report["ratio"][key] or 0.0 for key, *_ in metrics]
-    figure, axis = plt.subplots(figsize=(9, 4))
-    axis.barh(labels, ratios, color="tab:blue")
-    axis.axvline(1.0, color="black", linewidth=0.8)
-    axis.invert_yaxis()
-    axis.set_xlabel("SwiftKV / baseline")
-    axis.set_title(f"SwiftKV vs baseline on vLLM, {report['settings']['dtype']}: {Path(report['model']).name}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with figure(path, (9, 4), dpi=120) as (_, axis):
+        axis.barh(labels, ratios, color="tab:blue")
+        axis.axvline(1.0, color="black", linewidth=0.8)
+        axis.invert_yaxis()
+        axis.set_xlabel("SwiftKV / baseline")
+        axis.set_title(f"SwiftKV vs baseline on vLLM, {report['settings']['dtype']}: {Path(report['model']).name}")
 
 
-def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> dict:
+def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> BenchResults:
     """Run both models with identical settings and workloads (default: full, or quick when
     `settings.quick`); write bench.json and bench.png to `settings.out` and return the report."""
     from ..sources import resolve_source

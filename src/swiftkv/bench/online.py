@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..files import write_atomic
+from ..results import OnlineResults
 from ..settings import setting
 from .online_metrics import (
     MODELS,
@@ -316,7 +317,7 @@ class OnlineRun:
         write_atomic(self.out_dir / "online.json", json.dumps(json_ready(self.report), indent=2))
 
 
-def online_bench(model: str, baseline: str, settings, online: OnlineSettings) -> dict:
+def online_bench(model: str, baseline: str, settings, online: OnlineSettings) -> OnlineResults:
     """Run the online benchmark of `model` (SwiftKV) against `baseline` (its teacher) with the server
     options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
     OUT/online.json (after every rate) and OUT/online.png, and return the report."""

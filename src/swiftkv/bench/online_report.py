@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..plots import figure
+from ..results import OnlineResults
 from .online_metrics import ratio
 
 
@@ -13,7 +15,7 @@ def number(value, scale: float = 1.0, digits: str = ".4g") -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value * scale, digits)
 
 
-def rate_rows(report: dict) -> list[str]:
+def rate_rows(report: OnlineResults) -> list[str]:
     base, swift = report["results"]["baseline"], report["results"]["swiftkv"]
     rows = [f"{'rate':>9} | {'TTFT p99 (s)':^26} | {'TPOT p50 (ms)':^26} | {'goodput (req/s)':^17} | "
             f"{'output tok/s':^17}",
@@ -34,7 +36,7 @@ def rate_rows(report: dict) -> list[str]:
     return rows
 
 
-def summary_rows(report: dict) -> list[str]:
+def summary_rows(report: OnlineResults) -> list[str]:
     summary, idle = report["summary"], report["idle"]
     best, bound = summary["max_rate"], summary["max_rate_is_lower_bound"]
 
@@ -55,22 +57,21 @@ def summary_rows(report: dict) -> list[str]:
     ]
 
 
-def format_table(report: dict) -> str:
+def format_table(report: OnlineResults) -> str:
     rows = rate_rows(report)
     if report.get("summary"):
         rows += [""] + summary_rows(report)
     return "\n".join(rows)
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: OnlineResults, path: Path) -> None:
     """TTFT p99 (log scale: it grows without bound past saturation) and TPOT p50 against the request
     rate, both models on each panel, the SLO's TTFT bound dashed."""
-    import matplotlib
+    with figure(path, (11, 4.2), ncols=2, dpi=120) as (fig, (ttft_axis, tpot_axis)):
+        draw_online(report, fig, ttft_axis, tpot_axis)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    figure, (ttft_axis, tpot_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+def draw_online(report: OnlineResults, figure, ttft_axis, tpot_axis) -> None:
     for model, label, color in (("baseline", "baseline (vLLM)", "tab:gray"), ("swiftkv", "SwiftKV", "tab:blue")):
         points = [(rate, row) for rate, row in zip(report["rates"], report["results"][model], strict=True) if row]
         rates = [rate for rate, _ in points]
@@ -87,6 +88,3 @@ def plot(report: dict, path: Path) -> None:
     workload = report["workload"]
     figure.suptitle(f"online: {Path(report['model']).name} vs {Path(report['baseline_model']).name}, "
                     f"{workload['prompt_len']} in / {workload['output_len']} out, Poisson arrivals")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)

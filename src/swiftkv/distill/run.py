@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..replies import reply_cache, write_replies
+from ..results import DistillSummary
 from .checkpoint import RunState, check_start
 from .settings import DistillSettings
 from .setup import load_student
@@ -21,7 +22,7 @@ from .world import World, init_world, log
 @dataclass
 class DistillResult:
     state: RunState
-    summary: dict  # settings, tokens, seconds, tokens/s, held-out before/after, loss history
+    summary: DistillSummary  # settings, tokens, seconds, tokens/s, held-out before/after, loss history
     wrote: bool  # the output folder was written (the run reached its last step)
 
 
@@ -60,7 +61,7 @@ def written_replies(settings: DistillSettings, tokenizer, world: World):
     return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
-def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> None:
+def write_output(settings: DistillSettings, model, tokenizer, summary: DistillSummary) -> None:
     """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. Student-only
     later-layer weights (`--trainable lora|late|late-norms`) are merged under their original names, and
     the config says so: the folder then no longer contains its teacher."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..results import TaskResult
 from .loglikelihood import LoglikelihoodScorer
 from .pair import ROLES, STUDENT, TEACHER
 from .stats import paired_comparison
@@ -111,7 +112,7 @@ def per_subtask_limit(task_dict: dict, limit: int | None) -> int | None:
     return math.ceil(limit / max(1, len(task_dict["tasks"])))
 
 
-def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> dict:
+def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> TaskResult:
     """Score one task (or group) for both roles; return the metrics and the paired comparison."""
     from lm_eval.evaluator import evaluate
 

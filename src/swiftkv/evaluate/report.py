@@ -11,10 +11,12 @@ from pathlib import Path
 
 from ..files import atomic_file, write_atomic
 from ..model.config import is_swiftkv
+from ..plots import figure
+from ..results import EvalResults, FloorResult, StudentResult
 from .pair import STUDENT, TEACHER
 
 
-def write_report(results: dict, out: Path) -> list[Path]:
+def write_report(results: EvalResults, out: Path) -> list[Path]:
     """Write the three files atomically (temp name, then rename) and return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "report.md", out / "report.png"]
@@ -25,14 +27,14 @@ def write_report(results: dict, out: Path) -> list[Path]:
     return paths
 
 
-def student_label(student: dict) -> str:
+def student_label(student: StudentResult) -> str:
     info = student["pair"]
     if is_swiftkv(info):
         return f"{info['student']} (N={info['num_key_value_layers']}, G={info['key_value_group_size']})"
     return info["student"]
 
 
-def task_metric_rows(results: dict) -> list[tuple[str, str]]:
+def task_metric_rows(results: EvalResults) -> list[tuple[str, str]]:
     rows = []
     for task, entry in results["students"][0]["tasks"].items():
         rows += [(task, metric) for metric in entry["paired"]]
@@ -44,7 +46,7 @@ def task_metric_rows(results: dict) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def markdown(results: dict) -> str:
+def markdown(results: EvalResults) -> str:
     students = results["students"]
     lines = [
         "# SwiftKV evaluation",
@@ -63,7 +65,7 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_table(results: dict) -> list[str]:
+def summary_table(results: EvalResults) -> list[str]:
     """One row per model: what a reader compares first (accuracy per task, their mean, chat agreement)."""
     students = results["students"]
     tasks = list(students[0]["tasks"])
@@ -88,7 +90,7 @@ def summary_table(results: dict) -> list[str]:
     return lines
 
 
-def summary_row(name: str, accuracy: list[float | None], measured: dict) -> str:
+def summary_row(name: str, accuracy: list[float | None], measured: StudentResult | FloorResult) -> str:
     """Accuracy cells, their mean, then the agreement measures of `measured` (a student or the floor)."""
     known = [value for value in accuracy if value is not None]
     mean = [sum(known) / len(known) if len(known) == len(accuracy) else None] if accuracy else []
@@ -103,7 +105,7 @@ def summary_row(name: str, accuracy: list[float | None], measured: dict) -> str:
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
-def task_table(results: dict) -> list[str]:
+def task_table(results: EvalResults) -> list[str]:
     students = results["students"]
     header = "| task | metric | items | teacher | " + " | ".join(f"S{i + 1}" for i in range(len(students))) + " |"
     lines = [
@@ -128,7 +130,7 @@ def task_table(results: dict) -> list[str]:
     return lines
 
 
-def chat_tables(students: list[dict]) -> list[str]:
+def chat_tables(students: list[StudentResult]) -> list[str]:
     lines = []
     forced = [(i, s["teacher_forced"]) for i, s in enumerate(students) if s.get("teacher_forced")]
     if forced:
@@ -154,7 +156,7 @@ def chat_tables(students: list[dict]) -> list[str]:
     return lines
 
 
-def long_prompt_table(results: dict) -> list[str]:
+def long_prompt_table(results: EvalResults) -> list[str]:
     rows = [(f"S{i + 1}", s["long_prompt"]) for i, s in enumerate(results["students"]) if s.get("long_prompt")]
     if (results.get("floor") or {}).get("long_prompt"):
         rows.insert(0, ("floor", results["floor"]["long_prompt"]))
@@ -178,14 +180,13 @@ def quote(text: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(results: EvalResults, path: Path) -> None:
     students = results["students"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5))
+    with figure(path, (14, 5), ncols=2) as (_, (left, right)):
+        draw_report(results, students, left, right)
+
+
+def draw_report(results: EvalResults, students: list[StudentResult], left, right) -> None:
     tasks = list(students[0]["tasks"]) if students else []
     width = 0.8 / (1 + len(students))
     for j, (label, values, errors) in enumerate(accuracy_series(students, tasks)):
@@ -205,12 +206,9 @@ def plot(results: dict, path: Path) -> None:
     right.set_ylabel("agreement with the teacher")
     right.set_title("Agreement per task (same answer), chat top-1, identical greedy answers", fontsize=9)
     right.legend(fontsize=7, loc="upper center", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
 
 
-def accuracy_series(students: list[dict], tasks: list[str]):
+def accuracy_series(students: list[StudentResult], tasks: list[str]):
     if not students:
         return []
     teacher = [students[0]["tasks"][t]["metrics"][TEACHER] for t in tasks]
@@ -221,7 +219,7 @@ def accuracy_series(students: list[dict], tasks: list[str]):
     return series
 
 
-def agreement_values(student: dict, tasks: list[str]) -> list[float]:
+def agreement_values(student: StudentResult, tasks: list[str]) -> list[float]:
     values = [student["tasks"][t]["paired"]["acc"]["agreement"] for t in tasks]
     values.append((student.get("teacher_forced") or {}).get("top1_agreement", 0.0))
     values.append((student.get("generation") or {}).get("identical_fraction", 0.0))

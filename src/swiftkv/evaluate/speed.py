@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic
+from ..plots import figure
 from .harness import load_task
 from .loglikelihood import LoglikelihoodScorer
 from .pair import STUDENT, TEACHER, load_pair
@@ -86,25 +87,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [k for k in next(iter(results.values())) if k != "requests"]
-    width = 0.8 / len(names)
-    for j, name in enumerate(names):
-        ax.bar([i + j * width for i in range(len(results))], [r[name] / r["requests"] * 1000 for r in results.values()],
-               width, label=name)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
-    ax.set_ylabel("ms per request (median)")
-    ax.set_title("swiftkv eval scoring cost, measured in one run", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
+    with figure(tmp, (7, 4)) as (_, ax):
+        names = [k for k in next(iter(results.values())) if k != "requests"]
+        width = 0.8 / len(names)
+        for j, name in enumerate(names):
+            ax.bar([i + j * width for i in range(len(results))],
+                   [r[name] / r["requests"] * 1000 for r in results.values()], width, label=name)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
+        ax.set_ylabel("ms per request (median)")
+        ax.set_title("swiftkv eval scoring cost, measured in one run", fontsize=9)
+        ax.legend(fontsize=8)
     tmp.replace(path)
 
 

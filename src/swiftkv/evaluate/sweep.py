@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ..files import atomic_file, write_atomic
 from ..model.config import num_key_value_layers_for
+from ..plots import figure
+from ..results import EvalResults, StudentResult
 from .report import write_report
 from .run import evaluate_models
 from .settings import EvalSettings, SweepSettings
@@ -78,7 +80,7 @@ def run_sweep(source: str, sweep: SweepSettings, settings: EvalSettings, out: Pa
     return [*paths, out / "sweep.png", out / "sweep.md"]
 
 
-def quality(student: dict) -> dict[str, float]:
+def quality(student: StudentResult) -> dict[str, float]:
     """Agreement measures of one sweep point (mean task agreement over the evaluated tasks)."""
     tasks = student["tasks"]
     out = {}
@@ -91,7 +93,7 @@ def quality(student: dict) -> dict[str, float]:
     return out
 
 
-def tradeoff_table(results: dict) -> str:
+def tradeoff_table(results: EvalResults) -> str:
     lines = ["# SwiftKV trade-off sweep", "", f"Teacher: `{results['teacher']}`", "",
              "| N | G | prefill compute saved | " + " | ".join(quality(results["students"][0])) + " |",
              "|---|---|---|" + "---|" * len(quality(results["students"][0]))]
@@ -103,13 +105,12 @@ def tradeoff_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_tradeoff(results: dict, path: Path) -> None:
-    import matplotlib
+def plot_tradeoff(results: EvalResults, path: Path) -> None:
+    with figure(path, (7, 4.5)) as (_, ax):
+        draw_tradeoff(results, ax)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def draw_tradeoff(results: EvalResults, ax) -> None:
     students = results["students"]
     groups = sorted({s["pair"]["key_value_group_size"] for s in students})
     for g in groups:
@@ -125,6 +126,3 @@ def plot_tradeoff(results: dict, path: Path) -> None:
     ax.set_ylim(0, 1.02)
     ax.set_title(f"SwiftKV trade-off for {results['teacher']}", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
