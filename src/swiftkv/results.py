@@ -163,6 +163,7 @@ class DistillSummary(TypedDict):
 
     settings: dict  # DistillSettings as a dict
     steps: int
+    micro_batch: int  # blocks per forward as run (--micro-batch auto resolved)
     train_tokens: int
     train_seconds: float
     tokens_per_second: float | None
