@@ -24,12 +24,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .data.chat import read_source
 from .data.split import split_documents
 from .data.tokens import MAX_PROMPT_TOKENS, Reply, prompt_key
-from .dtypes import DTYPE_CHOICES
+from .dtypes import DTYPE_CHOICES, dtype_name, resolve_dtype
 from .files import cache_root, cached_folder, folder_fingerprint
+from .model.config import add_legacy_rope_keys, is_swiftkv
+from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
+from .sources import load_model, load_tokenizer, read_config_dict, resolve_source
+from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
+from .vllm.env import configure_cpu_env
 
 GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
 WRITERS = ("teacher", "student")
@@ -66,8 +73,6 @@ class RepliesSettings:
 def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     """Write the missing replies of `settings` (all of them on a first run); returns the cache, whose
     `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
-    from .sources import load_tokenizer
-
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:
@@ -102,9 +107,6 @@ def writer_folder(settings: RepliesSettings) -> Path:
     """The HF folder whose greedy replies are written: SRC (a plain model, or a SwiftKV one for the
     student: vLLM and transformers both run a SwiftKV folder as the student), or the plain teacher
     held inside a SwiftKV SRC."""
-    from .model.config import is_swiftkv
-    from .sources import read_config_dict, resolve_source
-
     folder = resolve_source(settings.source)
     swiftkv = is_swiftkv(read_config_dict(folder))
     if settings.writer == "student":
@@ -122,12 +124,6 @@ def plain_teacher_folder(folder: Path) -> Path:
 
 
 def save_plain_teacher(folder: Path, out: Path) -> None:
-    import torch
-
-    from .model.config import add_legacy_rope_keys
-    from .model.surgery import plain_teacher, write_model_folder
-    from .sources import load_model, load_tokenizer
-
     def fill(tmp: Path) -> None:
         plain_teacher(load_model(folder, dtype=torch.float32)).save_pretrained(tmp)
         add_legacy_rope_keys(tmp)
@@ -140,10 +136,6 @@ def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
     """Greedy replies of the writer: vLLM where it is installed (or asked for), transformers'
     generate otherwise. The writer's folder and the engine are set up on the first call only, so a run
     whose replies are all cached builds neither."""
-    import torch
-
-    from .dtypes import dtype_name, resolve_dtype
-
     engine = resolved_engine(settings)
     device = "cuda" if engine == "hf" and torch.cuda.is_available() else "cpu"
     state = {}
@@ -169,8 +161,6 @@ def resolved_engine(settings: RepliesSettings) -> str:
 def generation_batch(settings: RepliesSettings) -> int:
     """Prompts per generation call. It decides which examples the written prompts consume, and so
     where `--targets mixed` takes its human chats from: the writing and the reading walk share it."""
-    import torch
-
     return HF_BATCH_CUDA if resolved_engine(settings) == "hf" and torch.cuda.is_available() else GENERATION_BATCH
 
 
@@ -217,7 +207,6 @@ def append_replies(path: Path, records: dict[str, Reply], chats: dict[str, list[
 
 class ReplyCache:
     """The writer's replies by prompt, generated on demand and kept in a JSONL file."""
-
     def __init__(self, path: Path, generate: Generate, tokenizer=None):
         self.path = path
         self.generate = generate
@@ -267,7 +256,6 @@ def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
     """Greedy replies of the model in `folder` with transformers' `generate`: left-padded batches,
     sorted by length so a batch pads little. The same replies as vLLM's up to the numerics of the
     batch (tested equal to unbatched greedy generation in fp32)."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -292,8 +280,6 @@ HF_BATCH_CUDA = 256  # a GPU is launch-bound at small batches: wider batches, fe
 
 
 def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id: int) -> list[Reply]:
-    import torch
-
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[eos_token_id] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
@@ -310,9 +296,6 @@ def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id:
 def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False):
     from vllm import LLM
 
-    from .sources import read_config_dict
-    from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
-    from .vllm.env import configure_cpu_env
 
     configure_cpu_env()
     window = read_config_dict(folder).get("max_position_embeddings", MAX_PROMPT_TOKENS + max_tokens)

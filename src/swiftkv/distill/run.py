@@ -10,12 +10,17 @@ from pathlib import Path
 
 import torch
 
+from ..data.packing import load_blocks
+from ..model.modeling import swiftkv_parameters
+from ..model.surgery import load_trained, write_model_folder
 from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
+from ..sources import load_model
 from .checkpoint import RunState, check_start
 from .settings import DistillSettings
 from .setup import load_student
-from .trainer import distill, finished, run_summary
+from .trainable import STUDENT_MODULES, student_weights
+from .trainer import distill, evaluate, finished, run_summary
 from .world import World, init_world, log
 
 
@@ -65,11 +70,6 @@ def write_output(settings: DistillSettings, model, tokenizer, summary: DistillSu
     """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. Student-only
     later-layer weights (`--trainable lora|late|late-norms`) are merged under their original names, and
     the config says so: the folder then no longer contains its teacher."""
-    from ..model.modeling import swiftkv_parameters
-    from ..model.surgery import load_trained, write_model_folder
-    from ..sources import load_model
-    from .trainable import STUDENT_MODULES, student_weights
-
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
     output = load_model(settings.source, dtype=torch.float32)
     load_trained(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
@@ -89,9 +89,6 @@ def write_output(settings: DistillSettings, model, tokenizer, summary: DistillSu
 
 def heldout_agreement(settings: DistillSettings) -> dict:
     """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
-    from ..data.packing import load_blocks
-    from .trainer import evaluate
-
     model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
     _, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens,
                              settings.seed)
