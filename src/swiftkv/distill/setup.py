@@ -7,6 +7,8 @@ import os
 import torch
 
 from ..model.config import is_swiftkv
+from ..model.surgery import copy_init_params, load_trained, teacher_difference, tokenizer_differences
+from ..sources import load_model, load_tokenizer
 from .settings import REDERIVED_INITS
 from .trainable import check_trainable
 
@@ -20,8 +22,6 @@ def set_threads() -> None:
 
 def load_student(settings):
     """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run."""
-    from ..sources import load_model, load_tokenizer
-
     check_reply_writer(settings)
     model = load_model(settings.source, dtype=torch.float32)
     check_student(model, settings)
@@ -36,8 +36,6 @@ def load_student(settings):
 def apply_init(model, settings) -> None:
     """The recipe's starting point: copy/mean are re-derived from the model's own teacher weights;
     lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
-    from ..model.surgery import copy_init_params, load_trained
-
     if settings.init in REDERIVED_INITS:
         load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
     elif settings.init == "lstsq":
@@ -80,9 +78,6 @@ def check_student(model, settings) -> None:
 def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
     """Shared-prefix distillation is only valid when the student was converted from this teacher:
     same tokenizer, same shapes and the same weights in every teacher tensor (`teacher_difference`)."""
-    from ..model.surgery import teacher_difference, tokenizer_differences
-    from ..sources import load_model, load_tokenizer
-
     differences = tokenizer_differences(student_tokenizer, load_tokenizer(teacher_source))
     if differences:
         raise ValueError(f"--teacher {teacher_source}: its tokenizer differs from the student's ({'; '.join(differences)}); "

@@ -13,6 +13,7 @@ import torch
 from ..data.packing import load_blocks
 from ..dtypes import dtype_name
 from ..metrics import distill_flops_per_token, matmul_peak
+from .setup import load_student
 from .trainer import (
     ATTENTION,
     BatchSizes,
@@ -38,8 +39,6 @@ def timed_step(distiller, model, optimizer, blocks, settings, world: World) -> t
 def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     """`steps` optimizer steps each way (after one warm-up step each), alternating; `naive=False`
     times the shared-prefix way alone (training throughput)."""
-    from .setup import load_student
-
     model, tokenizer = load_student(settings)
     train, _ = load_blocks(settings.data, tokenizer, settings.seq_len, settings.batch_size * (steps + 1) * settings.seq_len,
                            settings.seq_len, settings.seed)

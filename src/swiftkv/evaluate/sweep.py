@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..convert import convert
 from ..files import atomic_file, write_atomic
 from ..model.config import num_key_value_layers_for
 from ..plots import figure
 from ..results import EvalResults, StudentResult
+from ..sources import read_config_dict, resolve_source
 from .report import write_report
 from .run import evaluate_models
 from .settings import EvalSettings, SweepSettings
@@ -50,8 +52,6 @@ def sweep_points(num_layers: int, fractions: list[float], group_sizes: list[int]
 
 def convert_points(source: str, points: list[tuple[int, int]], folder: Path, init: str) -> list[Path]:
     """One SwiftKV folder per point, converted once and reused by later sweeps."""
-    from ..convert import convert
-
     paths = []
     for n, g in points:
         path = folder / f"N{n}-G{g}-{init}"
@@ -66,8 +66,6 @@ def run_sweep(source: str, sweep: SweepSettings, settings: EvalSettings, out: Pa
               cache: Path | None = None) -> list[Path]:
     """Convert `source` at every sweep point, evaluate each against it, write the report, the
     trade-off table and its plot into `out`."""
-    from ..sources import read_config_dict, resolve_source
-
     layers = read_config_dict(resolve_source(source))["num_hidden_layers"]
     points = sweep_points(layers, parse_fractions(sweep.sweep), parse_group_sizes(sweep.sweep_group_sizes))
     students = convert_points(source, points, out / "models", sweep.sweep_init)
