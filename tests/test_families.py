@@ -138,3 +138,22 @@ def test_gguf_whose_head_dim_transformers_would_miss_is_refused(tmp_path):
     path = write_tiny_gguf(tmp_path / "q.gguf", teacher, tokenizer, "tiny-qwen3")
     with pytest.raises(ValueError, match="key_length=24.*head_dim=128"):
         resolve_source(path)
+
+
+def test_qwen3_trained_tensor_files_rebuild_the_student(tmp_path):
+    """The trained-tensor files of a Qwen3 student (its SwiftKV projections and norms only) plus the
+    base folder they name rebuild a folder whose student equals the original."""
+    from swiftkv.model.modeling import swiftkv_parameters
+    from swiftkv.model.surgery import read_trained, save_swiftkv_params
+    from swiftkv.sources import load_model, resolve_source
+    from tests.tiny import random_student, save_tiny_folder, tiny_tokenizer
+
+    teacher, student = random_student("qwen3", N, 2, swiftkv_std=0.1)
+    save_tiny_folder(tmp_path / "base", teacher, tiny_tokenizer())
+    save_swiftkv_params(student, tmp_path / "trained", base=str(tmp_path / "base"), dtype=torch.float32)
+    _, tensors = read_trained(tmp_path / "trained")
+    assert set(tensors) == set(swiftkv_parameters(student)) == branch_layout_names(N, 2)
+    rebuilt = load_model(resolve_source(tmp_path / "trained"))
+    x = torch.randint(3, 100, (1, 13))
+    with torch.no_grad():
+        assert float((rebuilt(x).logits - student(x).logits).abs().max()) <= 1e-5

@@ -125,7 +125,7 @@ def resolve_source(src: str | os.PathLike) -> Path:
     text = str(src)
     if text == SMOLLM2_ALIAS:
         return cached_folder(SMOLLM2_ALIAS, lambda out: export_gguf(smollm2_gguf(), out))
-    if (WEIGHTS_DIR / text / "swiftkv.json").is_file():
+    if text in available_aliases():  # a bare name; an absolute path would join as itself
         return distilled_folder(WEIGHTS_DIR / text, alias=text)
     path = Path(src)
     if (path / "swiftkv.json").is_file() and not (path / "config.json").is_file():
