@@ -19,7 +19,7 @@ import torch
 
 from .files import atomic_output_dir, cached_folder
 from .model.config import add_legacy_rope_keys
-from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES, unsupported
+from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES
 
 SMOLLM2_ALIAS = "smollm2-135m-instruct"
 WEIGHTS_DIR = Path(__file__).parent / "weights"
@@ -156,6 +156,8 @@ def check_supported(folder: Path) -> dict:
     config = read_config_dict(folder)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
+        from .model.families import unsupported
+
         raise ValueError(f"{folder}: {unsupported(model_type)}")
     return config
 

@@ -1,7 +1,8 @@
 """The SwiftKV core: config geometry (`config`), the HF models (`modeling`), the model families
 (`families`) and the surgery that turns a model into a SwiftKV model and back (`surgery`, `params`).
-Conversion, distillation, evaluation and serving all build on these. Every family's config and
-model class is exported under its own name, read from the registry."""
+Conversion, distillation, evaluation and serving all build on these."""
+
+# Every family's config and model class is exported under its own name, read from the registry.
 
 from .config import SwiftKVConfigError as SwiftKVConfigError
 from .families import SWIFTKV_CLASSES

@@ -12,7 +12,8 @@ Qwen3 in both: q_norm_swiftkv <- the layer's q_norm, k_norm_swiftkv <- the group
 
 Trained-tensor files (what the project commits for its distilled aliases):
 `<folder>/swiftkv.safetensors` holds `model.layers.{i}.self_attn.{q,k,v}_proj_swiftkv.weight`
-(+ bias), Qwen3's `{q,k}_norm_swiftkv.weight` and `model.norm_swiftkv.weight`; `<folder>/swiftkv.json` names the base model and geometry.
+(+ bias), Qwen3's `{q,k}_norm_swiftkv.weight` and `model.norm_swiftkv.weight`; `<folder>/swiftkv.json`
+names the base model and geometry.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..files import atomic_file, atomic_output_dir, write_atomic
-from .families import FAMILIES, FAMILY_NAMES, SOURCE_FAMILIES, SWIFTKV_CLASSES, family_of
+from .families import FAMILIES, family_of
 from .modeling import check_teacher_contained, swiftkv_parameters
 
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
@@ -36,7 +37,7 @@ AUTO_SHIM = "swiftkv_auto"
 
 def auto_shim_source() -> str:
     """The shim: imports every family's classes (from the registry) out of the swiftkv package."""
-    names = ", ".join(cls.__name__ for cls in SWIFTKV_CLASSES)
+    names = ", ".join(cls.__name__ for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
     types = " / ".join(f.swiftkv_type for f in FAMILIES.values())
     return (f'''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
 swiftkv package. Load it after `import swiftkv`, or with trust_remote_code=True."""
@@ -48,14 +49,18 @@ except ImportError as error:
 ''')
 
 
+AUTO_SHIM_SOURCE = auto_shim_source()
+
+
 def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size: int):
     """The SwiftKV config of a plain config of a supported family (a Mistral config becomes a Llama
     SwiftKV config); raises SwiftKVConfigError on bad N/G, ValueError on a source it cannot convert."""
     base_type = base_config.model_type
-    if base_type not in SOURCE_FAMILIES:
+    sources = [t for f in FAMILIES.values() for t in f.source_types]
+    if base_type not in sources:
         raise ValueError(f"cannot convert model_type {base_type!r}: already SwiftKV or unsupported; "
-                         f"expected one of {list(SOURCE_FAMILIES)} ({FAMILY_NAMES} causal LMs)")
-    family = SOURCE_FAMILIES[base_type]
+                         f"expected one of {sources}")
+    family = family_of(base_type)
     why = family.source_refusal(base_config)
     if why:
         raise ValueError(f"cannot convert this {base_type} model to SwiftKV: {why}")
@@ -72,7 +77,7 @@ def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size
     """A SwiftKV model holding the teacher's weights; the new parameters still need an init. It is
     never trimmed here: measuring an init runs its teacher path (`trimmed_copy` trims at write time)."""
     config = swiftkv_config(teacher.config, num_key_value_layers, key_value_group_size)
-    model_class = SOURCE_FAMILIES[teacher.config.model_type].model_class
+    model_class = family_of(teacher.config.model_type).model_class
     model = model_class(config).to(teacher.dtype).eval()
     weights = {k: v for k, v in teacher.state_dict().items() if k in model.state_dict()}
     missing, _ = model.load_state_dict(weights, strict=False)
@@ -193,7 +198,7 @@ def write_swiftkv_folder(model, tokenizer, dst: str | os.PathLike, info: dict, f
                              "AutoModelForCausalLM": f"{AUTO_SHIM}.{type(model).__name__}"}
     with atomic_output_dir(dst, force=force) as tmp:
         model.save_pretrained(tmp)
-        (tmp / f"{AUTO_SHIM}.py").write_text(auto_shim_source())
+        (tmp / f"{AUTO_SHIM}.py").write_text(AUTO_SHIM_SOURCE)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
