@@ -38,21 +38,30 @@ def linear(module, x):
 
 def student_logits(model, input_ids: torch.Tensor, h_n: torch.Tensor) -> torch.Tensor:
     """Logits of one sequence [seq] under the SwiftKV student, given h_N [seq, hidden] (the residual
-    stream entering layer N, which the teacher computes identically)."""
+    stream entering layer N, which the teacher computes identically). Qwen3 (the issue's math):
+    K = k_norm_swiftkv(k_proj_swiftkv(s)) and Q = q_norm_swiftkv(q_proj_swiftkv(x)), per head, before
+    RoPE; V without a norm."""
     config = model.config
     eps, theta = config.rms_norm_eps, config.rope_parameters["rope_theta"]
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    qk_norm = config.model_type == "qwen3_swiftkv"
     positions = torch.arange(len(input_ids))
     s = rms_norm(h_n, model.model.norm_swiftkv.weight, eps)
     h = h_n
     for j in config.later_layers:
         layer = model.model.layers[j]
         owner = model.model.layers[config.kv_owner(j)].self_attn
-        k = rope(linear(owner.k_proj_swiftkv, s).view(-1, kv_heads, head_dim), positions, theta)
+        k = linear(owner.k_proj_swiftkv, s).view(-1, kv_heads, head_dim)
+        if qk_norm:
+            k = rms_norm(k, owner.k_norm_swiftkv.weight, eps)
+        k = rope(k, positions, theta)
         v = linear(owner.v_proj_swiftkv, s).view(-1, kv_heads, head_dim)
         x = rms_norm(h, layer.input_layernorm.weight, eps)
-        q = rope(linear(layer.self_attn.q_proj_swiftkv, x).view(-1, heads, head_dim), positions, theta)
+        q = linear(layer.self_attn.q_proj_swiftkv, x).view(-1, heads, head_dim)
+        if qk_norm:
+            q = rms_norm(q, layer.self_attn.q_norm_swiftkv.weight, eps)
+        q = rope(q, positions, theta)
         attn = causal_gqa(q, k, v, positions, positions).reshape(len(input_ids), -1)
         h = h + linear(layer.self_attn.o_proj, attn)
         x = rms_norm(h, layer.post_attention_layernorm.weight, eps)

@@ -183,6 +183,21 @@ def test_distillation_lowers_heldout_kl(tmp_path):
     assert evals[-1]["kl"] < 0.8 * evals[0]["kl"], evals
 
 
+def test_qwen3_distillation_lowers_heldout_kl_and_trains_only_its_swiftkv_parameters(tmp_path):
+    """Qwen3 with AcrossKV: its SwiftKV norms (q_norm_swiftkv per later layer, k_norm_swiftkv per group
+    owner) train beside the projections and norm_swiftkv; nothing else moves."""
+    model = tiny_student(2, arch="qwen3", g=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = distill(run_settings(tmp_path, tokens=32 * 4 * 10, lr=1e-2), model, tiny_tokenizer())
+    evals = [h for h in state.history if "kl" in h]
+    assert evals[-1]["kl"] < 0.8 * evals[0]["kl"], evals
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == set(swiftkv_parameters(model))
+    # layers 2..5: q_proj + q_norm each; owners 2 and 4: k/v_proj + k_norm each; norm_swiftkv
+    assert len(changed) == 4 * 2 + 2 * 3 + 1
+    assert {n.split(".")[-2] for n in changed} >= {"q_norm_swiftkv", "k_norm_swiftkv", "norm_swiftkv"}
+
+
 def test_saved_swiftkv_params_hold_only_the_trained_tensors(tmp_path):
     import json
 

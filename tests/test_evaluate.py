@@ -279,3 +279,27 @@ def test_sweep_converts_evaluates_and_plots(smollm2_models, tmp_path):
     assert savings[0] > savings[1] > 0
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 3 | 1 |" in (out / "sweep.md").read_text()
+
+
+def test_qwen3_pair_scores_equal_naive_forward_for_both_roles(tokenizer, tmp_path):
+    """Eval on the Qwen3 family: a Qwen3 SwiftKV student (AcrossKV, norms away from 1) shares layers < N
+    with its plain Qwen3 teacher, and both roles' scores equal one naive forward each."""
+    from transformers import Qwen3ForCausalLM
+
+    from tests.tiny import random_student
+
+    teacher, student = random_student("qwen3", 2, 2, swiftkv_std=0.1, vocab_size=len(tokenizer),
+                                      max_position_embeddings=4096, tie_word_embeddings=True)
+    for name, model in (("teacher", teacher), ("student", student)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    pair = load_pair(str(tmp_path / "student"), str(tmp_path / "teacher"), dtype=torch.float32)
+    assert pair.mode == "shared"
+    scorer = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), batch_tokens=64, progress=False)
+    got = {role: scorer.loglikelihood(REQUESTS, role) for role in (TEACHER, STUDENT)}
+    reference_teacher = Qwen3ForCausalLM.from_pretrained(tmp_path / "teacher", dtype=torch.float32).eval()
+    for i, (context, continuation) in enumerate(REQUESTS):
+        t_ll, _ = naive_loglikelihood(reference_teacher, pair.tokenizer, context, continuation, False)
+        s_ll, _ = naive_loglikelihood(pair.student, pair.tokenizer, context, continuation, True)
+        assert abs(got[TEACHER][i][0] - t_ll) < 1e-3 and abs(got[STUDENT][i][0] - s_ll) < 1e-3
+    assert max(abs(got[TEACHER][i][0] - got[STUDENT][i][0]) for i in range(len(REQUESTS))) > 1e-3

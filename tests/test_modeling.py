@@ -11,7 +11,7 @@ from tests.tiny import random_student, tiny_swiftkv_config
 
 LAYERS, N = 6, 2
 GROUP_SIZES = [g for g in range(1, LAYERS - N + 1) if (LAYERS - N) % g == 0]  # 1, 2, 4
-ARCHS = ["llama", "qwen2"]
+ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

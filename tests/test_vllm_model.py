@@ -1,6 +1,7 @@
 """The vLLM SwiftKV model against the HF SwiftKV model, on tiny random checkpoints with SmolLM2's
 real tokenizer: greedy token ids equal (fp32 on both sides), for batch mixes with chunked prefill,
-mixed prefill/decode steps and prefix caching, for G = 1 and G = 2; prompt tokens really skip the
+mixed prefill/decode steps and prefix caching, for G = 1 and G = 2 (Llama, Qwen2, Qwen3, and a
+converted Mistral); prompt tokens really skip the
 later layers; AcrossKV really shrinks vLLM's KV cache."""
 
 from __future__ import annotations
@@ -17,42 +18,53 @@ NEW_TOKENS = 12
 
 
 def tiny_checkpoint(path, arch: str, group_size: int, kv_heads: int = 2):
-    """A random SwiftKV Llama or Qwen2 (untrimmed, Snowflake layout) with peaked logits, saved with
-    SmolLM2's tokenizer. Peaked logits keep greedy margins far above fp32 noise."""
-    from swiftkv import (
-        LlamaSwiftKVConfig,
-        LlamaSwiftKVForCausalLM,
-        Qwen2SwiftKVConfig,
-        Qwen2SwiftKVForCausalLM,
-    )
+    """A random SwiftKV checkpoint (untrimmed, Snowflake layout) with peaked logits, saved with
+    SmolLM2's tokenizer. Peaked logits keep greedy margins far above fp32 noise. `arch` is a family
+    (llama, qwen2, qwen3) or "mistral": a Mistral model converted by `build_swiftkv_model` into a
+    llama_swiftkv folder. Qwen3 and Mistral get head_dim 32 != hidden / heads and norm weights away
+    from 1, so a wrong head size or a missing norm cannot pass."""
+    from swiftkv.model.families import FAMILIES
+    from swiftkv.model.surgery import build_swiftkv_model
     from swiftkv.sources import load_tokenizer
 
-    config_class, model_class = {"llama": (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
-                                 "qwen2": (Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)}[arch]
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     torch.manual_seed(group_size)
-    config = config_class(
+    shape = dict(
         vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=True, swiftkv=True, num_key_value_layers=N, key_value_group_size=group_size,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )
-    model = model_class(config).eval()
+    newer = arch in ("qwen3", "mistral")
+    if newer:
+        shape["head_dim"] = 32
+    if arch == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        model = build_swiftkv_model(MistralForCausalLM(MistralConfig(**shape, sliding_window=None)), N, group_size)
+    else:
+        family = FAMILIES[arch]
+        model = family.model_class(family.config_class(**shape, swiftkv=True, num_key_value_layers=N,
+                                                       key_value_group_size=group_size))
+    model.eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.dim() == 2:
                 param.normal_(0.0, 0.5 if "embed" in name else 0.15)
             elif name.endswith("bias"):  # Qwen2's q/k/v biases: non-zero, so loading them is tested
                 param.normal_(0.0, 0.1)
+            elif newer and "norm" in name:  # every RMSNorm, Qwen3's q/k and SwiftKV norms included
+                param.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return model, tokenizer
 
 
 # (architecture, G, compiled): the Llama G=1 engine runs the compiled early/late parts as served;
-# the Qwen2 G=2 engine (AcrossKV, q/k/v biases) runs eager to keep CI time down.
-ENGINES = [("llama", 1, True), ("qwen2", 2, False)]
+# the Qwen2 G=2 engine (AcrossKV, q/k/v biases) runs eager to keep CI time down. Qwen3 runs G=1 eager
+# and G=2 compiled (its grouped k_norm_swiftkv inside the compiled early part); Mistral is a converted
+# Mistral model served by the Llama path, with its own head_dim.
+ENGINES = [("llama", 1, True), ("qwen2", 2, False), ("qwen3", 1, False), ("qwen3", 2, True), ("mistral", 1, False)]
 
 
 @pytest.fixture(scope="module", params=ENGINES, ids=[f"{a}-G{g}" for a, g, _ in ENGINES])
@@ -185,11 +197,12 @@ def test_prompt_tokens_skip_later_layers(served):
 def test_kv_capacity_matches_holder_count(served):
     """vLLM allocates caches for the N early layers and one holder per AcrossKV group only:
     capacity = KV bytes / (bytes per token of N + (L - N) / G caches)."""
+    from swiftkv.model.config import head_dim_of
     from swiftkv.vllm.engine import kv_cache_tokens
 
-    llm, _, _, group_size = served
+    llm, model, _, group_size = served
     caches = N + (LAYERS - N) // group_size
-    bytes_per_token = caches * 2 * 2 * 64 * 4  # K and V, 2 KV heads, head_dim 64, fp32
+    bytes_per_token = caches * 2 * 2 * head_dim_of(model.config) * 4  # K and V, 2 KV heads, fp32
     block = llm.llm_engine.vllm_config.cache_config.block_size
     expected = KV_BYTES // bytes_per_token // block * block
     assert kv_cache_tokens(llm) == expected

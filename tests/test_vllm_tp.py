@@ -1,7 +1,8 @@
 """Tensor parallelism on vLLM's CPU engine: tensor_parallel_size=2 with the multiprocessing executor
 (one worker process and one core per rank). Greedy ids of the tp=2 engine must equal the HF SwiftKV
 model's (fp32), which the tp=1 engine is held to in test_vllm_model.py. Llama G=2 splits its 2 KV
-heads over the ranks; Qwen2 G=1 has one KV head, so both ranks hold a copy of it (replication)."""
+heads over the ranks; Qwen2 G=1 and Qwen3 G=2 have one KV head, so both ranks hold a copy of it
+(replication); Qwen3's per-group k_norm_swiftkv and per-layer q_norm_swiftkv are whole on every rank."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tests.test_vllm_model import CHUNK, NEW_TOKENS, assert_same_as_hf, tiny_che
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-ENGINES = [("llama", 2, 2), ("qwen2", 1, 1)]  # (architecture, G, KV heads)
+ENGINES = [("llama", 2, 2), ("qwen2", 1, 1), ("qwen3", 2, 1)]  # (architecture, G, KV heads)
 
 
 @pytest.fixture(scope="module", params=ENGINES, ids=[f"{a}-G{g}-kv{k}" for a, g, k in ENGINES])

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 pytestmark = pytest.mark.vllm  # imports vLLM
+SKIP_ROUTE = "skip"
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,32 @@ def test_inconsistent_checkpoint_is_refused(config, name, message):
 
     with pytest.raises(ValueError, match=message):
         route(config, name)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("model.layers.1.self_attn.q_norm.weight", ("model.early.layers.1.self_attn.q_norm.weight", None)),
+    ("model.layers.3.self_attn.q_norm_swiftkv.weight", ("model.late.layers.1.self_attn.q_norm_swiftkv.weight", None)),
+    ("model.layers.2.self_attn.k_norm_swiftkv.weight", ("model.early.k_norm_swiftkv.weight", 0)),
+    ("model.layers.4.self_attn.k_norm_swiftkv.weight", ("model.early.k_norm_swiftkv.weight", 1)),
+    ("model.layers.4.self_attn.k_norm.weight", SKIP_ROUTE),  # a later layer's teacher-only norms
+    ("model.layers.5.self_attn.q_norm.weight", SKIP_ROUTE),
+])
+def test_qwen3_norms_route_to_vllm_parameters(name, expected):
+    from swiftkv.vllm.weights import SKIP, route
+    from tests.tiny import tiny_swiftkv_config
+
+    config = tiny_swiftkv_config("qwen3", num_key_value_layers=2, key_value_group_size=2, swiftkv=True)
+    assert route(config, name) is SKIP if expected is SKIP_ROUTE else route(config, name) == expected
+    with pytest.raises(ValueError, match="does not own"):
+        route(config, "model.layers.3.self_attn.k_norm_swiftkv.weight")
+
+
+def test_qwen3_with_attention_bias_is_refused_on_vllm():
+    from swiftkv.vllm.model import Qwen3SwiftKVForCausalLM
+
+    with pytest.raises(ValueError, match="no o_proj bias"):
+        Qwen3SwiftKVForCausalLM.bias_of(SimpleNamespace(attention_bias=True))
+    assert not any(Qwen3SwiftKVForCausalLM.bias_of(SimpleNamespace(attention_bias=False)).values())
 
 
 def test_model_refuses_to_build_without_fast_prefill_and_hook_switches_it_on():

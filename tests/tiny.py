@@ -1,5 +1,5 @@
 """The one kit of tiny stand-ins for fast tests of real code paths: tiny configs and random models
-(plain and SwiftKV, Llama and Qwen2), two tiny tokenizers with a ChatML template, random chats and
+(plain and SwiftKV: Llama, Qwen2, Qwen3, and Mistral converted into the Llama family), two tiny tokenizers with a ChatML template, random chats and
 HF folder writers. Nothing here reads a real model or data set. No tests live here."""
 
 from __future__ import annotations
@@ -8,9 +8,26 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
-from swiftkv import LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM, Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM
+from swiftkv import (
+    LlamaSwiftKVConfig,
+    LlamaSwiftKVForCausalLM,
+    Qwen2SwiftKVConfig,
+    Qwen2SwiftKVForCausalLM,
+    Qwen3SwiftKVConfig,
+    Qwen3SwiftKVForCausalLM,
+)
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -27,7 +44,15 @@ CHARACTERS = sorted(set("".join(WORDS)))
 ARCHS = {
     "llama": (LlamaConfig, LlamaForCausalLM, LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM, LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
 }
+# The newer families' tiny shapes: head_dim != hidden / heads (24 vs 16), so code that derives it
+# cannot pass; Mistral without a sliding window (the only kind that converts). Their norm weights are
+# randomised away from 1 (`random_teacher`), so using the wrong norm cannot pass either.
+ARCH_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24, "sliding_window": None}}
+SWIFTKV_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24}}
+RANDOM_NORMS = ("qwen3", "mistral")
 
 
 # -- configs and random models --------------------------------------------------------------------
@@ -40,18 +65,19 @@ def tiny_base_kwargs(vocab_size: int = 128, layers: int = 6) -> dict:
 
 
 def tiny_config(arch: str = "llama", **overrides):
-    """A tiny plain Llama/Qwen2 config: `tiny_base_kwargs()` with `overrides`."""
-    return ARCHS[arch][0](**{**tiny_base_kwargs(), **overrides})
+    """A tiny plain config of `arch`: `tiny_base_kwargs()` (+ ARCH_KWARGS) with `overrides`."""
+    return ARCHS[arch][0](**{**tiny_base_kwargs(), **ARCH_KWARGS.get(arch, {}), **overrides})
 
 
 def tiny_swiftkv_config(arch: str = "llama", **overrides):
     """The SwiftKV config of the same tiny shape; the SwiftKV keys (num_key_value_layers,
     key_value_group_size, swiftkv) come in `overrides`, so a bad geometry raises here."""
-    return ARCHS[arch][2](**{**tiny_base_kwargs(), **overrides})
+    return ARCHS[arch][2](**{**tiny_base_kwargs(), **SWIFTKV_KWARGS.get(arch, {}), **overrides})
 
 
 def random_teacher(arch: str, seed: int = 0, **overrides):
-    """A plain transformers model with random weights (biases randomised too, so Qwen2's count)."""
+    """A plain transformers model with random weights (biases randomised too, so Qwen2's count; for
+    RANDOM_NORMS families every RMSNorm weight too, uniform in [0.5, 1.5])."""
     model_class = ARCHS[arch][1]
     torch.manual_seed(seed)
     model = model_class(tiny_config(arch, **overrides)).eval()
@@ -59,6 +85,8 @@ def random_teacher(arch: str, seed: int = 0, **overrides):
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0, 0.1)
+            elif arch in RANDOM_NORMS and "norm" in name:
+                p.uniform_(0.5, 1.5)
     return model
 
 
@@ -78,13 +106,16 @@ def random_student(arch: str, n: int, g: int = 1, seed: int = 0, swiftkv_std: fl
                 p.normal_(0, 0.1)
             elif "swiftkv" in name and p.dim() == 2 and swiftkv_std is not None:
                 p.normal_(0, swiftkv_std)
+            elif "norm" in name and "swiftkv" in name and arch in RANDOM_NORMS:
+                p.uniform_(0.5, 1.5)
     return teacher, student
 
 
-def tiny_student(num_key_value_layers: int = 3, seed: int = 0):
-    """The distillation tests' student: a SwiftKV Llama (N of 6 layers, G=1, tied embeddings, 256
-    positions) sized for `tiny_tokenizer()`, whose SwiftKV projections differ visibly from its teacher path."""
-    _, student = random_student("llama", num_key_value_layers, seed=seed, swiftkv_std=0.2,
+def tiny_student(num_key_value_layers: int = 3, seed: int = 0, arch: str = "llama", g: int = 1):
+    """The distillation tests' student: a SwiftKV model (default Llama; N of 6 layers, G=1, tied
+    embeddings, 256 positions) sized for `tiny_tokenizer()`, whose SwiftKV projections differ visibly
+    from its teacher path."""
+    _, student = random_student(arch, num_key_value_layers, g, seed=seed, swiftkv_std=0.2,
                                 max_position_embeddings=256, tie_word_embeddings=True)
     return student
 
@@ -160,3 +191,72 @@ def save_tiny_teacher(folder: Path, arch: str = "llama", **overrides) -> Path:
     model = random_teacher(arch, vocab_size=max(128, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
                            eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id, **overrides)
     return save_tiny_folder(folder, model, tokenizer)
+
+
+def write_tiny_gguf(path: Path, model, tokenizer, name: str) -> Path:
+    """`model` (a plain Llama/Mistral/Qwen2/Qwen3) and `tokenizer` (`byte_tokenizer()`) as an F32 GGUF file,
+    named and laid out as llama.cpp writes it: Mistral as architecture `llama` (transformers tells them
+    apart by the name), Llama-architecture q/k rows permuted as llama.cpp's converter does."""
+    import gguf
+    import numpy as np
+
+    config = model.config
+    arch = "llama" if config.model_type in ("llama", "mistral") else config.model_type
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+
+    def permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:  # llama.cpp's rotary layout
+        return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+            weight.shape)
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    vocab = [token for token, _ in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])]
+    writer.add_token_list(vocab)
+    writer.add_token_types([3 if token in SPECIALS else 1 for token in vocab])
+    writer.add_token_merges([])  # a byte tokenizer without merges, like byte_tokenizer() ...
+    writer.add_token_scores([0.0] * len(vocab))  # ... which transformers' reader then wants scores for
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for key, tensor in model.state_dict().items():
+        tensor = tensor.detach().float()
+        if key == "model.embed_tokens.weight":
+            gguf_name = "token_embd.weight"
+        elif key == "model.norm.weight":
+            gguf_name = "output_norm.weight"
+        elif key == "lm_head.weight":
+            if config.tie_word_embeddings:
+                continue
+            gguf_name = "output.weight"
+        else:
+            _, _, layer, rest = key.split(".", 3)
+            module, suffix = rest.rsplit(".", 1)
+            gguf_name = f"blk.{layer}.{names[module]}.{suffix}"
+            if arch == "llama" and module == "self_attn.q_proj":
+                tensor = permute(tensor, heads)
+            elif arch == "llama" and module == "self_attn.k_proj":
+                tensor = permute(tensor, kv_heads)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(tensor.numpy()))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,19 +1,15 @@
-"""swiftkv: SwiftKV (arXiv 2410.03960) for Llama/Qwen2 models.
+"""swiftkv: SwiftKV (arXiv 2410.03960) for Llama, Mistral, Qwen2 and Qwen3 models.
 
 Importing the package registers the SwiftKV configs and models with transformers' Auto classes, so
 `AutoModelForCausalLM.from_pretrained(folder)` opens any SwiftKV checkpoint (ours or Snowflake's).
+Each family's `<Family>SwiftKVConfig` / `<Family>SwiftKVForCausalLM` is exported from the registry
+(`swiftkv.model.families`), e.g. `swiftkv.Qwen3SwiftKVForCausalLM`.
 """
 
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from .model import (
-    LlamaSwiftKVConfig,
-    LlamaSwiftKVForCausalLM,
-    Qwen2SwiftKVConfig,
-    Qwen2SwiftKVForCausalLM,
-    SwiftKVConfigError,
-)
-from .model.families import FAMILIES
+from .model import SwiftKVConfigError as SwiftKVConfigError
+from .model.families import FAMILIES, SWIFTKV_CLASSES
 
 __version__ = "0.1.0"
 
@@ -21,10 +17,6 @@ for _family in FAMILIES.values():
     AutoConfig.register(_family.swiftkv_type, _family.config_class, exist_ok=True)
     AutoModelForCausalLM.register(_family.config_class, _family.model_class, exist_ok=True)
 
-__all__ = [
-    "LlamaSwiftKVConfig",
-    "LlamaSwiftKVForCausalLM",
-    "Qwen2SwiftKVConfig",
-    "Qwen2SwiftKVForCausalLM",
-    "SwiftKVConfigError",
-]
+globals().update({cls.__name__: cls for cls in SWIFTKV_CLASSES})
+
+__all__ = sorted([cls.__name__ for cls in SWIFTKV_CLASSES] + ["SwiftKVConfigError"])

@@ -4,6 +4,15 @@ fitted to them, and how well an init reproduces the teacher on held-out tokens.
 lstsq (ours): each AcrossKV group's k/v_proj_swiftkv <- the ridge least-squares map from
 s = norm_swiftkv(h_N) to the teacher's pre-RoPE K/V of the group's layers. The student then starts
 with K/V close to the teacher's, which distillation would otherwise have to learn.
+
+Families with a per-head K norm (Qwen3: K = k_norm(k_proj(x)) before RoPE) are fitted on K *after*
+the norm, the K attention actually uses: the target is the group's mean post-norm K divided, per
+head dimension, by k_norm_swiftkv's weight (the group's mean k_norm). The student computes
+k_norm_swiftkv(W s) = w * (W s) / rms(W s); with W s fitted to a target of unit RMS per head, the
+RMS division is nearly the identity and the weight w restores the teacher's post-norm K. Fitting
+the pre-norm k_proj output instead would spend the linear map on each token's K magnitude, which
+the norm throws away, and weight the fit towards large-norm tokens; fitting the post-norm K itself
+would apply w twice. V has no norm and is fitted as for the other families.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ class TeacherStats:
     """Teacher activations over all calibration tokens (rows = tokens)."""
 
     h_n: torch.Tensor  # residual stream entering layer N, [tokens, hidden]
-    keys: dict[int, torch.Tensor]  # later layer -> pre-RoPE K, [tokens, kv_heads * head_dim]
+    keys: dict[int, torch.Tensor]  # later layer -> pre-RoPE K (after k_norm, Qwen3), [tokens, kv_heads * head_dim]
     values: dict[int, torch.Tensor]
 
 
@@ -56,12 +65,15 @@ def token_blocks(tokenizer, source: str, fit_tokens: int, eval_tokens: int,
 @torch.no_grad()
 def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
     """Run the teacher path of a SwiftKV model and record h_N and every later layer's pre-RoPE K/V
-    (hooks on the teacher's own k/v projections, which only the teacher path calls)."""
+    (hooks on the teacher's own k/v projections, or its k_norm where it has one, which only the
+    teacher path calls)."""
     later = model.config.later_layers
     h_n, keys, values = [], {j: [] for j in later}, {j: [] for j in later}
     hooks = []
     for j in later:
-        hooks.append(model.model.layers[j].self_attn.k_proj.register_forward_hook(record_into(keys[j])))
+        attention = model.model.layers[j].self_attn
+        key_module = getattr(attention, "k_norm", attention.k_proj)  # the K that RoPE and attention see
+        hooks.append(key_module.register_forward_hook(record_into(keys[j])))
         hooks.append(model.model.layers[j].self_attn.v_proj.register_forward_hook(record_into(values[j])))
     try:
         for block in tqdm(blocks, desc=desc, leave=False):
@@ -76,13 +88,15 @@ def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
 
 
 def record_into(store: list):
-    return lambda _module, _inputs, output: store.append(output.flatten(0, 1).float())
+    """Outputs as [tokens, width] (k_norm's output is per head: [batch, seq, heads, head_dim])."""
+    return lambda _module, _inputs, output: store.append(output.reshape(output.shape[0] * output.shape[1], -1).float())
 
 
 @torch.no_grad()
 def lstsq_params(model, stats: TeacherStats, ridge: float) -> dict[str, torch.Tensor]:
     """The SwiftKV parameters of `model` with each group owner's k/v_proj_swiftkv replaced by the
-    ridge fit from s to the mean of its group's teacher K/V (the rest as they are)."""
+    ridge fit from s to the mean of its group's teacher K/V (the rest as they are; for a K norm see
+    the module docstring)."""
     config = model.config
     params = {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()}
     s = model.model.norm_swiftkv(stats.h_n.to(model.dtype)).float()
@@ -91,11 +105,26 @@ def lstsq_params(model, stats: TeacherStats, ridge: float) -> dict[str, torch.Te
         prefix = f"model.layers.{owner}.self_attn"
         for name, targets in (("k", stats.keys), ("v", stats.values)):
             with_bias = f"{prefix}.{name}_proj_swiftkv.bias" in params
-            weight, bias = ridge_fit(s, torch.stack([targets[j] for j in members]).mean(0), ridge, with_bias)
+            target = torch.stack([targets[j] for j in members]).mean(0)
+            norm_name = f"{prefix}.k_norm_swiftkv.weight"
+            if name == "k" and norm_name in params:
+                target = unit_rms_target(target, params[norm_name])
+            weight, bias = ridge_fit(s, target, ridge, with_bias)
             params[f"{prefix}.{name}_proj_swiftkv.weight"] = weight
             if bias is not None:
                 params[f"{prefix}.{name}_proj_swiftkv.bias"] = bias
     return params
+
+
+def unit_rms_target(post_norm: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """The post-norm K [tokens, heads * head_dim] divided per head dimension by the student's K norm
+    weight, i.e. what W s must be for k_norm_swiftkv(W s) to equal it. Weights near zero are kept
+    away from it (a dimension the norm nearly erases carries no target worth fitting)."""
+    weight = norm_weight.float()
+    floor = 1e-3 * weight.abs().mean()
+    safe = torch.where(weight.abs() < floor, floor * torch.where(weight < 0, -1.0, 1.0), weight)
+    heads = post_norm.shape[-1] // len(safe)
+    return post_norm / safe.repeat(heads)
 
 
 def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool):
@@ -117,14 +146,15 @@ def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool):
 
 @torch.no_grad()
 def kv_relative_error(model, stats: TeacherStats) -> dict[str, list[float]]:
-    """Per later layer: ||K_student - K_teacher|| / ||K_teacher|| (and V), pre-RoPE, held-out tokens."""
+    """Per later layer: ||K_student - K_teacher|| / ||K_teacher|| (and V), pre-RoPE (after the K norm
+    where the family has one), held-out tokens."""
     config = model.config
     s = model.model.norm_swiftkv(stats.h_n.to(model.dtype))
     errors = {"k": [], "v": []}
     for j in config.later_layers:
-        owner = model.model.layers[config.kv_owner(j)].self_attn
-        for name, targets in (("k", stats.keys), ("v", stats.values)):
-            predicted = getattr(owner, f"{name}_proj_swiftkv")(s).float()
+        key, value = model.model.layers[config.kv_owner(j)].self_attn.swiftkv_key_value_heads(s)
+        for name, predicted, targets in (("k", key, stats.keys), ("v", value, stats.values)):
+            predicted = predicted.flatten(-2).float()
             errors[name].append(float((predicted - targets[j]).norm() / targets[j].norm()))
     return errors
 

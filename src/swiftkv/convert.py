@@ -1,4 +1,5 @@
-"""`swiftkv convert`: a Llama/Qwen2 checkpoint -> a SwiftKV checkpoint (Snowflake's format).
+"""`swiftkv convert`: a checkpoint of a supported family (`swiftkv.model.families`: Llama, Mistral, Qwen2,
+Qwen3) -> a SwiftKV checkpoint (Snowflake's format).
 
 The orchestration only: model surgery (`swiftkv.model.surgery`) builds the SwiftKV model and the
 reference inits, calibration (`swiftkv.calibration`) fits lstsq and measures each init against the

@@ -51,14 +51,34 @@ def smollm2_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def gguf_architecture(path: Path) -> str:
+def gguf_field(path: Path, key: str):
+    """One metadata value of a GGUF file (a string or a number), None when the file lacks it."""
     from gguf import GGUFReader
 
     try:
-        field = GGUFReader(str(path)).fields["general.architecture"]
+        field = GGUFReader(str(path)).fields.get(key)
     except Exception as error:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
         raise ValueError(f"{path} is not a readable GGUF file ({error})") from error
-    return bytes(field.parts[field.data[0]]).decode()
+    if field is None:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types and field.types[0].name == "STRING" else value.item()
+
+
+def gguf_architecture(path: Path) -> str:
+    architecture = gguf_field(path, "general.architecture")
+    if architecture is None:
+        raise ValueError(f"{path} is not a readable GGUF file (no general.architecture)")
+    return architecture
+
+
+def gguf_architectures() -> list[str]:
+    """The GGUF architectures swiftkv converts: its families' model types that transformers' GGUF loader
+    reads (llama, mistral, qwen2, qwen3 in transformers 5.19). llama.cpp writes Mistral models as
+    `llama`; transformers loads those whose name says mistral as Mistral."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return [t for t in BASE_MODEL_TYPES if t in GGUF_CONFIG_MAPPING]
 
 
 def export_gguf(gguf_path: Path, out: Path) -> None:
@@ -67,14 +87,22 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     arch = gguf_architecture(gguf_path)
-    if arch not in BASE_MODEL_TYPES:
+    if arch not in gguf_architectures():
         raise ValueError(f"{gguf_path}: GGUF architecture {arch!r} is not supported; expected one of "
-                         f"{list(BASE_MODEL_TYPES)}")
+                         f"{gguf_architectures()} (the families swiftkv converts that transformers' GGUF loader reads)")
     folder, name = str(gguf_path.parent), gguf_path.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    check_gguf_head_dim(gguf_path, arch, config)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except NotImplementedError as error:  # e.g. a `llama` file named exactly "mistral" with this gguf-py
+        raise ValueError(f"{gguf_path}: transformers' GGUF loader cannot read this file ({error})") from error
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    if config.model_type == "mistral":
+        # A GGUF records no sliding window and llama.cpp runs these files with full attention; the
+        # window transformers' MistralConfig fills in (4096) is its default, not the file's.
+        config.sliding_window = None
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
 
@@ -84,6 +112,17 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
 
     write_model_folder(out, fill)
+
+
+def check_gguf_head_dim(gguf_path: Path, arch: str, config) -> None:
+    """transformers' GGUF loader reads Qwen3's head_dim from nowhere (Qwen3Config's default, 128, which
+    every published Qwen3 uses); refuse a file whose `<arch>.attention.key_length` says otherwise
+    rather than fail later on a shape error, or worse."""
+    key_length = gguf_field(gguf_path, f"{arch}.attention.key_length")
+    head_dim = getattr(config, "head_dim", None)
+    if key_length is not None and head_dim is not None and key_length != head_dim:
+        raise ValueError(f"{gguf_path}: {arch}.attention.key_length={key_length}, but transformers' GGUF loader "
+                         f"builds the model with head_dim={head_dim}; convert the original HF checkpoint instead")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -96,7 +135,7 @@ def resolve_source(src: str | os.PathLike) -> Path:
     text = str(src)
     if text == SMOLLM2_ALIAS:
         return cached_folder(SMOLLM2_ALIAS, lambda out: export_gguf(smollm2_gguf(), out))
-    if (WEIGHTS_DIR / text / "swiftkv.json").is_file():
+    if text in available_aliases():  # a bare name; an absolute path would join as itself
         return distilled_folder(WEIGHTS_DIR / text, alias=text)
     path = Path(src)
     if (path / "swiftkv.json").is_file() and not (path / "config.json").is_file():
@@ -127,8 +166,9 @@ def check_supported(folder: Path) -> dict:
     config = read_config_dict(folder)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{folder}: model_type {model_type!r} is not supported; expected one of "
-                         f"{list(SUPPORTED_MODEL_TYPES)} (Llama- or Qwen2-family causal LMs)")
+        from .model.families import unsupported
+
+        raise ValueError(f"{folder}: {unsupported(model_type)}")
     return config
 
 

@@ -25,7 +25,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="swiftkv",
-        description="SwiftKV: make a Llama/Qwen2 model prefill-fast. Typical flow: "
+        description="SwiftKV: make a decoder LM (Llama, Mistral, Qwen2, Qwen3; see `convert --help`) prefill-fast. Typical flow: "
         "convert -> distill -> eval -> serve/bench. Every stage reads and writes a plain HF folder.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -1,4 +1,4 @@
-"""`swiftkv convert SRC DST --num-key-value-layers N`: a Llama/Qwen2 model -> a SwiftKV folder."""
+"""`swiftkv convert SRC DST --num-key-value-layers N`: a model of a supported family -> a SwiftKV folder."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from .options import add_dataclass_options, given_values, source_help
 
 def register(subparsers) -> None:
     from ..convert import ConvertSettings
+    from ..model.families import FAMILY_NAMES
 
     parser = subparsers.add_parser(
-        "convert", help="turn a Llama/Qwen2 model into a SwiftKV model",
-        description="Add SwiftKV projections to a Llama/Qwen2 model and write an HF-format SwiftKV folder "
+        "convert", help=f"turn a {FAMILY_NAMES} model into a SwiftKV model",
+        description=f"Add SwiftKV projections to a {FAMILY_NAMES} model and write an HF-format SwiftKV folder "
         "(Snowflake checkpoint format). Give N or F. Example: swiftkv convert smollm2-135m-instruct "
         "out/skv50 --num-key-value-layers 15 --init lstsq",
     )

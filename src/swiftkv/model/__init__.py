@@ -2,15 +2,14 @@
 (`families`) and the surgery that turns a model into a SwiftKV model and back (`surgery`).
 Conversion, distillation, evaluation and serving all build on these."""
 
-from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, SwiftKVConfigError
-from .modeling import LlamaSwiftKVForCausalLM, PairHidden, Qwen2SwiftKVForCausalLM, swiftkv_parameters
+# Every family's config and model class is exported under its own name, read from the registry.
 
-__all__ = [
-    "LlamaSwiftKVConfig",
-    "LlamaSwiftKVForCausalLM",
-    "PairHidden",
-    "Qwen2SwiftKVConfig",
-    "Qwen2SwiftKVForCausalLM",
-    "SwiftKVConfigError",
-    "swiftkv_parameters",
-]
+from .config import SwiftKVConfigError as SwiftKVConfigError
+from .families import SWIFTKV_CLASSES
+from .modeling import PairHidden as PairHidden
+from .modeling import swiftkv_parameters as swiftkv_parameters
+
+globals().update({cls.__name__: cls for cls in SWIFTKV_CLASSES})
+
+__all__ = sorted([cls.__name__ for cls in SWIFTKV_CLASSES] + ["PairHidden", "SwiftKVConfigError",
+                                                               "swiftkv_parameters"])

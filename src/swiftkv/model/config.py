@@ -1,4 +1,5 @@
-"""SwiftKV configs in the published Snowflake format (`llama_swiftkv` / `qwen2_swiftkv`).
+"""SwiftKV configs in the published Snowflake format (`llama_swiftkv` / `qwen2_swiftkv`, and
+`qwen3_swiftkv` as ArcticTraining's unmerged qwen3 branch writes it).
 
 A SwiftKV config is the base model's config plus three keys:
   swiftkv               -- run the student path (True) or the original teacher path (False)
@@ -12,7 +13,7 @@ agree on it.
 from __future__ import annotations
 
 from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig, Qwen2Config
+from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 
 class SwiftKVConfigError(ValueError):
@@ -171,3 +172,33 @@ class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
     key_value_group_size: int = 1
     swiftkv_trimmed: bool = False
     swiftkv_student_trained: list[str] | None = None
+
+
+# A fork of ArcticTraining writes another layout under model_type qwen3_swiftkv: a `kv_sharing_map`
+# and no k/v_proj_swiftkv. Loading it as this format would fill the missing projections randomly.
+FORK_LAYOUT_KEYS = ("kv_sharing_map",)
+
+
+@strict
+class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
+    """Qwen3Config + SwiftKV keys (see LlamaSwiftKVConfig), in the layout of ArcticTraining's qwen3
+    branch: later layers also carry `q_norm_swiftkv`, group owners `k_norm_swiftkv`. The fork layout
+    (`kv_sharing_map`) is refused here, so no loader (transformers, vLLM) builds it with random weights."""
+
+    model_type = "qwen3_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
+
+    def __post_init__(self, **kwargs):
+        fork = [key for key in FORK_LAYOUT_KEYS if key in kwargs or getattr(self, key, None) is not None]
+        if fork:
+            raise SwiftKVConfigError(
+                f"this qwen3_swiftkv config has {fork[0]!r}: it is the layout of a fork of ArcticTraining (KV "
+                "sharing by map, no k_proj_swiftkv/v_proj_swiftkv), not the format swiftkv reads (ArcticTraining's "
+                "qwen3 branch: q_proj_swiftkv + q_norm_swiftkv per later layer, k/v_proj_swiftkv + k_norm_swiftkv "
+                "per AcrossKV group owner). It is refused rather than loaded with random K/V projections; convert "
+                "the original Qwen3 model with `swiftkv convert` instead")
+        super().__post_init__(**kwargs)

@@ -1,20 +1,46 @@
 """The model families SwiftKV supports: one registry, read by conversion, loading, the package's
-Auto registration and the vLLM plugin. A new family is one entry here (plus its vLLM decoder layer
-in `swiftkv.vllm.model`)."""
+exports and Auto registration, the auto_map shim written into every folder, the error messages and
+the vLLM plugin. A new family is one entry here (plus its vLLM model class in `swiftkv.vllm.model`).
+
+A family may accept several source model_types: Mistral checkpoints are Llama-shaped (same weight
+names and math, their own `head_dim`), so they convert into the Llama family (`llama_swiftkv`) as
+long as they use no sliding window (`source_refusal`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig
-from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM
+from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig
+from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM, Qwen3SwiftKVForCausalLM
+
+
+def sliding_window_refusal(config) -> str | None:
+    """Why a source with a sliding window cannot become SwiftKV (None: it can). The SwiftKV layers
+    attend over one K/V per group computed for every token; a window that cuts the context would
+    need its own masks in the HF model, the vLLM holders and the calibration, which nothing here
+    implements, so such a model is refused rather than served with full attention (different math)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    if window is None or (getattr(config, "use_sliding_window", True) is False
+                          and "sliding_attention" not in layer_types):
+        return None
+    context = getattr(config, "max_position_embeddings", None)
+    if context is not None and window >= context:
+        return None  # a window at least as long as the context never cuts anything
+    return (f"it uses sliding-window attention (sliding_window={window}, max_position_embeddings={context}); "
+            "SwiftKV here supports full attention only. A checkpoint whose config sets sliding_window to null "
+            "(e.g. Mistral-7B-v0.2 and later) converts")
 
 
 @dataclass(frozen=True)
 class Family:
-    base_type: str  # transformers model_type of the original model, e.g. "llama"
+    base_type: str  # transformers model_type of the family's plain model, e.g. "llama"
     config_class: type  # its SwiftKV config (model_type "<base>_swiftkv")
     model_class: type  # its SwiftKV causal LM
+    display: str  # the family's name in messages and docs
+    other_sources: tuple[str, ...] = ()  # further plain model_types converted into this family
+    source_refusal: Callable[[object], str | None] = sliding_window_refusal
 
     @property
     def swiftkv_type(self) -> str:
@@ -24,18 +50,36 @@ class Family:
     def architecture(self) -> str:
         return self.model_class.__name__
 
+    @property
+    def source_types(self) -> tuple[str, ...]:
+        return (self.base_type, *self.other_sources)
 
-FAMILIES = {f.base_type: f for f in (Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
-                                      Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM))}
-BASE_MODEL_TYPES = tuple(FAMILIES)
+
+FAMILIES = {f.base_type: f for f in (
+    Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM, "Llama", other_sources=("mistral",)),
+    Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM, "Qwen2"),
+    Family("qwen3", Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM, "Qwen3"),
+)}
+SOURCE_FAMILIES = {source: f for f in FAMILIES.values() for source in f.source_types}
+BASE_MODEL_TYPES = tuple(SOURCE_FAMILIES)  # plain model_types that convert (llama, mistral, qwen2, qwen3)
 SUPPORTED_MODEL_TYPES = (*BASE_MODEL_TYPES, *(f.swiftkv_type for f in FAMILIES.values()))
 ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
+SWIFTKV_CLASSES = tuple(cls for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
+FAMILY_NAMES = ", ".join(sorted({name for f in FAMILIES.values()
+                                 for name in (f.display, *(s.capitalize() for s in f.other_sources))}))
+
+
+def unsupported(model_type) -> str:
+    return (f"model_type {model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)} "
+            f"({FAMILY_NAMES} causal LMs)")
 
 
 def family_of(model_type: str) -> Family:
-    """The family of a plain or SwiftKV model_type."""
-    family = FAMILIES.get(model_type.removesuffix("_swiftkv"))
+    """The family of a plain or SwiftKV model_type (a Mistral source is in the Llama family)."""
+    if model_type.endswith("_swiftkv"):
+        family = FAMILIES.get(model_type.removesuffix("_swiftkv"))
+    else:
+        family = SOURCE_FAMILIES.get(model_type)
     if family is None:
-        raise ValueError(f"model_type {model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)} "
-                         "(Llama- or Qwen2-family causal LMs)")
+        raise ValueError(unsupported(model_type))
     return family

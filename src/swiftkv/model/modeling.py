@@ -1,10 +1,13 @@
-"""SwiftKV models for transformers: Llama and Qwen2 with SingleInputKV and AcrossKV.
+"""SwiftKV models for transformers: Llama (and Mistral), Qwen2 and Qwen3 with SingleInputKV and AcrossKV.
 
 One definition serves conversion, distillation, evaluation and generation. Only what differs from
-transformers' own Llama/Qwen2 is declared here (HF "modular" style):
+transformers' own models is declared here (HF "modular" style):
 
 * later layers (i >= N) carry `q_proj_swiftkv`; group owners also carry `k_proj_swiftkv` /
   `v_proj_swiftkv`; the model carries `norm_swiftkv`;
+* Qwen3 (per-head q_norm/k_norm before RoPE) adds `q_norm_swiftkv` per later layer and
+  `k_norm_swiftkv` per group owner: Q = q_norm_swiftkv(q_proj_swiftkv(x)), K =
+  k_norm_swiftkv(k_proj_swiftkv(s)), both per head and before RoPE; V has no norm;
 * `config.swiftkv=False` runs the original (teacher) math, layer by layer as transformers does;
 * `config.swiftkv=True` runs the student: K/V of every later layer come from
   s = norm_swiftkv(h_N), one K/V (and one cache slot) per AcrossKV group;
@@ -46,10 +49,18 @@ from transformers.models.qwen2.modeling_qwen2 import (
     Qwen2RMSNorm,
     Qwen2RotaryEmbedding,
 )
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
+    Qwen3DecoderLayer,
+    Qwen3ForCausalLM,
+    Qwen3Model,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+)
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, is_swiftkv
+from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig, is_swiftkv
 
 RowSelection = slice | torch.Tensor | None
 
@@ -72,7 +83,8 @@ def student_path() -> Iterator[None]:
 
 
 def swiftkv_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    """The parameters SwiftKV adds (q/k/v_proj_swiftkv, norm_swiftkv): the only ones distillation trains."""
+    """The parameters SwiftKV adds (q/k/v_proj_swiftkv, norm_swiftkv, Qwen3's q/k_norm_swiftkv): the only
+    ones distillation trains."""
     return {name: p for name, p in model.named_parameters() if "swiftkv" in name}
 
 
@@ -94,7 +106,11 @@ def rows_to_keep(logits_to_keep: int | torch.Tensor) -> RowSelection:
 
 
 class SwiftKVAttentionMixin:
-    """Adds the SwiftKV projections and a student forward that attends over K/V computed elsewhere."""
+    """Adds the SwiftKV projections and a student forward that attends over K/V computed elsewhere.
+    `qk_norm` families (Qwen3) normalise each query/key head before RoPE, so their student carries
+    its own norms too: q_norm_swiftkv per later layer, k_norm_swiftkv per group owner."""
+
+    qk_norm = False
 
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)
@@ -103,19 +119,27 @@ class SwiftKVAttentionMixin:
         bias = self.q_proj.bias is not None
         q_out, kv_out = self.q_proj.out_features, self.k_proj.out_features
         self.q_proj_swiftkv = nn.Linear(config.hidden_size, q_out, bias=bias)
+        if self.qk_norm:
+            self.q_norm_swiftkv = type(self.q_norm)(self.head_dim, eps=config.rms_norm_eps)
         if config.is_kv_owner(layer_idx):
             self.k_proj_swiftkv = nn.Linear(config.hidden_size, kv_out, bias=bias)
             self.v_proj_swiftkv = nn.Linear(config.hidden_size, kv_out, bias=bias)
-        if config.swiftkv_trimmed:  # the original q/k/v of later layers are dead weight for the student
+            if self.qk_norm:
+                self.k_norm_swiftkv = type(self.k_norm)(self.head_dim, eps=config.rms_norm_eps)
+        if config.swiftkv_trimmed:  # the original q/k/v (and their norms) of later layers are dead weight
             del self.q_proj, self.k_proj, self.v_proj
+            if self.qk_norm:
+                del self.q_norm, self.k_norm
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
                 swiftkv_kv: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs):
         if swiftkv_kv is None:
             return super().forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
         input_shape = hidden_states.shape[:-1]
-        query = self.q_proj_swiftkv(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
-        query = apply_rope(query, *position_embeddings)
+        query = self.q_proj_swiftkv(hidden_states).view(*input_shape, -1, self.head_dim)
+        if self.qk_norm:
+            query = self.q_norm_swiftkv(query)
+        query = apply_rope(query.transpose(1, 2), *position_embeddings)
         key, value = swiftkv_kv
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         out, weights = attention(
@@ -127,12 +151,19 @@ class SwiftKVAttentionMixin:
         )
         return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
 
-    def swiftkv_key_value(self, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """This group owner's K (RoPE'd at each token's position) and V from s = norm_swiftkv(h_N)."""
+    def swiftkv_key_value_heads(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This group owner's pre-RoPE K (after k_norm_swiftkv where the family has one) and V from
+        s = norm_swiftkv(h_N), per head: [..., kv_heads, head_dim]."""
         shape = (*s.shape[:-1], -1, self.head_dim)
-        key = self.k_proj_swiftkv(s).view(shape).transpose(1, 2)
-        value = self.v_proj_swiftkv(s).view(shape).transpose(1, 2)
-        return apply_rope(key, cos, sin), value
+        key = self.k_proj_swiftkv(s).view(shape)
+        if self.qk_norm:
+            key = self.k_norm_swiftkv(key)
+        return key, self.v_proj_swiftkv(s).view(shape)
+
+    def swiftkv_key_value(self, s: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """This group owner's K (RoPE'd at each token's position) and V, [batch, heads, seq, head_dim]."""
+        key, value = self.swiftkv_key_value_heads(s)
+        return apply_rope(key.transpose(1, 2), cos, sin), value.transpose(1, 2)
 
 
 class LlamaSwiftKVAttention(SwiftKVAttentionMixin, LlamaAttention):
@@ -141,6 +172,10 @@ class LlamaSwiftKVAttention(SwiftKVAttentionMixin, LlamaAttention):
 
 class Qwen2SwiftKVAttention(SwiftKVAttentionMixin, Qwen2Attention):
     pass
+
+
+class Qwen3SwiftKVAttention(SwiftKVAttentionMixin, Qwen3Attention):
+    qk_norm = True
 
 
 class LlamaSwiftKVDecoderLayer(LlamaDecoderLayer):
@@ -155,6 +190,12 @@ class Qwen2SwiftKVDecoderLayer(Qwen2DecoderLayer):
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)
         self.self_attn = Qwen2SwiftKVAttention(config, layer_idx)
+
+
+class Qwen3SwiftKVDecoderLayer(Qwen3DecoderLayer):
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = Qwen3SwiftKVAttention(config, layer_idx)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -406,6 +447,14 @@ class Qwen2SwiftKVModel(SwiftKVModelMixin, Qwen2Model):
     rotary_class = Qwen2RotaryEmbedding
 
 
+class Qwen3SwiftKVModel(SwiftKVModelMixin, Qwen3Model):
+    config_class = Qwen3SwiftKVConfig
+    hf_model_class = Qwen3Model
+    decoder_layer_class = Qwen3SwiftKVDecoderLayer
+    norm_class = Qwen3RMSNorm
+    rotary_class = Qwen3RotaryEmbedding
+
+
 # --------------------------------------------------------------------------------------------------
 # Causal LM
 # --------------------------------------------------------------------------------------------------
@@ -457,3 +506,9 @@ class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMMixin, Qwen2ForCausalLM):
     config_class = Qwen2SwiftKVConfig
     hf_causal_lm_class = Qwen2ForCausalLM
     model_class = Qwen2SwiftKVModel
+
+
+class Qwen3SwiftKVForCausalLM(SwiftKVForCausalLMMixin, Qwen3ForCausalLM):
+    config_class = Qwen3SwiftKVConfig
+    hf_causal_lm_class = Qwen3ForCausalLM
+    model_class = Qwen3SwiftKVModel

@@ -6,11 +6,14 @@ by convert, distill, the shipped aliases and the tests.
 Initialisations (norm_swiftkv <- input_layernorm of layer N in every case):
   copy  q/k/v_proj_swiftkv <- the layer's own q/k/v_proj (k/v from the group owner)
   mean  like copy, but k/v_proj_swiftkv <- mean of the group's k/v_proj (the reference init)
+Qwen3 in both: q_norm_swiftkv <- the layer's q_norm, k_norm_swiftkv <- the group's mean k_norm
+(ArcticTraining's qwen3 branch).
 (lstsq, fitted on calibration data, lives in `swiftkv.calibration`.)
 
 Trained-tensor files (what the project commits for its distilled aliases):
 `<folder>/swiftkv.safetensors` holds `model.layers.{i}.self_attn.{q,k,v}_proj_swiftkv.weight`
-(+ bias) and `model.norm_swiftkv.weight`; `<folder>/swiftkv.json` names the base model and geometry.
+(+ bias), Qwen3's `{q,k}_norm_swiftkv.weight` and `model.norm_swiftkv.weight`; `<folder>/swiftkv.json`
+names the base model and geometry.
 """
 
 from __future__ import annotations
@@ -32,35 +35,51 @@ from .modeling import check_teacher_contained, swiftkv_parameters
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
 # stock lm-eval `hf` model) opens the folder with trust_remote_code=True even without `import swiftkv`.
 AUTO_SHIM = "swiftkv_auto"
-AUTO_SHIM_SOURCE = '''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
+
+
+def auto_shim_source() -> str:
+    """The shim: imports every family's classes (from the registry) out of the swiftkv package."""
+    names = ", ".join(cls.__name__ for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
+    types = " / ".join(f.swiftkv_type for f in FAMILIES.values())
+    return (f'''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
 swiftkv package. Load it after `import swiftkv`, or with trust_remote_code=True."""
 try:
-    from swiftkv import (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM,  # noqa: F401
-                         Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)
+    from swiftkv import ({names})  # noqa: F401
 except ImportError as error:
-    raise ImportError("this is a SwiftKV checkpoint (model_type llama_swiftkv / qwen2_swiftkv): "
+    raise ImportError("this is a SwiftKV checkpoint (model_type {types}): "
                       "install the swiftkv package to load it") from error
-'''
+''')
+
+
+AUTO_SHIM_SOURCE = auto_shim_source()
 
 
 def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size: int):
-    """The SwiftKV config of a plain Llama/Qwen2 config; raises SwiftKVConfigError on bad N/G."""
+    """The SwiftKV config of a plain config of a supported family (a Mistral config becomes a Llama
+    SwiftKV config); raises SwiftKVConfigError on bad N/G, ValueError on a source it cannot convert."""
     base_type = base_config.model_type
-    if base_type not in FAMILIES:
+    sources = [t for f in FAMILIES.values() for t in f.source_types]
+    if base_type not in sources:
         raise ValueError(f"cannot convert model_type {base_type!r}: already SwiftKV or unsupported; "
-                         f"expected one of {list(FAMILIES)}")
-    config_class = FAMILIES[base_type].config_class
+                         f"expected one of {sources}")
+    family = family_of(base_type)
+    why = family.source_refusal(base_config)
+    if why:
+        raise ValueError(f"cannot convert this {base_type} model to SwiftKV: {why}")
     values = {k: v for k, v in base_config.to_dict().items() if k not in ("model_type", "architectures")}
     values.pop("transformers_version", None)
-    return config_class(**values, swiftkv=True, num_key_value_layers=num_key_value_layers,
-                        key_value_group_size=key_value_group_size)
+    if family.base_type != base_type:  # e.g. Mistral -> Llama: keep only what the family's config knows
+        known = set(family.config_class().to_dict())
+        values = {k: v for k, v in values.items() if k in known}
+    return family.config_class(**values, swiftkv=True, num_key_value_layers=num_key_value_layers,
+                               key_value_group_size=key_value_group_size)
 
 
 def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size: int):
     """A SwiftKV model holding the teacher's weights; the new parameters still need an init. It is
     never trimmed here: measuring an init runs its teacher path (`trimmed_copy` trims at write time)."""
     config = swiftkv_config(teacher.config, num_key_value_layers, key_value_group_size)
-    model_class = FAMILIES[teacher.config.model_type].model_class
+    model_class = family_of(teacher.config.model_type).model_class
     model = model_class(config).to(teacher.dtype).eval()
     weights = {k: v for k, v in teacher.state_dict().items() if k in model.state_dict()}
     missing, _ = model.load_state_dict(weights, strict=False)
@@ -75,13 +94,19 @@ def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size
 def copy_init_params(model, average_group: bool = False) -> dict[str, torch.Tensor]:
     """The reference inits, from the model's own (teacher) weights: norm_swiftkv <- input_layernorm(N);
     q <- the layer's q_proj; k/v <- the owner's k/v_proj (`average_group`: the group's mean, the
-    reference's "mean" init)."""
+    reference's "mean" init). Qwen3: q_norm_swiftkv <- q_norm; k_norm_swiftkv <- the group's mean
+    k_norm under either init (the reference's; a group shares one K, so one norm)."""
     config, layers = model.config, model.model.layers
     n, g = config.num_key_value_layers, config.key_value_group_size
     params = {"model.norm_swiftkv.weight": layers[n].input_layernorm.weight.detach().clone()}
     for i in config.later_layers:
         prefix = f"model.layers.{i}.self_attn"
         params.update(mean_linear(f"{prefix}.q_proj_swiftkv", [layers[i].self_attn.q_proj]))
+        if hasattr(layers[i].self_attn, "q_norm_swiftkv"):
+            params[f"{prefix}.q_norm_swiftkv.weight"] = layers[i].self_attn.q_norm.weight.detach().clone()
+        if hasattr(layers[i].self_attn, "k_norm_swiftkv"):
+            norms = [layers[j].self_attn.k_norm.weight.detach() for j in range(i, i + g)]
+            params[f"{prefix}.k_norm_swiftkv.weight"] = torch.stack(norms).mean(0)
         if config.is_kv_owner(i):
             members = range(i, i + g) if average_group else range(i, i + 1)
             for name in ("k_proj", "v_proj"):

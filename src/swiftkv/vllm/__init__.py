@@ -21,7 +21,7 @@ def register() -> None:
     from vllm.logger import init_logger
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    import swiftkv  # noqa: F401  (registers llama_swiftkv / qwen2_swiftkv with AutoConfig)
+    import swiftkv  # noqa: F401  (registers every family's <base>_swiftkv config with AutoConfig)
     from swiftkv.model.families import ARCHITECTURES
 
     from .guards import install_prompt_logprobs_guard

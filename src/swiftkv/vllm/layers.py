@@ -1,10 +1,12 @@
-"""Building blocks of the vLLM SwiftKV model that vLLM's own Llama/Qwen2 do not have.
+"""Building blocks of the vLLM SwiftKV model that vLLM's own Llama/Qwen2/Qwen3 do not have.
 
 * `KVHolder`: an attention module with no weights that owns one AcrossKV group's KV cache. Every
   later layer of the group attends over it through `kv_sharing_target_layer_name`, so vLLM allocates
   one cache per group instead of one per layer.
 * `SwiftKVLaterLayer`: a decoder layer i >= N. Its attention projects only the query
-  (`q_proj_swiftkv`); K/V were written to the group's holder cache from norm_swiftkv(h_N).
+  (`q_proj_swiftkv`, then Qwen3's per-head `q_norm_swiftkv`); K/V were written to the group's holder
+  cache from norm_swiftkv(h_N).
+* `GroupHeadRMSNorm`: Qwen3's `k_norm_swiftkv` of every AcrossKV group at once, per head.
 """
 
 from __future__ import annotations
@@ -53,13 +55,41 @@ class KVHolder(nn.Module):
         )
 
 
+class GroupHeadRMSNorm(nn.Module):
+    """One RMSNorm over head_dim per AcrossKV group (Qwen3's k_norm_swiftkv of each group owner),
+    applied to every group's K heads at once: x [tokens, groups * heads * head_dim], where each group's
+    heads are contiguous (the layout of `kv_proj_swiftkv`'s K shards on every rank). The weights are
+    per head dimension, so tensor parallelism (which splits heads) keeps all of them on every rank.
+    Computed as vLLM's RMSNorm: in fp32, cast back, then scaled."""
+
+    def __init__(self, groups: int, head_dim: int, eps: float):
+        super().__init__()
+        self.eps, self.head_dim = eps, head_dim
+        self.weight = nn.Parameter(torch.ones(groups, head_dim))
+        self.weight.weight_loader = self.load_group
+
+    @staticmethod
+    def load_group(param: nn.Parameter, tensor: torch.Tensor, group: int) -> None:
+        param.data[group].copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        groups = self.weight.shape[0]
+        heads = x.view(x.shape[0], groups, -1, self.head_dim)
+        normed = heads.float()
+        normed = normed * torch.rsqrt(normed.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed.to(x.dtype) * self.weight[None, :, None, :]).view(x.shape)
+
+
 class SwiftKVLaterAttention(nn.Module):
-    """Query-only attention of a later layer: q_proj_swiftkv, RoPE, attention over the holder cache."""
+    """Query-only attention of a later layer: q_proj_swiftkv (+ q_norm_swiftkv per head for Qwen3),
+    RoPE, attention over the holder cache."""
 
     def __init__(self, config, heads: RankHeads, cache_config, quant_config, prefix: str, holder_attn_name: str,
-                 qkv_bias: bool, o_bias: bool):
+                 qkv_bias: bool, o_bias: bool, qk_norm: bool = False):
         super().__init__()
         head_dim = head_dim_of(config)
+        self.head_dim = head_dim
+        self.q_norm_swiftkv = RMSNorm(head_dim, eps=config.rms_norm_eps) if qk_norm else None
         # The projections take the global sizes (vLLM shards them); the attention runs this rank's heads.
         self.q_proj_swiftkv = ColumnParallelLinear(
             config.hidden_size, config.num_attention_heads * head_dim, bias=qkv_bias, quant_config=quant_config,
@@ -77,6 +107,8 @@ class SwiftKVLaterAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q, _ = self.q_proj_swiftkv(hidden_states)
+        if self.q_norm_swiftkv is not None:  # per head, before RoPE (as vLLM's Qwen3Attention)
+            q = self.q_norm_swiftkv(q.view(*q.shape[:-1], -1, self.head_dim)).view(q.shape)
         q, _ = self.rotary_emb(positions, q, None)
         out, _ = self.o_proj(self.attn(q, None, None))
         return out
@@ -86,10 +118,10 @@ class SwiftKVLaterLayer(nn.Module):
     """Decoder layer i >= N: the teacher's layer math with the query-only SwiftKV attention."""
 
     def __init__(self, config, heads: RankHeads, cache_config, quant_config, prefix: str, holder_attn_name: str,
-                 qkv_bias: bool, o_bias: bool, mlp_bias: bool):
+                 qkv_bias: bool, o_bias: bool, mlp_bias: bool, qk_norm: bool = False):
         super().__init__()
         self.self_attn = SwiftKVLaterAttention(config, heads, cache_config, quant_config, f"{prefix}.self_attn",
-                                               holder_attn_name, qkv_bias, o_bias)
+                                               holder_attn_name, qkv_bias, o_bias, qk_norm)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act, quant_config,
                             bias=mlp_bias, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)

@@ -1,7 +1,9 @@
-"""SwiftKV as a vLLM model (Llama and Qwen2), following the shape of vLLM's Gemma3n fast prefill.
+"""SwiftKV as a vLLM model (Llama, which also serves converted Mistral checkpoints; Qwen2; Qwen3),
+following the shape of vLLM's Gemma3n fast prefill.
 
     forward(input_ids, positions)
       early   (compiled): embedding, layers < N, s = norm_swiftkv(h_N), K/V of every AcrossKV group
+                          (Qwen3: each group's K through its k_norm_swiftkv, per head, before RoPE)
       glue    (eager)   : write each group's K/V into its holder cache for ALL tokens; pick the rows
                           that need logits from the fast-prefill attention metadata
       late    (compiled): layers >= N and the final norm on those rows only
@@ -30,9 +32,10 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaDecoderLayer
 from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
+from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
 
 from ..model.config import head_dim_of, is_swiftkv
-from .layers import KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
+from .layers import GroupHeadRMSNorm, KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
 from .parallel import RankHeads, rank_heads
 from .weights import load_swiftkv_weights
 
@@ -76,7 +79,7 @@ class SwiftKVEarly(nn.Module):
     """Embedding, layers < N, and every AcrossKV group's K (RoPE'd) and V from norm_swiftkv(h_N)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None, kv_bias: bool = False,
-                 heads: RankHeads):
+                 heads: RankHeads, qk_norm: bool = False):
         super().__init__()
         config = vllm_config.model_config.hf_config
         n, groups, head_dim = config.num_key_value_layers, config.num_kv_groups, head_dim_of(config)
@@ -91,6 +94,7 @@ class SwiftKVEarly(nn.Module):
             config.hidden_size, [heads.kv_rows(tp) * head_dim] * (2 * groups), bias=kv_bias,
             quant_config=vllm_config.quant_config, prefix=f"{prefix}.kv_proj_swiftkv",
         )
+        self.k_norm_swiftkv = GroupHeadRMSNorm(groups, head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = make_rope(config)
         self.keys_size = groups * heads.kv * head_dim  # this rank's K of every group
 
@@ -103,6 +107,8 @@ class SwiftKVEarly(nn.Module):
         s, h_n = self.norm_swiftkv(hidden, residual)  # fused add: h_N is the residual stream entering N
         kv, _ = self.kv_proj_swiftkv(s)
         keys, values = kv.split([self.keys_size, self.keys_size], dim=-1)
+        if self.k_norm_swiftkv is not None:
+            keys = self.k_norm_swiftkv(keys)
         keys, _ = self.rotary_emb(positions, keys, None)  # every group's K heads rotated in one call
         return h_n, keys, values
 
@@ -130,7 +136,8 @@ class SwiftKVLate(nn.Module):
 class SwiftKVModel(nn.Module):
     """`early` + eager glue + `late`. `make_early_layer(prefix)` builds vLLM's own decoder layer."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str, make_early_layer, bias: dict[str, bool]):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str, make_early_layer, bias: dict[str, bool],
+                 qk_norm: bool = False):
         super().__init__()
         from vllm.compilation.backends import (
             set_model_tag,  # importing it at module level breaks tests (as gemma3n)
@@ -154,11 +161,11 @@ class SwiftKVModel(nn.Module):
 
         def make_late_layer(i: int) -> nn.Module:
             return SwiftKVLaterLayer(config, heads, cache, quant, f"{prefix}.layers.{i}",
-                                     holder_name[config.kv_owner(i)], **bias)
+                                     holder_name[config.kv_owner(i)], **bias, qk_norm=qk_norm)
 
         with set_model_tag("swiftkv_early"):
             self.early = SwiftKVEarly(vllm_config=vllm_config, prefix=prefix, make_layer=make_early_layer,
-                                      kv_bias=bias["qkv_bias"], heads=heads)
+                                      kv_bias=bias["qkv_bias"], heads=heads, qk_norm=qk_norm)
         with set_model_tag("swiftkv_late"):
             self.late = SwiftKVLate(vllm_config=vllm_config, prefix=prefix, make_layer=make_late_layer)
         self.holder_names = list(holder_name.values())
@@ -212,10 +219,10 @@ class SwiftKVModel(nn.Module):
 
 
 class SwiftKVForCausalLMBase(nn.Module):
-    """vLLM causal LM around SwiftKVModel. Subclasses say which vLLM decoder layer the early part uses
-    and which projections carry biases."""
+    """vLLM causal LM around SwiftKVModel. Subclasses say which vLLM decoder layer the early part uses,
+    which projections carry biases and whether q/k are normalised per head (Qwen3)."""
 
-    bias: dict[str, bool]
+    qk_norm = False
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -223,7 +230,8 @@ class SwiftKVForCausalLMBase(nn.Module):
         self.config = config
         model_prefix = f"{prefix}.model" if prefix else "model"
         self.model = SwiftKVModel(vllm_config=vllm_config, prefix=model_prefix,
-                                  make_early_layer=self.early_layer_factory(vllm_config), bias=self.bias_of(config))
+                                  make_early_layer=self.early_layer_factory(vllm_config), bias=self.bias_of(config),
+                                  qk_norm=self.qk_norm)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
                                       prefix=f"{prefix}.lm_head" if prefix else "lm_head")
         if config.tie_word_embeddings:
@@ -275,3 +283,31 @@ class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMBase):
     @staticmethod
     def bias_of(config) -> dict[str, bool]:
         return {"qkv_bias": True, "o_bias": False, "mlp_bias": False}
+
+
+class Qwen3SwiftKVForCausalLM(SwiftKVForCausalLMBase):
+    """Qwen3: early layers are vLLM's own Qwen3 decoder layers; the later attention normalises its
+    query per head with q_norm_swiftkv, the early part each group's K with its k_norm_swiftkv."""
+
+    qk_norm = True
+
+    @staticmethod
+    def early_layer_factory(vllm_config: VllmConfig):
+        config = vllm_config.model_config.hf_config
+        return lambda prefix: Qwen3DecoderLayer(config, vllm_config.cache_config, vllm_config.quant_config,
+                                                prefix=prefix)
+
+    @staticmethod
+    def bias_of(config) -> dict[str, bool]:
+        if getattr(config, "attention_bias", False):
+            # transformers' Qwen3 then has an o_proj bias that vLLM's Qwen3 layer does not hold
+            raise ValueError(QWEN3_ATTENTION_BIAS_HELP)
+        return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
+
+
+QWEN3_ATTENTION_BIAS_HELP = (
+    "this qwen3_swiftkv config sets attention_bias=true: transformers' Qwen3 then adds a bias to q/k/v and o_proj, "
+    "but vLLM's own Qwen3 layer (which serves the early layers) has no o_proj bias, so vLLM would compute another "
+    "model. Published Qwen3 checkpoints use attention_bias=false; serve this one with transformers (swiftkv "
+    "generate/eval) instead"
+)

@@ -2,8 +2,10 @@
 
 The checkpoint keeps transformers' names; the vLLM model packs q/k/v and gate/up like vLLM's Llama,
 packs every AcrossKV group's k/v_proj_swiftkv into one `kv_proj_swiftkv`, and owns layers < N in
-`model.early` and layers >= N in `model.late`. The later layers' original q/k/v (dead weight in
-published checkpoints, absent from trimmed ones) are skipped, never allocated.
+`model.early` and layers >= N in `model.late`. The later layers' original q/k/v (and Qwen3's q/k
+norms; dead weight in published checkpoints, absent from trimmed ones) are skipped, never allocated.
+Qwen3's `q_norm_swiftkv` goes to its later layer, each owner's `k_norm_swiftkv` to its group's row
+of `model.early.k_norm_swiftkv`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ TOP_LEVEL = {
     "lm_head": "lm_head",
 }
 SKIP = object()  # a checkpoint tensor the vLLM model deliberately does not hold
+TEACHER_ONLY = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.q_norm", "self_attn.k_norm")
 
 Route = tuple[str, "str | int | None"]
 
@@ -44,13 +47,15 @@ def route_layer(config, layer: int, module: str, suffix: str) -> Route | object:
     if layer < n:
         packed, shard = PACKED.get(module, (module, None))
         return f"model.early.layers.{layer}.{packed}.{suffix}", shard
-    if module in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-        return SKIP  # the teacher's q/k/v of a later layer: unused by the SwiftKV path
-    if module in ("self_attn.k_proj_swiftkv", "self_attn.v_proj_swiftkv"):
+    if module in TEACHER_ONLY:
+        return SKIP  # the teacher's q/k/v (and q/k norms) of a later layer: unused by the SwiftKV path
+    if module in ("self_attn.k_proj_swiftkv", "self_attn.v_proj_swiftkv", "self_attn.k_norm_swiftkv"):
         group, groups = config.group_of(layer), config.num_kv_groups
         if not config.is_kv_owner(layer):
             raise ValueError(f"checkpoint has {module} for layer {layer}, which does not own its AcrossKV group "
                              f"(owner: layer {config.kv_owner(layer)}, key_value_group_size={config.key_value_group_size})")
+        if module == "self_attn.k_norm_swiftkv":
+            return f"model.early.k_norm_swiftkv.{suffix}", group
         shard = group if module.startswith("self_attn.k") else groups + group
         return f"model.early.kv_proj_swiftkv.{suffix}", shard
     packed, shard = PACKED.get(module, (module, None))
