@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="swiftkv",
         description="SwiftKV: make a decoder LM (Llama, Mistral, Qwen2, Qwen3; see `convert --help`) prefill-fast. Typical flow: "
-        "convert -> distill -> eval -> serve/bench. Every stage reads and writes a plain HF folder.",
+        "convert -> (replies) -> distill -> eval -> serve/bench. Every stage reads and writes a plain artifact "
+        "(an HF folder, a chat JSONL, a results JSON).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
