@@ -50,3 +50,18 @@ def test_plain_folders_get_no_shim(tmp_path):
     assert main(["export", str(teacher), str(tmp_path / "out")]) == 0
     assert not (tmp_path / "out" / "swiftkv_auto.py").exists()
     assert "auto_map" not in json.loads((tmp_path / "out" / "config.json").read_text())
+
+
+def test_every_family_converts_into_a_folder_that_loads_with_trust_remote_code(tmp_path):
+    """The shim the writer adds names each family's classes: a Qwen2, a Qwen3 and a Mistral conversion
+    (the latter a llama_swiftkv folder) open in a fresh process too."""
+    calib = tmp_path / "text.txt"
+    calib.write_text(" ".join(WORDS[(7 * i) % len(WORDS)] for i in range(3000)))
+    expected = {"qwen2": "Qwen2SwiftKVForCausalLM", "qwen3": "Qwen3SwiftKVForCausalLM",
+                "mistral": "LlamaSwiftKVForCausalLM"}
+    for arch, name in expected.items():
+        out = tmp_path / f"{arch}-converted"
+        assert main(["convert", str(save_tiny_teacher(tmp_path / arch, arch)), str(out), "--num-key-value-layers",
+                     "3", "--init", "copy", "--calib-data", str(calib), "--calib-tokens", "512",
+                     "--eval-tokens", "256"]) == 0
+        assert load_in_fresh_process(out) == name, arch
