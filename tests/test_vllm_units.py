@@ -92,7 +92,8 @@ def test_model_refuses_to_build_without_fast_prefill_and_hook_switches_it_on():
     from swiftkv.vllm.hooks import SwiftKVConfigHook
     from swiftkv.vllm.model import require_fast_prefill
 
-    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=False))
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=False, cache_dtype="auto"),
+                                  speculative_config=None, model_config=SimpleNamespace(hf_config=None))
     with pytest.raises(ValueError, match="kv-sharing-fast-prefill"):
         require_fast_prefill(vllm_config)
     SwiftKVConfigHook.verify_and_update_config(vllm_config)
@@ -200,3 +201,74 @@ def test_bench_workloads_do_not_apply_online(capsys):
 
     assert main(["bench", "m", "--baseline", "b", "--online", "--workloads", "prefill"]) == 2
     assert "--workloads chooses the offline benchmark's workloads" in capsys.readouterr().err
+
+
+# -- speculative decoding and KV-cache dtypes beside SwiftKV (swiftkv/vllm/speculative.py, kv_dtype.py) --
+
+
+def test_our_method_and_dtype_lists_are_vllms():
+    """speculative.py and kv_dtype.py name vLLM 0.32's methods and CPU cache dtypes without importing
+    vLLM; a vLLM upgrade that changes them must fail here."""
+    from typing import get_args
+
+    from vllm.config.speculative import EagleModelTypes, SpeculativeMethod
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from swiftkv.vllm.kv_dtype import CPU_KV_CACHE_DTYPES
+    from swiftkv.vllm.speculative import HIDDEN_STATE_METHODS, VLLM_METHODS
+
+    def flat(literal):
+        return {leaf for arg in get_args(literal) for leaf in (flat(arg) if get_args(arg) else {arg})}
+
+    assert set(VLLM_METHODS) == flat(SpeculativeMethod)
+    assert flat(EagleModelTypes) | {"dspark"} == set(HIDDEN_STATE_METHODS)
+    assert tuple(CPUAttentionBackend.supported_kv_cache_dtypes) == CPU_KV_CACHE_DTYPES
+
+
+@pytest.fixture(scope="module")
+def swiftkv_and_draft_folders(tmp_path_factory):
+    from tests.tiny import random_student, save_tiny_folder, save_tiny_teacher, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("spec_configs")
+    tokenizer = tiny_tokenizer()
+    shape = dict(vocab_size=max(128, len(tokenizer)), hidden_size=128)  # head_dim 32: fp8 on CPU needs 32 | head_dim
+    _, model = random_student("llama", n=2, g=2, **shape)
+    student = save_tiny_folder(root / "student", model, tokenizer)
+    draft = save_tiny_teacher(root / "draft", hidden_size=128, num_hidden_layers=2)
+    return student, draft
+
+
+@pytest.mark.parametrize(("speculative", "kv_cache_dtype", "message"), [
+    ({"method": "draft_model", "model": "DRAFT", "num_speculative_tokens": 2}, "auto",
+     "speculative method 'draft_model' cannot run with SwiftKV: vLLM registers the draft model's attention layers"),
+    ({"model": "DRAFT", "num_speculative_tokens": 2}, "auto", "speculative method 'draft_model' cannot run"),
+    ({"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 2}, "auto",
+     "speculative method 'eagle3' cannot run with SwiftKV: it drafts from the target model's hidden states"),
+    (None, "fp8_inc", "--kv-cache-dtype 'fp8_inc' is not supported by vLLM's CPU attention; expected one of auto, "
+                      "fp8, fp8_e4m3, fp8_e5m2"),
+])
+def test_vllm_engine_config_of_a_swiftkv_model_refuses_what_cannot_run(swiftkv_and_draft_folders, speculative,
+                                                                        kv_cache_dtype, message):
+    """What `vllm.LLM(model=FOLDER, speculative_config=...)` builds first: the plugin's config hook refuses
+    with the same error as `swiftkv serve`, before any engine starts."""
+    import re
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    student, draft = swiftkv_and_draft_folders
+    if speculative is not None:
+        speculative = {key: str(draft) if value == "DRAFT" else value for key, value in speculative.items()}
+    args = EngineArgs(model=str(student), speculative_config=speculative, kv_cache_dtype=kv_cache_dtype,
+                      max_model_len=256)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        args.create_engine_config()
+
+
+def test_vllm_engine_config_of_a_swiftkv_model_accepts_ngram_and_fp8(swiftkv_and_draft_folders):
+    from vllm.engine.arg_utils import EngineArgs
+
+    student, _ = swiftkv_and_draft_folders
+    config = EngineArgs(model=str(student), kv_cache_dtype="fp8", max_model_len=256, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}).create_engine_config()
+    assert config.speculative_config.method == "ngram" and config.cache_config.cache_dtype == "fp8"
+    assert config.cache_config.kv_sharing_fast_prefill is True

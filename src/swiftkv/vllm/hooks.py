@@ -8,10 +8,28 @@ from vllm.model_executor.models.config import VerifyAndUpdateConfig
 logger = init_logger("vllm.plugins.swiftkv")
 
 
+def check_neighbours(vllm_config) -> None:
+    """What runs beside SwiftKV: the speculative method (`speculative`) and, on vLLM's CPU engine, the
+    KV-cache dtype (`kv_dtype`). Runs while vLLM builds the engine config, before the engine starts, so
+    `vllm.LLM(...)` gets the same one error as `swiftkv serve`."""
+    from vllm.platforms import current_platform
+
+    from ..model.config import head_dim_of
+    from .kv_dtype import check_kv_cache_dtype
+    from .speculative import check_speculative_method
+
+    speculative = vllm_config.speculative_config
+    check_speculative_method(speculative.method if speculative is not None else None)
+    kv_cache_dtype = vllm_config.cache_config.cache_dtype
+    if current_platform.is_cpu() and kv_cache_dtype != "auto":
+        check_kv_cache_dtype(kv_cache_dtype, head_dim_of(vllm_config.model_config.hf_config))
+
+
 class SwiftKVConfigHook(VerifyAndUpdateConfig):
     """Switch on kv_sharing_fast_prefill: without it vLLM would run every prompt token through the
     later layers, i.e. SwiftKV would give no prefill saving. vLLM runs this hook while it builds the
-    engine config, before the model runner sizes its fast-prefill buffers."""
+    engine config, before the model runner sizes its fast-prefill buffers. Then refuse what cannot run
+    beside SwiftKV (`check_neighbours`)."""
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
@@ -19,3 +37,4 @@ class SwiftKVConfigHook(VerifyAndUpdateConfig):
         if not cache_config.kv_sharing_fast_prefill:
             logger.info("SwiftKV: switching on kv_sharing_fast_prefill (prompt tokens skip layers >= N)")
             cache_config.kv_sharing_fast_prefill = True
+        check_neighbours(vllm_config)

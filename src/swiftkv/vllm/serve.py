@@ -81,6 +81,27 @@ def serve_command(folder: str, served_name: str, vllm_args: list[str]) -> list[s
     return command + vllm_args
 
 
+def check_neighbour_options(folder, vllm_args: list[str]) -> None:
+    """Refuse, before the server starts, a speculative method that cannot run with SwiftKV and a
+    --kv-cache-dtype that vLLM's CPU engine cannot run (the plugin's config hook applies the same checks
+    inside vLLM, for `vllm.LLM` and plain `vllm serve`)."""
+    import json
+
+    import torch
+
+    from ..model.config import head_dim_of
+    from .kv_dtype import check_kv_cache_dtype
+    from .speculative import check_speculative_options
+
+    check_speculative_options(vllm_args)
+    kv_cache_dtype = user_value("--kv-cache-dtype", vllm_args)
+    if kv_cache_dtype is not None and not torch.cuda.is_available():
+        from types import SimpleNamespace
+
+        config = SimpleNamespace(**json.loads((folder / "config.json").read_text()))
+        check_kv_cache_dtype(kv_cache_dtype, head_dim_of(config))
+
+
 def serve(model: str, vllm_args: list[str]) -> NoReturn:
     """Become vLLM's OpenAI server for a SwiftKV folder or alias (exec, so signals such as Ctrl-C or
     a supervisor's SIGTERM reach vLLM directly). `vllm_args` go to vLLM unchanged."""
@@ -90,6 +111,7 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     folder = resolve_source(model)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
+    check_neighbour_options(folder, vllm_args)
     configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
     print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
     command = serve_command(str(folder), model, vllm_args)
