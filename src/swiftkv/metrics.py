@@ -96,13 +96,14 @@ def prefill_compute_saving(config) -> float | None:
     return 1 - student / (layers * per_layer)
 
 
-def distill_flops_per_token(config, seq_len: int, target_fraction: float) -> float:
+def distill_flops_per_token(config, seq_len: int, target_fraction: float, late_weights: bool = False) -> float:
     """FLOPs per train token of one shared-prefix distillation step, the numerator of its compute
     bound. Layers < N run forward once for both models; the teacher's later layers forward; the
     student's later layers forward (q/o/MLP, attention, and each group's K/V from s) and backward:
     activation gradients cost one more forward (attention two), weight gradients only for the
-    trained SwiftKV projections; the lm_head runs on the trained rows (`target_fraction` of the
-    tokens) forward for the teacher, forward and backward (activations) for the student."""
+    trained SwiftKV projections (and the later layers' o_proj and MLP with `late_weights`, the
+    student-only copies of `--trainable late`); the lm_head runs on the trained rows (`target_fraction`
+    of the tokens) forward for the teacher, forward and backward (activations) for the student."""
     flops = layer_linear_flops(config)
     n, later, groups = config.num_key_value_layers, config.num_hidden_layers - config.num_key_value_layers, \
         config.num_kv_groups
@@ -111,6 +112,8 @@ def distill_flops_per_token(config, seq_len: int, target_fraction: float) -> flo
     student_linear = later * (flops["q"] + flops["o"] + flops["mlp"]) + groups * flops["kv"]
     student = (2 * student_linear + 3 * later * attention  # forward + activation gradients
                + later * flops["q"] + groups * flops["kv"])  # weight gradients of the SwiftKV projections
+    if late_weights:
+        student += later * (flops["o"] + flops["mlp"])
     head = 2 * config.hidden_size * config.vocab_size * target_fraction
     return n * full_layer + later * full_layer + student + 3 * head
 

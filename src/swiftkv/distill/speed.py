@@ -6,7 +6,9 @@ both alike; CPU seconds of this process are reported beside wall seconds for the
 
 from __future__ import annotations
 
+import resource
 import time
+from dataclasses import replace
 
 import torch
 
@@ -20,7 +22,7 @@ from .trainer import (
     SharedPrefixDistiller,
     cast_frozen,
     compute_dtype,
-    freeze_all_but_swiftkv,
+    optimizer_for,
     probe_layer_of,
     sized_micro_batch,
     train_step,
@@ -45,7 +47,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
-    optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)  # lr 0: weights stay put
+    optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
     dtype = compute_dtype(settings, world.device)
     cast_frozen(model, dtype)
     settings = sized_micro_batch(model, train, settings, world)
@@ -65,16 +67,25 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     result = {"model": settings.source, "num_key_value_layers": model.config.num_key_value_layers,
               "tokens_per_way": tokens, "seq_len": settings.seq_len,
               "dtype": dtype_name(dtype), "device": device_name(world.device), "micro_batch": settings.micro_batch,
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "trainable": settings.trainable,
+              "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     for name, (wall, cpu) in totals.items():
         result[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall, 1),
                         "tokens_per_cpu_s": round(tokens / cpu, 1)}
     result["compute_bound"] = compute_bound(model.config, settings, train, result["shared"]["tokens_per_s"], dtype,
                                             world.device)
+    result["peak_memory_mib"] = peak_memory_mib(world.device)
     if naive:
         result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
         result["speedup_cpu"] = round(totals["naive"][1] / totals["shared"][1], 3)
     return result
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    """This process's peak: resident memory on a CPU (model, data and steps), allocated memory on a GPU."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
 
 def device_name(device: torch.device) -> str:
@@ -86,7 +97,8 @@ def compute_bound(config, settings, train, tokens_per_s: float, dtype: torch.dty
     dtype on the training device: the tokens/s a perfectly matmul-bound step would reach, and how
     close the run came."""
     target_fraction = float(train.loss_mask.float().mean())
-    flops = distill_flops_per_token(config, settings.seq_len, target_fraction)
+    flops = distill_flops_per_token(config, settings.seq_len, target_fraction,
+                                    late_weights=settings.trainable in ("late", "late-norms"))
     peak = matmul_peak(dtype, device=device)
     return {"flops_per_token": round(flops), "matmul_peak_flops": round(peak), "bound_tokens_per_s": round(peak / flops, 1),
             "fraction_of_bound": round(tokens_per_s * flops / peak, 3)}
