@@ -25,7 +25,6 @@ from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from ..results import DistillSummary, HeldOut
 from . import microbatch, trainable
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
@@ -180,7 +179,7 @@ def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world: World) -> HeldOut:
+def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world: World) -> dict:
     """Held-out KL(teacher || student) at T = 1 and top-1 agreement over the trained positions."""
     distiller = SharedPrefixDistiller(model)
     totals = torch.zeros(3, dtype=torch.float64)
@@ -314,7 +313,7 @@ def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
 
 
-def run_summary(settings: DistillSettings, state: RunState) -> DistillSummary:
+def run_summary(settings: DistillSettings, state: RunState) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len
