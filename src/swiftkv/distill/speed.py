@@ -11,7 +11,7 @@ import time
 import torch
 
 from ..data.packing import load_blocks
-from ..dtypes import dtype_name
+from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import distill_flops_per_token, matmul_peak
 from .setup import load_student
 from .trainer import (
@@ -19,7 +19,6 @@ from .trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     cast_frozen,
-    compute_dtype,
     freeze_all_but_swiftkv,
     probe_layer_of,
     sized_micro_batch,
@@ -46,7 +45,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)  # lr 0: weights stay put
-    dtype = compute_dtype(settings, world.device)
+    dtype = resolve_dtype(settings.dtype, world.device)
     cast_frozen(model, dtype)
     settings = sized_micro_batch(model, train, settings, world)
     probe = probe_layer_of(settings, model.config)
