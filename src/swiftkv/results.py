@@ -1,112 +1,215 @@
-"""The schemas of the results swiftkv writes, one definition each: the JSON files (`results.json` of
-`swiftkv eval`, `bench.json` / `online.json` of `swiftkv bench`, `distill.json` of `swiftkv distill`)
-are these dicts as they are. Producers return them and readers (the reports, plots, sweep and the
-study's cards) are annotated with them, so a key's name and meaning live here, not in each reader.
-`total=False` marks what a run may leave out (a measure that was not asked for)."""
+"""The schemas of the results swiftkv writes, one definition each: `results.json` of `swiftkv eval`
+(EvalResults), `bench.json` / `online.json` of `swiftkv bench` (BenchResults, OnlineResults) and
+`distill.json` of `swiftkv distill` (DistillSummary).
+
+Each is a small frozen dataclass read by attribute (`results.students[0].teacher_forced.kl_mean`), so a
+key's name and meaning live here, not in each reader. Producers build the JSON dicts; readers (the
+reports, plots, sweep and the study's cards) go through `X.from_json(dict)` (or `X.of(dict_or_X)`).
+`to_json()` gives the dict back as it was read: the same keys in the same order, a key the schema does
+not name (an older or newer file) kept as it was, so the files stay byte-identical through a round trip.
+
+A field a file leaves out reads as None (a measure that was not asked for, an older file); a record
+read from an empty dict is falsy, as the dict was. Maps keyed by data (task names, lm-eval metric
+names, roles, model names) stay dicts of records.
+"""
 
 from __future__ import annotations
 
-from typing import TypedDict
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar, TypeVar, Union
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """Base of the result records: `from_json` / `to_json` round-trip a JSON object exactly."""
+
+    # The keys of the dict this record was read from, in order (None: built in code, every field is
+    # written in definition order), and the keys the schema does not name, with their values.
+    _keys: tuple[str, ...] | None = dataclasses.field(default=None, repr=False, compare=False, kw_only=True)
+    _extra: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False, kw_only=True)
+    _hints: ClassVar[dict[type, dict[str, Any]]] = {}
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """Field name -> type, for the fields of the JSON object (the bookkeeping fields left out)."""
+        if cls not in Record._hints:
+            hints = typing.get_type_hints(cls)
+            Record._hints[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+        return Record._hints[cls]
+
+    @classmethod
+    def from_json(cls: type[R], data: dict[str, Any]) -> R:
+        schema = cls.schema()
+        values = {key: decode(schema[key], value) for key, value in data.items() if key in schema}
+        extra = {key: value for key, value in data.items() if key not in schema}
+        return cls(**values, _keys=tuple(data), _extra=extra)
+
+    @classmethod
+    def of(cls: type[R], data: R | dict[str, Any]) -> R:
+        """`data` as this record: read from its JSON dict, or as it is when it already is one."""
+        return data if isinstance(data, cls) else cls.from_json(data)
+
+    def to_json(self) -> dict[str, Any]:
+        keys = self._keys if self._keys is not None else tuple(self.schema())
+        return {key: self._extra[key] if key in self._extra else encode(getattr(self, key)) for key in keys}
+
+    def __bool__(self) -> bool:
+        return self._keys is None or bool(self._keys)
+
+
+def decode(kind: Any, value: Any) -> Any:
+    """A JSON value as `kind`: records for the record types in it, the value itself otherwise."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if isinstance(kind, type) and issubclass(kind, Record):
+        return kind.from_json(value) if isinstance(value, dict) else value
+    if origin in (Union, types.UnionType):
+        structured = [arg for arg in args if arg is not type(None)]
+        return decode(structured[0], value) if len(structured) == 1 else value
+    if origin is list and args and isinstance(value, list):
+        return [decode(args[0], item) for item in value]
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return {key: decode(args[1], item) for key, item in value.items()}
+    return value
+
+
+def encode(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_json()
+    if isinstance(value, list):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {key: encode(item) for key, item in value.items()}
+    return value
+
+
+record = dataclasses.dataclass(frozen=True)
 
 # --------------------------------------------------------------------------------------------------
 # swiftkv eval
 # --------------------------------------------------------------------------------------------------
 
 
-class Paired(TypedDict):
+@record
+class Paired(Record):
     """One metric of one task, student against teacher on the same items (`evaluate.stats`)."""
 
-    n: int
-    teacher: float
-    student: float
-    diff: float  # student - teacher
-    diff_stderr: float  # paired standard error of `diff`
-    agreement: float  # same answer picked, right or wrong
-    teacher_only_correct: int
-    student_only_correct: int
-    mcnemar_p: float
+    n: int | None = None
+    teacher: float | None = None
+    student: float | None = None
+    diff: float | None = None  # student - teacher
+    diff_stderr: float | None = None  # paired standard error of `diff`
+    agreement: float | None = None  # same answer picked, right or wrong
+    teacher_only_correct: int | None = None
+    student_only_correct: int | None = None
+    mcnemar_p: float | None = None
 
 
-class TaskResult(TypedDict):
-    items: int
-    limit: int | None
-    metrics: dict[str, dict[str, float]]  # role (teacher/student) -> lm-eval metric -> value (acc, acc_stderr, ...)
-    paired: dict[str, Paired]  # metric -> paired comparison
-    item_ids: list[str]
-    answers: dict[str, list[int]]  # role -> answer picked per item, in item_ids order
+@record
+class TaskResult(Record):
+    items: int | None = None
+    limit: int | None = None
+    metrics: dict[str, dict[str, float]] | None = None  # role (teacher/student) -> lm-eval metric -> value (acc, acc_stderr, ...)
+    paired: dict[str, Paired] | None = None  # metric -> paired comparison
+    item_ids: list[str] | None = None
+    answers: dict[str, list[int]] | None = None  # role -> answer picked per item, in item_ids order
 
 
-class PairInfo(TypedDict, total=False):
-    student: str
-    teacher: str
-    mode: str  # shared (one model, layers < N once) or separate
-    dtype: str
-    cache_keys: dict[str, str]
-    num_hidden_layers: int  # the three below: SwiftKV students only
-    num_key_value_layers: int
-    key_value_group_size: int
+@record
+class PairInfo(Record):
+    student: str | None = None
+    teacher: str | None = None
+    mode: str | None = None  # shared (one model, layers < N once) or separate
+    dtype: str | None = None
+    cache_keys: dict[str, str] | None = None
+    num_hidden_layers: int | None = None  # the three below: SwiftKV students only
+    num_key_value_layers: int | None = None
+    key_value_group_size: int | None = None
 
 
-class TeacherForced(TypedDict, total=False):
+@record
+class TeacherForced(Record):
     """Held-out chat, teacher-forced on the assistant tokens."""
 
-    conversations: int
-    tokens: int
-    kl_mean: float  # KL(teacher || student) per token
-    top1_agreement: float
-    nll_teacher: float
-    nll_student: float
+    conversations: int | None = None
+    tokens: int | None = None
+    kl_mean: float | None = None  # KL(teacher || student) per token
+    top1_agreement: float | None = None
+    nll_teacher: float | None = None
+    nll_student: float | None = None
 
 
-class Generation(TypedDict):
+@record
+class Example(Record):
+    """One held-out prompt answered greedily by both models."""
+
+    prompt: str | None = None
+    teacher: str | None = None
+    student: str | None = None
+    first_divergence: int | None = None  # index of the first generated token that differs
+
+
+@record
+class Generation(Record):
     """Greedy answers to held-out prompts, student against teacher."""
 
-    prompts: int
-    new_tokens: int
-    identical_fraction: float  # answers whose first `new_tokens` tokens equal the teacher's
-    mean_first_divergence: float
-    examples: list[dict[str, str | int]]  # prompt, teacher, student, first_divergence
+    prompts: int | None = None
+    new_tokens: int | None = None
+    identical_fraction: float | None = None  # answers whose first `new_tokens` tokens equal the teacher's
+    mean_first_divergence: float | None = None
+    examples: list[Example] | None = None
 
 
-class LongPrompt(TypedDict):
-    prompts: int
-    new_tokens: int
-    prompt_tokens_mean: float
-    kl_mean: float  # along the teacher's answer
-    top1_agreement: float
-    identical_fraction: float
-    mean_first_divergence: float
+@record
+class LongPrompt(Record):
+    prompts: int | None = None
+    new_tokens: int | None = None
+    prompt_tokens_mean: float | None = None
+    kl_mean: float | None = None  # along the teacher's answer
+    top1_agreement: float | None = None
+    identical_fraction: float | None = None
+    mean_first_divergence: float | None = None
 
 
-class Agreement(TypedDict, total=False):
-    teacher_forced: TeacherForced
-    generation: Generation
-    long_prompt: LongPrompt
+@record
+class FloorResult(Record):
+    """The teacher against itself at another dtype: the most agreement a student can be asked for."""
+
+    pair: PairInfo | None = None
+    teacher_forced: TeacherForced | None = None
+    generation: Generation | None = None
+    long_prompt: LongPrompt | None = None
+    seconds: float | None = None
 
 
-class StudentResult(Agreement, total=False):
-    pair: PairInfo
-    tasks: dict[str, TaskResult]
-    prefill_compute_saving: float | None  # fraction of a prompt token's linear FLOPs skipped
-    seconds: float
+@record
+class StudentResult(Record):
+    pair: PairInfo | None = None
+    tasks: dict[str, TaskResult] | None = None
+    teacher_forced: TeacherForced | None = None
+    generation: Generation | None = None
+    long_prompt: LongPrompt | None = None
+    prefill_compute_saving: float | None = None  # fraction of a prompt token's linear FLOPs skipped
+    seconds: float | None = None
 
 
-class FloorResult(Agreement, total=False):
-    pair: PairInfo
-    seconds: float
-
-
-class EvalResults(TypedDict):
+@record
+class EvalResults(Record):
     """`results.json` of `swiftkv eval`."""
 
-    teacher: str
-    dtype: str
-    tasks: list[str]
-    limits: dict[str, int]
-    settings: dict[str, int | float | str]
-    students: list[StudentResult]
-    floor: FloorResult | None
-    wall_time_s: float
+    teacher: str | None = None
+    dtype: str | None = None
+    tasks: list[str] | None = None
+    limits: dict[str, int] | None = None
+    settings: dict[str, Any] | None = None
+    students: list[StudentResult] | None = None
+    floor: FloorResult | None = None
+    wall_time_s: float | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -114,36 +217,105 @@ class EvalResults(TypedDict):
 # --------------------------------------------------------------------------------------------------
 
 
-class BenchResults(TypedDict):
+@record
+class BenchResults(Record):
     """`bench.json` of `swiftkv bench` (offline): per model, the measured workloads by metric key
     (`bench.offline.METRICS`: prefill_tok_s, ttft_s, tpot_s, e2e_req_s, kv_cache_tokens, ...)."""
 
-    model: str
-    baseline_model: str
-    settings: dict[str, int | str | bool]  # the engine options both models ran with
-    workloads: dict[str, int]
-    measured: list[str]
-    peak_flops: float
-    flops_per_token: float
-    date: str
-    baseline: dict[str, float]
-    swiftkv: dict[str, float]
-    ratio: dict[str, float | None]  # swiftkv / baseline; None where the baseline's value is 0
+    model: str | None = None
+    baseline_model: str | None = None
+    settings: dict[str, Any] | None = None  # the engine options both models ran with
+    workloads: dict[str, int] | None = None
+    measured: list[str] | None = None
+    peak_flops: float | None = None
+    flops_per_token: float | None = None
+    date: str | None = None
+    baseline: dict[str, float] | None = None
+    swiftkv: dict[str, float] | None = None
+    ratio: dict[str, float | None] | None = None  # swiftkv / baseline; None where the baseline's value is 0
 
 
-class OnlineResults(TypedDict, total=False):
+@record
+class RateResult(Record):
+    """One model at one request rate of the online benchmark (`bench.online_metrics.summarize`)."""
+
+    rate: float | None = None
+    completed: int | None = None
+    failed: int | None = None
+    duration_s: float | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    goodput: float | None = None  # requests per second that met the SLO
+    ttft_mean_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_mean_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
+    itl_mean_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p99_s: float | None = None
+    latency_mean_s: float | None = None
+    latency_p50_s: float | None = None
+    latency_p99_s: float | None = None
+    meets_slo: bool | None = None
+    errors: list | dict | None = None
+
+
+@record
+class IdleLatency(Record):
+    """One model answering a few requests alone: the latencies the SLO is scaled from."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_s: float | None = None
+    requests: int | None = None
+
+
+@record
+class SLOInfo(Record):
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    how: str | None = None
+
+
+@record
+class OnlineWorkload(Record):
+    prompt_len: int | None = None
+    output_len: int | None = None
+    num_requests: int | None = None
+    arrivals: str | None = None
+    ignore_eos: bool | None = None
+    prompt_source: str | None = None
+
+
+@record
+class OnlineSummary(Record):
+    """SwiftKV against the baseline across the rates (`bench.online_metrics.compare`)."""
+
+    max_rate: dict[str, float | None] | None = None  # model -> highest rate within the SLO
+    max_rate_is_lower_bound: dict[str, bool] | None = None  # model -> it was the highest rate tested
+    max_rate_ratio: float | None = None
+    baseline_saturation_rate: float | None = None
+    tpot_p50_ratio_at_saturation: float | None = None
+    per_rate: list[dict] | None = None
+
+
+@record
+class OnlineResults(Record):
     """`online.json` of `swiftkv bench --online`: per model, one row per request rate."""
 
-    model: str
-    baseline_model: str
-    date: str
-    workload: dict[str, int | float | str]
-    rates: list[float]
-    slo: dict[str, float]  # ttft_s, tpot_s
-    idle: dict[str, dict[str, float]]
-    sessions: list[dict]
-    results: dict[str, list[dict[str, float] | None]]  # model -> per rate: ttft_p99_s, tpot_p50_s, ...
-    summary: dict
+    model: str | None = None
+    baseline_model: str | None = None
+    date: str | None = None
+    workload: OnlineWorkload | None = None
+    rates: list[float] | None = None
+    slo: SLOInfo | None = None
+    idle: dict[str, IdleLatency] | None = None
+    sessions: list[dict] | None = None
+    results: dict[str, list[RateResult | None]] | None = None  # model -> per rate (None: not run)
+    summary: OnlineSummary | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -151,23 +323,25 @@ class OnlineResults(TypedDict, total=False):
 # --------------------------------------------------------------------------------------------------
 
 
-class HeldOut(TypedDict, total=False):
-    step: int
-    kl: float
-    top1: float
-    positions: int
+@record
+class HeldOut(Record):
+    step: int | None = None
+    kl: float | None = None
+    top1: float | None = None
+    positions: int | None = None
 
 
-class DistillSummary(TypedDict):
+@record
+class DistillSummary(Record):
     """`distill.json` in the distilled folder, and what `swiftkv distill` prints."""
 
-    settings: dict  # DistillSettings as a dict
-    steps: int
-    micro_batch: int  # blocks per forward as run (--micro-batch auto resolved)
-    train_tokens: int
-    train_seconds: float
-    tokens_per_second: float | None
-    heldout_before: HeldOut | None
-    heldout_after: HeldOut | None
-    final_loss: float | None
-    history: list[dict]  # held-out evaluations and per-step losses, in step order
+    settings: dict[str, Any] | None = None  # DistillSettings as a dict
+    steps: int | None = None
+    micro_batch: int | None = None  # blocks per forward as run (--micro-batch auto resolved)
+    train_tokens: int | None = None
+    train_seconds: float | None = None
+    tokens_per_second: float | None = None
+    heldout_before: HeldOut | None = None
+    heldout_after: HeldOut | None = None
+    final_loss: float | None = None
+    history: list[dict] | None = None  # held-out evaluations and per-step losses, in step order

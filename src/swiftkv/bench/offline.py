@@ -229,9 +229,9 @@ METRICS = [  # key, label, higher is better
 ]
 
 
-def measured_metrics(report: BenchResults) -> list[tuple[str, str, bool]]:
+def measured_metrics(report: BenchResults | dict) -> list[tuple[str, str, bool]]:
     """The METRICS rows this run measured (a --workloads subset leaves some out)."""
-    return [row for row in METRICS if row[0] in report["baseline"]]
+    return [row for row in METRICS if row[0] in BenchResults.of(report).baseline]
 
 
 def compare(baseline: dict, swiftkv: dict) -> dict:
@@ -245,33 +245,36 @@ def add_e2e_breakdown(result: dict, w: Workloads) -> None:
     result["e2e_rest_s"] = max(e2e_s - result["e2e_prefill_s"], 0.0)
 
 
-def format_table(report: BenchResults) -> str:
+def format_table(report: BenchResults | dict) -> str:
+    report = BenchResults.of(report)
     rows = [f"{'metric':<34}{'baseline':>14}{'SwiftKV':>14}{'ratio':>9}  better"]
     for key, label, higher in measured_metrics(report):
-        b, s, r = report["baseline"][key], report["swiftkv"][key], report["ratio"][key]
+        b, s, r = report.baseline[key], report.swiftkv[key], report.ratio[key]
         ratio = "n/a" if r is None else f"{r:.3f}"  # a zero baseline (e.g. no decode share left)
         rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{ratio:>9}  {'higher' if higher else 'lower'}")
-    rows.append(f"{report['settings']['dtype']} matmul peak: {report['peak_flops'] / 1e9:.0f} GFLOP/s; "
-                f"baseline prefill FLOPs/token {report['flops_per_token'] / 1e6:.0f} M")
+    rows.append(f"{report.settings['dtype']} matmul peak: {report.peak_flops / 1e9:.0f} GFLOP/s; "
+                f"baseline prefill FLOPs/token {report.flops_per_token / 1e6:.0f} M")
     return "\n".join(rows)
 
 
-def plot(report: BenchResults, path: Path) -> None:
+def plot(report: BenchResults | dict, path: Path) -> None:
+    report = BenchResults.of(report)
     metrics = measured_metrics(report)
     labels = [label for _, label, *_ in metrics]
     # A ratio is None when the baseline's value is 0 (e.g. no decode share left); draw no bar for it.
-    ratios = [report["ratio"][key] or 0.0 for key, *_ in metrics]
+    ratios = [report.ratio[key] or 0.0 for key, *_ in metrics]
     with figure(path, (9, 4), dpi=120) as (_, axis):
         axis.barh(labels, ratios, color="tab:blue")
         axis.axvline(1.0, color="black", linewidth=0.8)
         axis.invert_yaxis()
         axis.set_xlabel("SwiftKV / baseline")
-        axis.set_title(f"SwiftKV vs baseline on vLLM, {report['settings']['dtype']}: {Path(report['model']).name}")
+        axis.set_title(f"SwiftKV vs baseline on vLLM, {report.settings['dtype']}: {Path(report.model).name}")
 
 
-def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> BenchResults:
+def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> dict:
     """Run both models with identical settings and workloads (default: full, or quick when
-    `settings.quick`); write bench.json and bench.png to `settings.out` and return the report."""
+    `settings.quick`); write bench.json and bench.png to `settings.out` and return the report (the JSON of
+    `results.BenchResults`)."""
     engine = engine_settings(settings)
     workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
     print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)

@@ -32,7 +32,6 @@ from pathlib import Path
 from ..data import sharegpt
 from ..dtypes import describe_choice
 from ..files import write_atomic
-from ..results import OnlineResults
 from ..settings import setting
 from ..sources import load_tokenizer, resolve_source
 from .offline import PromptMaker, engine_settings
@@ -320,7 +319,7 @@ class OnlineRun:
         write_atomic(self.out_dir / "online.json", json.dumps(json_ready(self.report), indent=2))
 
 
-def online_bench(model: str, baseline: str, settings, online: OnlineSettings) -> OnlineResults:
+def online_bench(model: str, baseline: str, settings, online: OnlineSettings) -> dict:
     """Run the online benchmark of `model` (SwiftKV) against `baseline` (its teacher) with the server
     options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
     OUT/online.json (after every rate) and OUT/online.png, and return the report."""

@@ -27,7 +27,7 @@ from .world import World, init_world, log
 @dataclass
 class DistillResult:
     state: RunState
-    summary: DistillSummary  # settings, tokens, seconds, tokens/s, held-out before/after, loss history
+    summary: dict  # the JSON of results.DistillSummary: settings, tokens, seconds, tokens/s, held-out before/after, loss history
     wrote: bool  # the output folder was written (the run reached its last step)
 
 
@@ -45,7 +45,8 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     wrote = world.is_main and finished(state)
     if wrote:
         write_output(settings, model, tokenizer, summary)
-        log(world, f"wrote {settings.out} ({summary['train_tokens']} tokens, {summary['train_seconds']} s train, "
+        facts = DistillSummary.from_json(summary)
+        log(world, f"wrote {settings.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
                    f"{time.time() - started:.0f} s this segment)")
     elif world.is_main:
         log(world, f"stopped after step {state.step}; continue with --resume")
@@ -66,7 +67,7 @@ def written_replies(settings: DistillSettings, tokenizer, world: World):
     return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
-def write_output(settings: DistillSettings, model, tokenizer, summary: DistillSummary) -> None:
+def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> None:
     """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. Student-only
     later-layer weights (`--trainable lora|late|late-norms`) are merged under their original names, and
     the config says so: the folder then no longer contains its teacher."""

@@ -24,24 +24,24 @@ def load_student(settings):
     """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run."""
     check_reply_writer(settings)
     model = load_model(settings.source, dtype=torch.float32)
-    check_student(model, settings)
+    check_student(model, settings.source, settings.seq_len)
     check_trainable(settings.trainable, settings.lora_rank, model.config)
-    apply_init(model, settings)
+    apply_init(model, settings.init, settings.source)
     tokenizer = load_tokenizer(settings.source)
     if settings.teacher:
         check_teacher(model, tokenizer, settings.teacher)
     return model, tokenizer
 
 
-def apply_init(model, settings) -> None:
+def apply_init(model, init: str, source: str) -> None:
     """The recipe's starting point: copy/mean are re-derived from the model's own teacher weights;
     lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
-    if settings.init in REDERIVED_INITS:
-        load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
-    elif settings.init == "lstsq":
+    if init in REDERIVED_INITS:
+        load_trained(model, copy_init_params(model, average_group=init == "mean"))
+    elif init == "lstsq":
         converted = (getattr(model.config, "swiftkv_conversion", None) or {}).get("init")
         if converted != "lstsq":
-            raise ValueError(f"--init lstsq: {settings.source} was converted with --init {converted}; convert the "
+            raise ValueError(f"--init lstsq: {source} was converted with --init {converted}; convert the "
                              "source with `swiftkv convert ... --init lstsq` (it fits on calibration data) or pass "
                              "--init keep / copy / mean")
 
@@ -60,19 +60,19 @@ def check_reply_writer(settings) -> None:
                          "the replies; expected --init keep or lstsq (convert the source with the init you want)")
 
 
-def check_student(model, settings) -> None:
+def check_student(model, source: str, seq_len: int) -> None:
     config = model.config
     if not is_swiftkv(config):
-        raise ValueError(f"{settings.source} is not a SwiftKV model (no num_key_value_layers); run "
+        raise ValueError(f"{source} is not a SwiftKV model (no num_key_value_layers); run "
                          "`swiftkv convert SRC DST --num-key-value-layers N` first and distill DST")
     if config.teacher_missing:
-        raise ValueError(f"{settings.source} cannot be distilled: {config.teacher_missing}, and distillation needs "
+        raise ValueError(f"{source} cannot be distilled: {config.teacher_missing}, and distillation needs "
                          "its teacher path; distill an untrimmed conversion of the source model")
     limit = getattr(config, "max_position_embeddings", None)
-    if limit is not None and settings.seq_len > limit:
-        raise ValueError(f"--seq-len {settings.seq_len} exceeds the model's max_position_embeddings {limit}")
-    if settings.seq_len < 2:
-        raise ValueError(f"--seq-len {settings.seq_len}: expected at least 2 tokens per block")
+    if limit is not None and seq_len > limit:
+        raise ValueError(f"--seq-len {seq_len} exceeds the model's max_position_embeddings {limit}")
+    if seq_len < 2:
+        raise ValueError(f"--seq-len {seq_len}: expected at least 2 tokens per block")
 
 
 def check_teacher(student, student_tokenizer, teacher_source: str) -> None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 import torch
 
 from ..data.packing import load_blocks
-from ..dtypes import dtype_name
+from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import distill_flops_per_token, matmul_peak
 from .setup import load_student
 from .trainer import (
@@ -21,7 +21,6 @@ from .trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     cast_frozen,
-    compute_dtype,
     optimizer_for,
     probe_layer_of,
     sized_micro_batch,
@@ -48,7 +47,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
-    dtype = compute_dtype(settings, world.device)
+    dtype = resolve_dtype(settings.dtype, world.device)
     cast_frozen(model, dtype)
     settings = sized_micro_batch(model, train, settings, world)
     probe = probe_layer_of(settings, model.config)

@@ -25,7 +25,6 @@ from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from ..results import DistillSummary, HeldOut
 from . import microbatch, trainable
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
@@ -101,10 +100,6 @@ def probe_layer_of(settings: DistillSettings, config) -> int | None:
     return layer
 
 
-def compute_dtype(settings: DistillSettings, device: torch.device) -> torch.dtype:
-    return resolve_dtype(settings.dtype, device)
-
-
 def device_of(model: nn.Module) -> torch.device:
     return model.lm_head.weight.device
 
@@ -122,10 +117,10 @@ def lr_at(step: int, total_steps: int, peak: float, warmup: float) -> float:
     return peak * max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
-def rank_blocks(train: Blocks, step: int, settings: DistillSettings, world: World) -> Blocks:
+def rank_blocks(train: Blocks, step: int, batch_size: int, world: World) -> Blocks:
     """This process's share of the global batch of `step`: the same global batch for any world size."""
-    per_rank = settings.batch_size // world.size
-    start = step * settings.batch_size + world.rank * per_rank
+    per_rank = batch_size // world.size
+    start = step * batch_size + world.rank * per_rank
     return train.select(slice(start, start + per_rank))
 
 
@@ -160,7 +155,7 @@ def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks,
     kl_count = sizes.targets if settings.kl_mean_over == "targets" else sizes.positions
     micro_batches = [blocks.select(slice(i, i + settings.micro_batch)) for i in range(0, len(blocks), settings.micro_batch)]
     total, device = 0.0, device_of(model)
-    dtype = compute_dtype(settings, device)
+    dtype = resolve_dtype(settings.dtype, device)
     for k, micro in enumerate(micro_batches):
         sync_later = world.ddp and k < len(micro_batches) - 1
         with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(dtype, device):
@@ -180,7 +175,7 @@ def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world: World) -> HeldOut:
+def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world: World) -> dict:
     """Held-out KL(teacher || student) at T = 1 and top-1 agreement over the trained positions."""
     distiller = SharedPrefixDistiller(model)
     totals = torch.zeros(3, dtype=torch.float64)
@@ -188,7 +183,7 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
     device = device_of(model)
     for i in range(0, len(mine), settings.micro_batch):
         micro = mine.select(slice(i, i + settings.micro_batch)).to(device)
-        with autocast(compute_dtype(settings, device), device):
+        with autocast(resolve_dtype(settings.dtype, device), device):
             rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
             totals += torch.tensor(agreement_stats(pair.student, pair.teacher, model.lm_head, settings.chunk_rows),
@@ -203,12 +198,12 @@ def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world
 # --------------------------------------------------------------------------------------------------
 
 
-def check_batch(settings: DistillSettings, world: World) -> None:
-    per_rank = settings.batch_size // world.size
-    micro = settings.micro_batch if settings.micro_batch != microbatch.AUTO else 1
-    if settings.batch_size % world.size or per_rank % micro:
-        raise ValueError(f"--batch-size {settings.batch_size} must split into {world.size} process(es) x a multiple "
-                         f"of --micro-batch {settings.micro_batch}")
+def check_batch(batch_size: int, micro_batch: int | str, world: World) -> None:
+    per_rank = batch_size // world.size
+    micro = micro_batch if micro_batch != microbatch.AUTO else 1
+    if batch_size % world.size or per_rank % micro:
+        raise ValueError(f"--batch-size {batch_size} must split into {world.size} process(es) x a multiple "
+                         f"of --micro-batch {micro_batch}")
 
 
 def sized_micro_batch(model: nn.Module, train: Blocks, settings: DistillSettings, world: World) -> DistillSettings:
@@ -216,7 +211,7 @@ def sized_micro_batch(model: nn.Module, train: Blocks, settings: DistillSettings
     CUDA probe runs the first step's blocks through a plain (not DDP) distiller, so no process waits
     on another's collective, and every process then takes the smallest size any of them could fit."""
     per_rank = settings.batch_size // world.size
-    probe_blocks = rank_blocks(train, 0, settings, world)
+    probe_blocks = rank_blocks(train, 0, settings.batch_size, world)
 
     def probe_step(size: int) -> None:
         sized = replace(settings, micro_batch=size)
@@ -237,8 +232,8 @@ def sized_micro_batch(model: nn.Module, train: Blocks, settings: DistillSettings
     return replace(settings, micro_batch=size)
 
 
-def wrap(model: nn.Module, settings: DistillSettings, world: World) -> nn.Module:
-    distiller = SharedPrefixDistiller(model, naive=settings.naive, probe_layer=probe_layer_of(settings, model.config))
+def wrap(distiller: SharedPrefixDistiller, world: World) -> nn.Module:
+    """`distiller` as this world trains it: DDP-wrapped when there are several processes."""
     if world.ddp:
         device_ids = [world.device.index] if world.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(distiller, device_ids=device_ids, broadcast_buffers=False)
@@ -263,7 +258,7 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     from tqdm import tqdm
 
     world = world or World()
-    check_batch(settings, world)
+    check_batch(settings.batch_size, settings.micro_batch, world)
     ckpt = settings.checkpoint_path()
     train, heldout = training_blocks(settings, tokenizer, replies)
     total_steps = len(train) // settings.batch_size
@@ -274,12 +269,13 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     optimizer = optimizer_for(model, settings)
-    cast_frozen(model, compute_dtype(settings, world.device))
+    cast_frozen(model, resolve_dtype(settings.dtype, world.device))
     state = load_checkpoint(ckpt, model, optimizer, settings) if settings.resume else RunState()
     state.total_steps = total_steps
     checkpoint_settings, settings = settings, sized_micro_batch(model, train, settings, world)
     state.micro_batch = settings.micro_batch
-    distiller = wrap(model, settings, world)
+    distiller = wrap(SharedPrefixDistiller(model, naive=settings.naive,
+                                           probe_layer=probe_layer_of(settings, model.config)), world)
     if not state.history:
         state.history.append({"step": 0, **evaluate(model, heldout, settings, world)})
         log(world, f"held-out before: {json.dumps(state.history[-1])}")
@@ -289,7 +285,7 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     block_tokens = settings.batch_size * settings.seq_len
     for step in progress:
         started = time.perf_counter()
-        blocks = rank_blocks(train, step, settings, world)
+        blocks = rank_blocks(train, step, settings.batch_size, world)
         sizes = BatchSizes.of(train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
@@ -314,7 +310,7 @@ def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
 
 
-def run_summary(settings: DistillSettings, state: RunState) -> DistillSummary:
+def run_summary(settings: DistillSettings, state: RunState) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len

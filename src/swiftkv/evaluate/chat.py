@@ -18,7 +18,6 @@ from ..data.chat import from_first_user
 from ..data.tokens import prompt_ids, tokenize_chat
 from ..metrics import kl_per_row, top1_matches
 from ..model.config import is_swiftkv
-from ..results import Generation, TeacherForced
 from .pair import STUDENT, TEACHER, ModelPair
 from .store import ResultStore, request_key
 
@@ -58,7 +57,7 @@ def conversation_stats(pair: ModelPair, ids: list[int], mask: list[bool]) -> dic
 
 
 def teacher_forced_agreement(pair: ModelPair, store: ResultStore, conversations: list[list[dict]],
-                             max_tokens: int = 512, progress: bool = True) -> TeacherForced:
+                             max_tokens: int = 512, progress: bool = True) -> dict:
     """Mean per-token KL(teacher || student), top-1 agreement and both NLLs on assistant tokens."""
     pair_key = f"{pair.cache_keys[STUDENT]}|{pair.cache_keys[TEACHER]}"
     keys = [request_key("teacher-forced", str(max_tokens), repr(messages)) for messages in conversations]
@@ -73,7 +72,7 @@ def teacher_forced_agreement(pair: ModelPair, store: ResultStore, conversations:
     return summarize_teacher_forced([done[key] for key in keys])
 
 
-def summarize_teacher_forced(stats: list[dict]) -> TeacherForced:
+def summarize_teacher_forced(stats: list[dict]) -> dict:
     tokens = sum(s["tokens"] for s in stats)
     used = sum(1 for s in stats if s["tokens"])
     if tokens == 0:
@@ -130,7 +129,7 @@ def divergences(answers: dict[str, list[list[int]]], new_tokens: int, eos: int |
 
 
 def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int = 32,
-                         examples: int = 3, progress: bool = True) -> Generation:
+                         examples: int = 3, progress: bool = True) -> dict:
     """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
     divergence position, and a few side-by-side answers."""
     tokenizer = pair.tokenizer

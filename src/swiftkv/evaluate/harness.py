@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..results import TaskResult
 from .loglikelihood import LoglikelihoodScorer
 from .pair import ROLES, STUDENT, TEACHER
 from .stats import paired_comparison
@@ -112,7 +111,7 @@ def per_subtask_limit(task_dict: dict, limit: int | None) -> int | None:
     return math.ceil(limit / max(1, len(task_dict["tasks"])))
 
 
-def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> TaskResult:
+def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> dict:
     """Score one task (or group) for both roles; return the metrics and the paired comparison."""
     from lm_eval.evaluator import evaluate
 

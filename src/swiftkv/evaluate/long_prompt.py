@@ -12,7 +12,6 @@ from tqdm import tqdm
 from ..data.heldout import heldout_conversations
 from ..data.long_prompts import long_prompts
 from ..data.tokens import prompt_ids
-from ..results import LongPrompt
 from .chat import conversation_stats, divergences, greedy_answers
 from .pair import STUDENT, TEACHER, ModelPair
 from .store import ResultStore, request_key
@@ -37,7 +36,7 @@ def heldout_long_prompts(tokenizer, count: int) -> list[list[dict]]:
 
 
 def long_prompt_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int,
-                          progress: bool = True) -> LongPrompt:
+                          progress: bool = True) -> dict:
     ids = [prompt_ids(pair.tokenizer, messages) for messages in prompts]
     answers = greedy_answers(pair, store, ids, new_tokens, desc="long prompts (generation)", progress=progress)
     divergence = divergences(answers, new_tokens, pair.tokenizer.eos_token_id)

@@ -17,7 +17,6 @@ import torch
 from ..files import folder_fingerprint
 from ..model.config import is_swiftkv
 from ..model.surgery import teacher_difference, tokenizer_differences
-from ..results import PairInfo
 from ..sources import check_supported, load_model, load_tokenizer, resolve_source
 
 STUDENT, TEACHER = "student", "teacher"
@@ -134,7 +133,7 @@ def load_floor_pair(teacher_src: str, dtype: torch.dtype, floor_dtype: torch.dty
     return pair
 
 
-def describe(pair: ModelPair) -> PairInfo:
+def describe(pair: ModelPair) -> dict:
     """Facts about the pair for the report."""
     config = pair.student.config
     info = {"student": pair.names[STUDENT], "teacher": pair.names[TEACHER], "mode": pair.mode,

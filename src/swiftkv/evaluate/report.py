@@ -1,7 +1,8 @@
 """The evaluation report: `results.json` (every number), `report.md` (tables), `report.png` (bars).
 
-`results` is the dict `run.evaluate_models` returns: the teacher, and per student its pair facts,
-per-task metrics with the paired comparison, chat agreement and generation agreement.
+`results` is what `run.evaluate_models` returns (its JSON dict, read here as `results.EvalResults`): the
+teacher, and per student its pair facts, per-task metrics with the paired comparison, chat agreement and
+generation agreement.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from ..results import EvalResults, FloorResult, StudentResult
 from .pair import STUDENT, TEACHER
 
 
-def write_report(results: EvalResults, out: Path) -> list[Path]:
+def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
     """Write the three files atomically (temp name, then rename) and return their paths."""
+    results = EvalResults.of(results)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "report.md", out / "report.png"]
-    write_atomic(paths[0], json.dumps(results, indent=2).encode())
+    write_atomic(paths[0], json.dumps(results.to_json(), indent=2).encode())
     write_atomic(paths[1], markdown(results).encode())
     with atomic_file(paths[2]) as tmp_png:
         plot(results, tmp_png)
@@ -28,16 +30,16 @@ def write_report(results: EvalResults, out: Path) -> list[Path]:
 
 
 def student_label(student: StudentResult) -> str:
-    info = student["pair"]
+    info = StudentResult.of(student).pair
     if is_swiftkv(info):
-        return f"{info['student']} (N={info['num_key_value_layers']}, G={info['key_value_group_size']})"
-    return info["student"]
+        return f"{info.student} (N={info.num_key_value_layers}, G={info.key_value_group_size})"
+    return info.student
 
 
 def task_metric_rows(results: EvalResults) -> list[tuple[str, str]]:
     rows = []
-    for task, entry in results["students"][0]["tasks"].items():
-        rows += [(task, metric) for metric in entry["paired"]]
+    for task, entry in EvalResults.of(results).students[0].tasks.items():
+        rows += [(task, metric) for metric in entry.paired]
     return rows
 
 
@@ -46,20 +48,21 @@ def task_metric_rows(results: EvalResults) -> list[tuple[str, str]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def markdown(results: EvalResults) -> str:
-    students = results["students"]
+def markdown(results: EvalResults | dict) -> str:
+    results = EvalResults.of(results)
+    students = results.students
     lines = [
         "# SwiftKV evaluation",
         "",
-        f"Teacher: `{results['teacher']}`; weights in {results['dtype']}; wall time {results['wall_time_s']:.0f} s.",
+        f"Teacher: `{results.teacher}`; weights in {results.dtype}; wall time {results.wall_time_s:.0f} s.",
         "",
     ]
     for i, student in enumerate(students):
-        lines.append(f"- S{i + 1}: `{student_label(student)}`, {student['pair']['mode']} pass, "
-                     f"{student['seconds']:.0f} s")
+        lines.append(f"- S{i + 1}: `{student_label(student)}`, {student.pair.mode} pass, "
+                     f"{student.seconds:.0f} s")
     if students:
         lines += ["", *summary_table(results)]
-    if students and students[0]["tasks"]:
+    if students and students[0].tasks:
         lines += ["", *task_table(results)]
     lines += ["", *chat_tables(students), *long_prompt_table(results)]
     return "\n".join(lines) + "\n"
@@ -67,8 +70,9 @@ def markdown(results: EvalResults) -> str:
 
 def summary_table(results: EvalResults) -> list[str]:
     """One row per model: what a reader compares first (accuracy per task, their mean, chat agreement)."""
-    students = results["students"]
-    tasks = list(students[0]["tasks"])
+    results = EvalResults.of(results)
+    students = results.students
+    tasks = list(students[0].tasks)
     header = ["model", *tasks] + (["mean acc"] if tasks else []) + ["chat KL", "chat top-1", "greedy identical",
                                                                  "first divergence", "long top-1",
                                                                  "long first divergence"]
@@ -79,13 +83,12 @@ def summary_table(results: EvalResults) -> list[str]:
              "question, a document + a summary request), top-1 along the teacher's answer. The floor row is the "
              "teacher against itself at another dtype: the most agreement a student can be asked for.", "",
              "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    teacher = [students[0]["tasks"][t]["metrics"][TEACHER]["acc"] for t in tasks]
-    lines.append(summary_row("teacher", teacher, {}))
-    if results.get("floor"):
-        lines.append(summary_row(f"floor: {results['floor']['pair']['student']}", [None] * len(tasks),
-                                 results["floor"]))
+    teacher = [students[0].tasks[t].metrics[TEACHER]["acc"] for t in tasks]
+    lines.append(summary_row("teacher", teacher, FloorResult()))
+    if results.floor:
+        lines.append(summary_row(f"floor: {results.floor.pair.student}", [None] * len(tasks), results.floor))
     for i, student in enumerate(students):
-        accuracy = [student["tasks"][t]["metrics"][STUDENT]["acc"] for t in tasks]
+        accuracy = [student.tasks[t].metrics[STUDENT]["acc"] for t in tasks]
         lines.append(summary_row(f"S{i + 1}", accuracy, student))
     return lines
 
@@ -94,19 +97,19 @@ def summary_row(name: str, accuracy: list[float | None], measured: StudentResult
     """Accuracy cells, their mean, then the agreement measures of `measured` (a student or the floor)."""
     known = [value for value in accuracy if value is not None]
     mean = [sum(known) / len(known) if len(known) == len(accuracy) else None] if accuracy else []
-    forced, generated = measured.get("teacher_forced") or {}, measured.get("generation") or {}
-    long = measured.get("long_prompt") or {}
-    values = [*accuracy, *mean, forced.get("kl_mean"), forced.get("top1_agreement"),
-              generated.get("identical_fraction")]
+    forced, generated, long = measured.teacher_forced, measured.generation, measured.long_prompt
+    values = [*accuracy, *mean, forced.kl_mean if forced else None, forced.top1_agreement if forced else None,
+              generated.identical_fraction if generated else None]
     cells = ["–" if value is None else f"{value:.3f}" for value in values]
-    cells.append("–" if not generated else f"{generated['mean_first_divergence']:.1f}")
-    cells.append("–" if not long else f"{long['top1_agreement']:.3f}")
-    cells.append("–" if not long else f"{long['mean_first_divergence']:.1f}")
+    cells.append("–" if not generated else f"{generated.mean_first_divergence:.1f}")
+    cells.append("–" if not long else f"{long.top1_agreement:.3f}")
+    cells.append("–" if not long else f"{long.mean_first_divergence:.1f}")
     return f"| {name} | " + " | ".join(cells) + " |"
 
 
 def task_table(results: EvalResults) -> list[str]:
-    students = results["students"]
+    results = EvalResults.of(results)
+    students = results.students
     header = "| task | metric | items | teacher | " + " | ".join(f"S{i + 1}" for i in range(len(students))) + " |"
     lines = [
         "## Multiple choice (lm-eval, zero-shot)",
@@ -118,56 +121,63 @@ def task_table(results: EvalResults) -> list[str]:
         "|" + "---|" * (4 + len(students)),
     ]
     for task, metric in task_metric_rows(results):
-        first = students[0]["tasks"][task]
-        teacher = first["metrics"][TEACHER]
+        first = students[0].tasks[task]
+        teacher = first.metrics[TEACHER]
         stderr = teacher.get(metric + "_stderr")
         cells = [f"{teacher[metric]:.4f} ± " + (f"{stderr:.4f}" if stderr is not None else "n/a")]
         for student in students:
-            paired = student["tasks"][task]["paired"][metric]
-            cells.append(f"{paired['student']:.4f} ({paired['diff']:+.4f} ± {paired['diff_stderr']:.4f}; "
-                         f"agree {paired['agreement']:.3f}; p={paired['mcnemar_p']:.2g})")
-        lines.append(f"| {task} | {metric} | {first['items']} | " + " | ".join(cells) + " |")
+            paired = student.tasks[task].paired[metric]
+            cells.append(f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}; "
+                         f"agree {paired.agreement:.3f}; p={paired.mcnemar_p:.2g})")
+        lines.append(f"| {task} | {metric} | {first.items} | " + " | ".join(cells) + " |")
     return lines
 
 
 def chat_tables(students: list[StudentResult]) -> list[str]:
     lines = []
-    forced = [(i, s["teacher_forced"]) for i, s in enumerate(students) if s.get("teacher_forced")]
+    students = [StudentResult.of(student) for student in students]
+    forced = [(i, s.teacher_forced) for i, s in enumerate(students) if s.teacher_forced]
     if forced:
         lines += ["## Held-out chat, teacher-forced (assistant tokens)", "",
                   "| student | conversations | tokens | KL(teacher‖student) per token | top-1 agreement | "
                   "NLL teacher | NLL student |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| S{i + 1} | {f['conversations']} | {f['tokens']} | {f.get('kl_mean', 0):.4f} | "
-                  f"{f.get('top1_agreement', 0):.4f} | {f.get('nll_teacher', 0):.3f} | {f.get('nll_student', 0):.3f} |"
+        lines += [f"| S{i + 1} | {f.conversations} | {f.tokens} | {or_zero(f.kl_mean):.4f} | "
+                  f"{or_zero(f.top1_agreement):.4f} | {or_zero(f.nll_teacher):.3f} | {or_zero(f.nll_student):.3f} |"
                   for i, f in forced]
         lines.append("")
-    generated = [(i, s["generation"]) for i, s in enumerate(students) if s.get("generation")]
+    generated = [(i, s.generation) for i, s in enumerate(students) if s.generation]
     if generated:
         lines += ["## Held-out chat, greedy generation", "",
                   "| student | prompts | identical first tokens | mean first divergence |", "|---|---|---|---|"]
-        lines += [f"| S{i + 1} | {g['prompts']} | {g['identical_fraction']:.3f} (of {g['new_tokens']}) | "
-                  f"{g['mean_first_divergence']:.1f} |" for i, g in generated]
+        lines += [f"| S{i + 1} | {g.prompts} | {g.identical_fraction:.3f} (of {g.new_tokens}) | "
+                  f"{g.mean_first_divergence:.1f} |" for i, g in generated]
         for i, g in generated:
             lines += ["", f"### Examples, S{i + 1}", ""]
-            for example in g["examples"]:
-                lines += [f"**Prompt** (diverges at token {example['first_divergence']}): "
-                          f"{quote(example['prompt'])}", "",
-                          f"- teacher: {quote(example['teacher'])}", f"- student: {quote(example['student'])}", ""]
+            for example in g.examples:
+                lines += [f"**Prompt** (diverges at token {example.first_divergence}): "
+                          f"{quote(example.prompt)}", "",
+                          f"- teacher: {quote(example.teacher)}", f"- student: {quote(example.student)}", ""]
     return lines
 
 
+def or_zero(value: float | None) -> float:
+    """A teacher-forced measure the run did not record prints as 0."""
+    return 0 if value is None else value
+
+
 def long_prompt_table(results: EvalResults) -> list[str]:
-    rows = [(f"S{i + 1}", s["long_prompt"]) for i, s in enumerate(results["students"]) if s.get("long_prompt")]
-    if (results.get("floor") or {}).get("long_prompt"):
-        rows.insert(0, ("floor", results["floor"]["long_prompt"]))
+    results = EvalResults.of(results)
+    rows = [(f"S{i + 1}", s.long_prompt) for i, s in enumerate(results.students) if s.long_prompt]
+    if results.floor and results.floor.long_prompt:
+        rows.insert(0, ("floor", results.floor.long_prompt))
     if not rows:
         return []
     lines = ["## Long prompts (1-2k tokens), short answers", "",
              "| model | prompts | mean prompt tokens | KL along the teacher's answer | top-1 | identical first tokens "
              "| mean first divergence |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {lp['prompts']} | {lp['prompt_tokens_mean']:.0f} | {lp['kl_mean']:.4f} | "
-              f"{lp['top1_agreement']:.3f} | {lp['identical_fraction']:.3f} (of {lp['new_tokens']}) | "
-              f"{lp['mean_first_divergence']:.1f} |" for name, lp in rows]
+    lines += [f"| {name} | {lp.prompts} | {lp.prompt_tokens_mean:.0f} | {lp.kl_mean:.4f} | "
+              f"{lp.top1_agreement:.3f} | {lp.identical_fraction:.3f} (of {lp.new_tokens}) | "
+              f"{lp.mean_first_divergence:.1f} |" for name, lp in rows]
     return [*lines, ""]
 
 
@@ -180,20 +190,21 @@ def quote(text: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-def plot(results: EvalResults, path: Path) -> None:
-    students = results["students"]
+def plot(results: EvalResults | dict, path: Path) -> None:
+    results = EvalResults.of(results)
+    students = results.students
     with figure(path, (14, 5), ncols=2) as (_, (left, right)):
         draw_report(results, students, left, right)
 
 
 def draw_report(results: EvalResults, students: list[StudentResult], left, right) -> None:
-    tasks = list(students[0]["tasks"]) if students else []
+    tasks = list(students[0].tasks) if students else []
     width = 0.8 / (1 + len(students))
     for j, (label, values, errors) in enumerate(accuracy_series(students, tasks)):
         left.bar([i + j * width for i in range(len(tasks))], values, width, yerr=errors, label=label, capsize=2)
     left.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=20)
     left.set_ylabel("accuracy (acc)")
-    left.set_title(f"Accuracy, teacher vs students (teacher: {results['teacher']})", fontsize=9)
+    left.set_title(f"Accuracy, teacher vs students (teacher: {results.teacher})", fontsize=9)
     left.legend(fontsize=7)
     groups = [*tasks, "chat top-1", "gen identical"]
     width = 0.8 / max(1, len(students))
@@ -211,16 +222,19 @@ def draw_report(results: EvalResults, students: list[StudentResult], left, right
 def accuracy_series(students: list[StudentResult], tasks: list[str]):
     if not students:
         return []
-    teacher = [students[0]["tasks"][t]["metrics"][TEACHER] for t in tasks]
+    students = [StudentResult.of(student) for student in students]
+    teacher = [students[0].tasks[t].metrics[TEACHER] for t in tasks]
     series = [("teacher", [m["acc"] for m in teacher], [m.get("acc_stderr") or 0 for m in teacher])]
     for j, student in enumerate(students):
-        metrics = [student["tasks"][t]["metrics"][STUDENT] for t in tasks]
+        metrics = [student.tasks[t].metrics[STUDENT] for t in tasks]
         series.append((f"S{j + 1}", [m["acc"] for m in metrics], [m.get("acc_stderr") or 0 for m in metrics]))
     return series
 
 
 def agreement_values(student: StudentResult, tasks: list[str]) -> list[float]:
-    values = [student["tasks"][t]["paired"]["acc"]["agreement"] for t in tasks]
-    values.append((student.get("teacher_forced") or {}).get("top1_agreement", 0.0))
-    values.append((student.get("generation") or {}).get("identical_fraction", 0.0))
+    student = StudentResult.of(student)
+    forced, generated = student.teacher_forced, student.generation
+    values = [student.tasks[t].paired["acc"].agreement for t in tasks]
+    values.append(forced.top1_agreement if forced and forced.top1_agreement is not None else 0.0)
+    values.append(generated.identical_fraction if generated and generated.identical_fraction is not None else 0.0)
     return values

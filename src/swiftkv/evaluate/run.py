@@ -13,7 +13,7 @@ from ..data.tokens import prompt_ids
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import prefill_compute_saving
 from ..model.config import is_swiftkv
-from ..results import Agreement, EvalResults, FloorResult, StudentResult, TaskResult
+from ..results import TaskResult
 from ..sources import check_supported, resolve_source
 from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
@@ -24,7 +24,7 @@ from .settings import EvalSettings
 from .store import ResultStore
 
 
-def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, store: ResultStore) -> StudentResult:
+def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, store: ResultStore) -> dict:
     started = time.time()
     pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
     if settings.long_prompts:
@@ -40,7 +40,7 @@ def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, 
     return result
 
 
-def agreement(pair, settings: EvalSettings, store: ResultStore) -> Agreement:
+def agreement(pair, settings: EvalSettings, store: ResultStore) -> dict:
     """The agreement measures of a pair: held-out chat (teacher-forced, greedy) and long prompts."""
     result = {}
     if settings.chat_conversations:
@@ -62,7 +62,7 @@ def floor_dtype(settings: EvalSettings) -> torch.dtype:
     return torch.bfloat16 if resolve_dtype(settings.dtype) == torch.float32 else torch.float32
 
 
-def evaluate_floor(teacher: str, settings: EvalSettings, store: ResultStore) -> FloorResult:
+def evaluate_floor(teacher: str, settings: EvalSettings, store: ResultStore) -> dict:
     """The teacher against itself at another dtype, on the agreement measures only."""
     started = time.time()
     pair = load_floor_pair(teacher, resolve_dtype(settings.dtype), floor_dtype(settings))
@@ -93,15 +93,17 @@ def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
     return prompts
 
 
-def print_task_line(student: str, task: str, result: TaskResult) -> None:
-    paired = result["paired"]["acc"]
-    print(f"[{student}] {task}: {result['items']} items, acc teacher {paired['teacher']:.4f} student "
-          f"{paired['student']:.4f} ({paired['diff']:+.4f} ± {paired['diff_stderr']:.4f}), "
-          f"agreement {paired['agreement']:.3f}", flush=True)
+def print_task_line(student: str, task: str, result: dict) -> None:
+    result = TaskResult.from_json(result)
+    paired = result.paired["acc"]
+    print(f"[{student}] {task}: {result.items} items, acc teacher {paired.teacher:.4f} student "
+          f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}), "
+          f"agreement {paired.agreement:.3f}", flush=True)
 
 
 def evaluate_models(students: list[str], teacher: str | None, settings: EvalSettings,
-                    cache: Path | None = None) -> EvalResults:
+                    cache: Path | None = None) -> dict:
+    """The JSON of `results.EvalResults` (`write_report` writes it as results.json)."""
     started = time.time()
     if settings.floor:
         check_floor(students, teacher)

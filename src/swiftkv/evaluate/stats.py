@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..results import Paired
-
 
 def mcnemar_exact_p(teacher_only: int, student_only: int) -> float:
     """Two-sided exact McNemar p-value: P(|Binomial(b + c, 1/2) - (b+c)/2| >= observed)."""
@@ -25,7 +23,7 @@ def mcnemar_exact_p(teacher_only: int, student_only: int) -> float:
 
 
 def paired_comparison(teacher_correct: Sequence[float], student_correct: Sequence[float],
-                      teacher_pred: Sequence[int], student_pred: Sequence[int]) -> Paired:
+                      teacher_pred: Sequence[int], student_pred: Sequence[int]) -> dict:
     """Accuracy difference (student - teacher) with its paired standard error, the agreement (same
     answer picked, right or wrong) and McNemar's test on the discordant items."""
     n = len(teacher_correct)

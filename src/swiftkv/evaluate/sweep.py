@@ -70,7 +70,7 @@ def run_sweep(source: str, sweep: SweepSettings, settings: EvalSettings, out: Pa
     points = sweep_points(layers, parse_fractions(sweep.sweep), parse_group_sizes(sweep.sweep_group_sizes))
     students = convert_points(source, points, out / "models", sweep.sweep_init)
     settings.extra["sweep"] = {"points": points, "init": sweep.sweep_init}
-    results = evaluate_models([str(p) for p in students], source, settings, cache)
+    results = EvalResults.from_json(evaluate_models([str(p) for p in students], source, settings, cache))
     paths = write_report(results, out)
     with atomic_file(out / "sweep.png") as tmp:
         plot_tradeoff(results, tmp)
@@ -78,49 +78,51 @@ def run_sweep(source: str, sweep: SweepSettings, settings: EvalSettings, out: Pa
     return [*paths, out / "sweep.png", out / "sweep.md"]
 
 
-def quality(student: StudentResult) -> dict[str, float]:
+def quality(student: StudentResult | dict) -> dict[str, float]:
     """Agreement measures of one sweep point (mean task agreement over the evaluated tasks)."""
-    tasks = student["tasks"]
+    student = StudentResult.of(student)
+    tasks, forced = student.tasks, student.teacher_forced
     out = {}
     if tasks:
-        out["task agreement (mean)"] = sum(t["paired"]["acc"]["agreement"] for t in tasks.values()) / len(tasks)
-    if student.get("teacher_forced", {}).get("tokens"):
-        out["chat top-1 agreement"] = student["teacher_forced"]["top1_agreement"]
-    if student.get("generation"):
-        out["identical greedy answers"] = student["generation"]["identical_fraction"]
+        out["task agreement (mean)"] = sum(t.paired["acc"].agreement for t in tasks.values()) / len(tasks)
+    if forced and forced.tokens:
+        out["chat top-1 agreement"] = forced.top1_agreement
+    if student.generation:
+        out["identical greedy answers"] = student.generation.identical_fraction
     return out
 
 
-def tradeoff_table(results: EvalResults) -> str:
-    lines = ["# SwiftKV trade-off sweep", "", f"Teacher: `{results['teacher']}`", "",
-             "| N | G | prefill compute saved | " + " | ".join(quality(results["students"][0])) + " |",
-             "|---|---|---|" + "---|" * len(quality(results["students"][0]))]
-    for student in results["students"]:
-        info = student["pair"]
+def tradeoff_table(results: EvalResults | dict) -> str:
+    results = EvalResults.of(results)
+    lines = ["# SwiftKV trade-off sweep", "", f"Teacher: `{results.teacher}`", "",
+             "| N | G | prefill compute saved | " + " | ".join(quality(results.students[0])) + " |",
+             "|---|---|---|" + "---|" * len(quality(results.students[0]))]
+    for student in results.students:
+        info = student.pair
         values = " | ".join(f"{v:.3f}" for v in quality(student).values())
-        lines.append(f"| {info['num_key_value_layers']} | {info['key_value_group_size']} | "
-                     f"{student['prefill_compute_saving']:.1%} | {values} |")
+        lines.append(f"| {info.num_key_value_layers} | {info.key_value_group_size} | "
+                     f"{student.prefill_compute_saving:.1%} | {values} |")
     return "\n".join(lines) + "\n"
 
 
-def plot_tradeoff(results: EvalResults, path: Path) -> None:
+def plot_tradeoff(results: EvalResults | dict, path: Path) -> None:
     with figure(path, (7, 4.5)) as (_, ax):
-        draw_tradeoff(results, ax)
+        draw_tradeoff(EvalResults.of(results), ax)
 
 
 def draw_tradeoff(results: EvalResults, ax) -> None:
-    students = results["students"]
-    groups = sorted({s["pair"]["key_value_group_size"] for s in students})
+    students = results.students
+    groups = sorted({s.pair.key_value_group_size for s in students})
     for g in groups:
-        chosen = sorted((s for s in students if s["pair"]["key_value_group_size"] == g),
-                        key=lambda s: s["prefill_compute_saving"])
+        chosen = sorted((s for s in students if s.pair.key_value_group_size == g),
+                        key=lambda s: s.prefill_compute_saving)
         for measure in quality(chosen[0]):
-            xs = [100 * s["prefill_compute_saving"] for s in chosen]
+            xs = [100 * s.prefill_compute_saving for s in chosen]
             ax.plot(xs, [quality(s)[measure] for s in chosen], marker="o", label=f"{measure}, G={g}")
             for s, x in zip(chosen, xs, strict=True):
-                ax.annotate(f"N={s['pair']['num_key_value_layers']}", (x, quality(s)[measure]), fontsize=7)
+                ax.annotate(f"N={s.pair.num_key_value_layers}", (x, quality(s)[measure]), fontsize=7)
     ax.set_xlabel("prefill compute saved per prompt token (% of linear-layer FLOPs)")
     ax.set_ylabel("agreement with the teacher")
     ax.set_ylim(0, 1.02)
-    ax.set_title(f"SwiftKV trade-off for {results['teacher']}", fontsize=9)
+    ax.set_title(f"SwiftKV trade-off for {results.teacher}", fontsize=9)
     ax.legend(fontsize=7)

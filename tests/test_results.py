@@ -1,0 +1,157 @@
+"""The result records (swiftkv/results.py): every committed JSON result under docs/ reads into its
+dataclass and writes back as the same dict, key order included (so the files stay byte-identical),
+and the reports, tables and cards rendered from them are the ones the dict-reading code rendered
+(tests/data/results/, written by the readers before they read attributes, at 878fe58)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).with_name("data") / "results"
+DOCS = ROOT / "docs"
+
+
+def schema_of(path: Path):
+    from swiftkv.results import BenchResults, DistillSummary, EvalResults, OnlineResults
+
+    name = path.name
+    if name.endswith(("-eval.json", "-fulleval.json")):
+        return EvalResults
+    if name.endswith("-distill.json"):
+        return DistillSummary
+    return {"bench.json": BenchResults, "online.json": OnlineResults}.get(name)
+
+
+COMMITTED = sorted(p for p in DOCS.rglob("*.json") if schema_of(p) is not None)
+
+
+def test_every_kind_of_result_is_committed():
+    kinds = {schema_of(p).__name__ for p in COMMITTED}
+    assert kinds == {"EvalResults", "DistillSummary", "BenchResults", "OnlineResults"}
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
+def test_committed_json_round_trips(path):
+    data = json.loads(path.read_text())
+    record = schema_of(path).from_json(data)
+    assert record.to_json() == data
+    assert json.dumps(record.to_json(), indent=2) == json.dumps(data, indent=2)  # key order too
+
+
+def test_records_are_read_by_attribute():
+    from swiftkv.results import EvalResults, OnlineResults, Paired, TeacherForced
+
+    data = json.loads((DOCS / "distill-study" / "r9-eval.json").read_text())
+    results = EvalResults.from_json(data)
+    student = results.students[0]
+    assert isinstance(student.teacher_forced, TeacherForced)
+    assert student.teacher_forced.kl_mean == data["students"][0]["teacher_forced"]["kl_mean"]
+    assert student.pair.student == data["students"][0]["pair"]["student"]
+    assert results.floor is None and student.long_prompt is None  # written as null / not written
+    full = EvalResults.from_json(json.loads((DOCS / "distill-study" / "final64-n15-fulleval.json").read_text()))
+    assert isinstance(full.students[0].tasks["arc_easy"].paired["acc"], Paired)
+    online = OnlineResults.from_json(json.loads((DOCS / "bench" / "online" / "online.json").read_text()))
+    assert online.results["baseline"][0].ttft_p99_s > 0 and online.idle["swiftkv"].ttft_s > 0
+    assert online.summary.max_rate_ratio == 2.0
+
+
+def test_a_record_keeps_what_its_schema_does_not_name_and_an_empty_one_is_falsy():
+    from swiftkv.results import StudentResult, TeacherForced
+
+    data = {"seconds": 1.5, "newer_measure": {"x": 1}, "pair": {"student": "s", "extra": True}}
+    student = StudentResult.from_json(data)
+    assert student.seconds == 1.5 and student.pair.student == "s" and student.tasks is None
+    assert student.to_json() == data and list(student.to_json()) == list(data)
+    assert not TeacherForced.from_json({}) and TeacherForced.from_json({"tokens": 0})
+    assert StudentResult.of(student) is student
+    with pytest.raises(AttributeError):
+        student.seconds = 2.0  # frozen
+
+
+# --------------------------------------------------------------------------------------------------
+# Rendered from the committed results, as before
+# --------------------------------------------------------------------------------------------------
+
+
+def full_eval_results() -> dict:
+    """A results dict with every section a report draws (tasks with metrics, the floor, long prompts,
+    generation examples), built from committed results: finals-eval.json's students, final64-n15's
+    paired task comparisons, teacher metrics made from them."""
+    results = json.loads((DOCS / "distill-study" / "finals-eval.json").read_text())
+    tasks = json.loads((DOCS / "distill-study" / "final64-n15-fulleval.json").read_text())["students"][0]["tasks"]
+    results["tasks"] = list(tasks)
+    for student in results["students"]:
+        student["tasks"] = {}
+        for name, task in tasks.items():
+            paired = task["paired"]["acc"]
+            student["tasks"][name] = {
+                "items": paired["n"], "limit": None,
+                "metrics": {"teacher": {"acc": paired["teacher"], "acc_stderr": 0.01},
+                            "student": {"acc": paired["student"], "acc_stderr": 0.011}},
+                "paired": copy.deepcopy(task["paired"]), "item_ids": [], "answers": {}}
+        student["long_prompt"] = {"prompts": 4, "new_tokens": 16, "prompt_tokens_mean": 1500.4, "kl_mean": 0.25,
+                                  "top1_agreement": 0.81, "identical_fraction": 0.5, "mean_first_divergence": 7.25}
+    floor = copy.deepcopy(results["students"][0])
+    for key in ("tasks", "prefill_compute_saving"):
+        floor.pop(key)
+    floor["pair"] = {"student": "teacher at bfloat16", "teacher": results["teacher"], "mode": "separate"}
+    results["floor"] = floor
+    return results
+
+
+def load_card():
+    spec = importlib.util.spec_from_file_location("card", DOCS / "distill-study" / "card.py")
+    card = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(card)
+    return card
+
+
+def renderings() -> dict[str, str]:
+    """Name -> text, every reader on committed results (the names of the files in tests/data/results)."""
+    from swiftkv.bench import offline, online_report
+    from swiftkv.evaluate import report, sweep
+
+    study = DOCS / "distill-study"
+    finals = json.loads((study / "finals-eval.json").read_text())
+    full = full_eval_results()
+    out = {
+        "finals-eval.report.md": report.markdown(finals),
+        "full-eval.report.md": report.markdown(full),
+        "finals-eval.sweep.md": sweep.tradeoff_table(finals),
+        "full-eval.plot-data.txt": repr([report.accuracy_series(full["students"], full["tasks"]),
+                                         [report.agreement_values(s, full["tasks"]) for s in full["students"]],
+                                         [sweep.quality(s) for s in full["students"]]]),
+        "online.table.txt": online_report.format_table(json.loads((DOCS / "bench" / "online" / "online.json").read_text())),
+    }
+    for name in ("auto", "bfloat16"):
+        out[f"bench-{name}.table.txt"] = offline.format_table(json.loads((DOCS / "bench" / name / "bench.json").read_text()))
+    card = load_card()
+    out["card-swiftkv50.md"] = card.card(
+        "smollm2-135m-instruct-swiftkv50", 15, json.loads((study / "final64-n15-distill.json").read_text()),
+        json.loads((study / "final64-n15-fulleval.json").read_text()), "12.5", "The capital of France is Paris.",
+        1000, "Shared CPU.")
+    return out
+
+
+def test_reports_render_as_before():
+    rendered = renderings()
+    assert sorted(rendered) == sorted(p.name for p in GOLDEN.iterdir())
+    for name, text in rendered.items():
+        assert text == (GOLDEN / name).read_text(), name
+
+
+def test_write_report_writes_results_json_as_given(tmp_path):
+    """results.json written from the dict a run returns is that dict, byte for byte as json.dumps writes it."""
+    from swiftkv.evaluate.report import write_report
+
+    results = full_eval_results()
+    paths = write_report(results, tmp_path)
+    assert paths[0].read_text() == json.dumps(results, indent=2)
+    assert paths[1].read_text() == (GOLDEN / "full-eval.report.md").read_text()
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
