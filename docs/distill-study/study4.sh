@@ -5,6 +5,9 @@
 # `swiftkv eval --tasks none` (chat, greedy, long prompts, floor) and the knowledge tasks at one limit.
 # Run: SWIFTKV_SRC=<worktree>/src ./study4.sh r13 c1r16 c1r64 c2 c3  (each stage skips itself when done;
 # STAGES=distill trains the arms only, STAGES=eval evaluates the trained ones)
+# On a shared machine: the kernel's autogroup scheduling gives every session an equal share whatever
+# its nice value, so niced helpers still halved this run's speed (2026-11-25); as root,
+# `echo 0 > /proc/sys/kernel/sched_autogroup_enabled` makes nice work across sessions.
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
 export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}  # a worktree, so edits in main never change a running arm
