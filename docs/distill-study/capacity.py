@@ -59,6 +59,33 @@ def arm_row(runs: Path, arm: str) -> dict:
     return row
 
 
+def speed_rows(runs: Path, arms: list[str]) -> list[dict]:
+    """`swiftkv distill n15-lstsq ARM-OPTIONS --speed 3` on a quiet machine (speed.sh): the arm's own
+    trainable set, timed and sized alone."""
+    rows = []
+    for arm in arms:
+        path = runs / f"speed-{arm}.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            rows.append({"arm": arm, "trainable": result["trainable"], "trained_parameters": result["trained_parameters"],
+                         "tokens_per_s": result["shared"]["tokens_per_s"], "peak_memory_mib": result["peak_memory_mib"],
+                         "fraction_of_bound": result["compute_bound"]["fraction_of_bound"],
+                         "bound_tokens_per_s": result["compute_bound"]["bound_tokens_per_s"],
+                         "matmul_peak_gflops": result["compute_bound"]["matmul_peak_flops"] / 1e9,
+                         "dtype": result["dtype"]})
+    return rows
+
+
+def speed_markdown(rows: list[dict]) -> str:
+    lines = ["| arm | trainable | trained params | tok/s | bound tok/s | measured / bound | peak RSS (MiB) |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['arm']} | {row['trainable']} | {row['trained_parameters'] / 1e6:.2f}M | "
+                     f"{row['tokens_per_s']:.1f} | {row['bound_tokens_per_s']:.1f} | {row['fraction_of_bound']:.2f} | "
+                     f"{row['peak_memory_mib']:.0f} |")
+    return "\n".join(lines)
+
+
 def cell(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -89,9 +116,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = [arm_row(args.runs, arm) for arm in args.arms if (args.runs / f"s4-{arm}.json").exists()]
+    speeds = speed_rows(args.runs, args.arms)
     print(markdown(rows))
+    if speeds:
+        print("\n" + speed_markdown(speeds))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        args.json.write_text(json.dumps({"arms": rows, "speed": speeds}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
