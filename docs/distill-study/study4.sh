@@ -12,19 +12,13 @@ set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
 export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}  # a worktree, so edits in main never change a running arm
 SK="/work/main/.venv/bin/python -m swiftkv.cli"
+source "$(dirname "$0")/arms4.sh"
 cd /work/runs
 [ -f n15-lstsq/config.json ] || $SK convert smollm2-135m-instruct n15-lstsq --num-key-value-layers 15 --init lstsq
 COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
 KNOWLEDGE="--tasks arc_easy,arc_challenge,hellaswag,piqa,winogrande --limit 500 --chat-conversations 0 --gen-prompts 0 --long-prompts 0"
 for arm in "$@"; do
-  case $arm in
-    r13) ARGS="--recipe swiftkv" ;;
-    c1r16) ARGS="--recipe swiftkv --trainable lora --lora-rank 16 --late-lr 1e-3" ;;
-    c1r64) ARGS="--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3" ;;
-    c2) ARGS="--recipe swiftkv --trainable late --late-lr 2e-4" ;;
-    c3) ARGS="--recipe swiftkv --trainable late-norms --late-lr 2e-4" ;;
-    *) echo "unknown arm $arm"; exit 2 ;;
-  esac
+  ARGS=$(arm_args "$arm") || exit 2
   if [ ! -f s4-$arm/config.json ] && [ "${STAGES:-all}" != eval ]; then
     RES=""; [ -f s4-$arm.ckpt/checkpoint.pt ] && RES="--resume"
     /usr/bin/time -v -a -o time-s4-$arm.txt $SK distill n15-lstsq $ARGS $COMMON --teacher-data replies-64.jsonl --reply-engine vllm \
