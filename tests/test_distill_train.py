@@ -122,7 +122,7 @@ def test_one_step_changes_only_the_swiftkv_parameters():
     parameters = freeze_all_but_swiftkv(model)
     optimizer = torch.optim.AdamW(parameters, lr=1e-2)
     blocks = blocks_for(model)
-    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
+    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World())
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == set(swiftkv_parameters(model))
     assert len(changed) == 3 * 3 + 1  # q/k/v_proj_swiftkv of layers 3..5 and norm_swiftkv

@@ -34,7 +34,7 @@ def prepared(model, trainable):
 
 
 def one_step(model, blocks, settings, optimizer):
-    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings, World())
+    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World())
 
 
 @pytest.mark.parametrize("trainable", STUDENT_ONLY)

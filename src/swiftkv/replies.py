@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .data.chat import read_source
-from .data.split import split_documents
+from .data.split import LongMix, split_documents
 from .data.tokens import MAX_PROMPT_TOKENS, Reply, prompt_key
 from .dtypes import DTYPE_CHOICES, dtype_name, resolve_dtype
 from .files import cache_root, cached_folder, folder_fingerprint
@@ -63,6 +63,18 @@ class RepliesSettings:
     engine: str = setting("auto", "vllm, hf (transformers' generate, on CUDA when available) or auto (vllm where "
                           "installed)", choices=ENGINES)
     dtype: str = setting("auto", "compute dtype: auto = bf16 where native, else fp32", choices=DTYPE_CHOICES)
+    long_share: float = setting(0.0, "share of --tokens written as answers to long prompts (1-2k tokens of "
+                                "passages + a question, or a document + a summary request, built from the chats "
+                                "after the first prompts): SwiftKV's own workload")
+    long_prompt_tokens: int = setting(2048, "most tokens of a long prompt, chat template included (distill: "
+                                      "--seq-len minus the reply)")
+
+    def long_mix(self) -> LongMix | None:
+        return LongMix(self.long_share, self.long_prompt_tokens) if self.long_share else None
+
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt the writer answers: a first turn, or a long prompt."""
+        return max(MAX_PROMPT_TOKENS, self.long_prompt_tokens if self.long_share else 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,7 +89,7 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     cache = reply_cache(settings, tokenizer)
     try:
         split_documents(read_source(settings.data), tokenizer, settings.seed, settings.heldout_tokens, settings.tokens,
-                        replies=cache)
+                        replies=cache, long_mix=settings.long_mix())
     finally:
         getattr(cache.generate, "close", lambda: None)()
     return cache
@@ -144,7 +156,8 @@ def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
         if "engine" not in state:
             writer = writer_folder(settings)
             state["engine"] = (
-                vllm_generator(writer, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id)
+                vllm_generator(writer, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id,
+                               max_prompt_tokens=settings.max_prompt_tokens())
                 if engine == "vllm" else
                 hf_generator(writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
         return state["engine"](prompts)
@@ -232,14 +245,14 @@ class ReplyCache:
 
 
 def vllm_generator(folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
-                   enforce_eager: bool = False) -> Generate:
+                   enforce_eager: bool = False, max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> Generate:
     """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call). Token ids
     in, token ids out: the engine needs no tokenizer, and the reply stops at the given end-of-turn id."""
     state = {}
 
     def generate(prompts: list[list[int]]) -> list[Reply]:
         if "llm" not in state:
-            state["llm"] = start_engine(folder, max_tokens, dtype, enforce_eager)
+            state["llm"] = start_engine(folder, max_tokens, dtype, enforce_eager, max_prompt_tokens)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -293,13 +306,13 @@ def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id:
     return replies
 
 
-def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False):
+def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False,
+                 max_prompt_tokens: int = MAX_PROMPT_TOKENS):
     from vllm import LLM
 
-
     configure_cpu_env()
-    window = read_config_dict(folder).get("max_position_embeddings", MAX_PROMPT_TOKENS + max_tokens)
-    return LLM(**engine_kwargs(str(folder), dtype=dtype, max_model_len=min(window, MAX_PROMPT_TOKENS + max_tokens),
+    window = read_config_dict(folder).get("max_position_embeddings", max_prompt_tokens + max_tokens)
+    return LLM(**engine_kwargs(str(folder), dtype=dtype, max_model_len=min(window, max_prompt_tokens + max_tokens),
                                kv_cache_memory_bytes=KV_CACHE_BYTES, enable_prefix_caching=False,
                                skip_tokenizer_init=True, enforce_eager=enforce_eager))
 

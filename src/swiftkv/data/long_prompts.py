@@ -13,10 +13,14 @@ SwiftKV user meets them. Deterministic: the same chats give the same prompts.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 from .chat import Messages, first_user_index
+from .tokens import Document, prompt_ids
 
+LONG_PROMPT_TOKENS = (1000, 2000)  # text tokens of a long prompt: the eval's measure, the training mix's range
+CHATS_PER_ROUND = 256  # chats read at a time to build the training mix's long prompts from
 PASSAGES_HEAD = "Answer the question using the passages below."
 DOCUMENT_TAIL = "Summarise the document above in a few sentences."
 PASSAGE_TOKENS = (40, 400)  # a passage or document piece: a real paragraph or more, never one huge reply
@@ -79,3 +83,38 @@ def document_prompt(pieces, cursor: int, index: int, count_tokens, min_tokens: i
     if used < min_tokens:
         return None, cursor
     return "\n\n".join(parts) + f"\n\n{DOCUMENT_TAIL}", cursor
+
+
+def long_prompt_documents(examples: Iterator, tokenizer, tokens: int, replies, max_prompt_tokens: int) -> list[Document]:
+    """Training documents of long prompts built from the next chats of `examples` (rounds of
+    CHATS_PER_ROUND), each answered by `replies` (a `swiftkv.replies.ReplyCache`), until `tokens`.
+    A prompt's ids, chat template included, are at most `max_prompt_tokens`; only the answer is a
+    target, and the document is packed whole (never cut from its prompt)."""
+    count_tokens = text_counter(tokenizer)
+    template = len(prompt_ids(tokenizer, [{"role": "user", "content": "x"}])) - count_tokens("x")
+    text_range = (LONG_PROMPT_TOKENS[0], min(LONG_PROMPT_TOKENS[1], max_prompt_tokens - template))
+    if text_range[1] <= text_range[0]:
+        raise ValueError(f"long prompts of {LONG_PROMPT_TOKENS[0]}+ tokens do not fit {max_prompt_tokens} prompt "
+                         f"tokens; expected a context of at least {LONG_PROMPT_TOKENS[0] + template + 1} prompt tokens")
+    documents: list[Document] = []
+    while tokens > 0:
+        chats = [e for e in itertools.islice(examples, CHATS_PER_ROUND) if isinstance(e, list)]
+        if not chats:
+            break
+        prompts = [p for p in long_prompts(chats, len(chats), count_tokens, *text_range)]
+        ids = [prompt_ids(tokenizer, p) for p in prompts]
+        kept = [(p, i) for p, i in zip(prompts, ids, strict=True) if len(i) <= max_prompt_tokens]
+        for start in range(0, len(kept), replies.batch):
+            batch = kept[start:start + replies.batch]
+            answers = replies.get([i for _, i in batch], [p for p, _ in batch])
+            for (_, prompt), reply in zip(batch, answers, strict=True):
+                if tokens <= 0 or not reply.ids:
+                    continue
+                documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids),
+                                          whole=True))
+                tokens -= len(prompt) + len(reply.ids)
+    return documents
+
+
+def text_counter(tokenizer) -> Callable[[str], int]:
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -5,7 +5,8 @@ position ids restart at 0 at each document start, and the model's causal mask (t
 packed sequences from position ids when no attention mask is given) keeps attention inside each
 document. A document that does not fit in the rest of a block continues in the next block, its
 positions restarting at 0 there (the continuation is seen without its earlier context, by both
-teacher and student, so the distillation target stays consistent).
+teacher and student, so the distillation target stays consistent). A long prompt with its answer is
+marked `whole` and starts a block instead, so its answer is always trained after the whole prompt.
 
 The loss mask of a block is aligned with the *shifted* targets: position t carries the teacher's
 distribution over token t+1, so it is trained iff token t+1 is a target token of the same document.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .chat import read_source
-from .split import split_documents
+from .split import LongMix, split_documents
 from .tokens import Document
 
 
@@ -51,23 +52,74 @@ class Blocks:
 
 
 def pack(documents: Iterable[Document], seq_len: int, max_blocks: int | None = None) -> Blocks:
-    """Documents back to back in blocks of `seq_len` (the last partial block is dropped)."""
-    ids, targets, starts = [], [], []
+    """Documents back to back in blocks of `seq_len` (the last partial block is dropped). A `whole`
+    document is never cut: when it does not fit the rest of a block it waits, the next documents fill
+    that rest (the one that reaches the block's end loses its tail), and it starts the next block. With
+    no such documents to fill it (the input ends, or MAX_WAITING whole ones queue up), the rest of the
+    block is filler that nothing attends to or trains on."""
+    packed = Packed(seq_len)
+    waiting: list[Document] = []  # whole documents waiting for room
     limit = None if max_blocks is None else max_blocks * seq_len
     for document in documents:
-        ids += document.ids
-        targets += document.is_target
-        starts += [True] + [False] * (len(document.ids) - 1)
-        if limit is not None and len(ids) >= limit:
+        if document.whole and len(document.ids) > seq_len:
+            raise ValueError(f"a whole document of {len(document.ids)} tokens cannot fit a {seq_len}-token block")
+        if document.whole and len(document.ids) > packed.room():
+            waiting.append(document)
+            if len(waiting) > MAX_WAITING:
+                packed.place(waiting)
+        else:
+            packed.add(document, cut_at_block_end=bool(waiting))
+        while waiting and len(waiting[0].ids) <= packed.room():
+            packed.add(waiting.pop(0))
+        if limit is not None and len(packed.ids) >= limit:
             break
-    usable = (len(ids) // seq_len) * seq_len if limit is None else min(limit, (len(ids) // seq_len) * seq_len)
-    if usable == 0:
-        empty = torch.zeros(0, seq_len, dtype=torch.long)
-        return Blocks(empty, empty.clone(), empty.bool())
-    input_ids = torch.tensor(ids[:usable]).view(-1, seq_len)
-    position_ids = positions_from_starts(torch.tensor(starts[:usable]).view(-1, seq_len))
-    is_target = torch.tensor(targets[:usable]).view(-1, seq_len)
-    return Blocks(input_ids, position_ids, shifted_loss_mask(is_target, position_ids))
+    if limit is None or len(packed.ids) < limit:
+        packed.place(waiting)
+    return packed.blocks(limit)
+
+
+MAX_WAITING = 4  # whole documents queued before a block is closed with filler to place them
+FILLER_ID = 0  # any id: a filler is its own document (positions restart), never a target
+
+
+class Packed:
+    """Token ids, target flags and document starts, appended document by document."""
+
+    def __init__(self, seq_len: int):
+        self.seq_len = seq_len
+        self.ids: list[int] = []
+        self.targets: list[bool] = []
+        self.starts: list[bool] = []
+
+    def room(self) -> int:
+        """Tokens left in the current block (a full block at a boundary)."""
+        return self.seq_len - len(self.ids) % self.seq_len
+
+    def place(self, whole: list[Document]) -> None:
+        """Each of `whole` from where it fits: the rest of a block it does not fit becomes filler."""
+        while whole:
+            if len(whole[0].ids) > self.room():
+                room = self.room()
+                self.add(Document([FILLER_ID] * room, [False] * room))
+            self.add(whole.pop(0))
+
+    def add(self, document: Document, cut_at_block_end: bool = False) -> None:
+        length = min(len(document.ids), self.room()) if cut_at_block_end else len(document.ids)
+        self.ids += document.ids[:length]
+        self.targets += document.is_target[:length]
+        self.starts += [True] + [False] * (length - 1)
+
+    def blocks(self, limit: int | None) -> Blocks:
+        seq_len = self.seq_len
+        whole_blocks = (len(self.ids) // seq_len) * seq_len
+        usable = whole_blocks if limit is None else min(limit, whole_blocks)
+        if usable == 0:
+            empty = torch.zeros(0, seq_len, dtype=torch.long)
+            return Blocks(empty, empty.clone(), empty.bool())
+        input_ids = torch.tensor(self.ids[:usable]).view(-1, seq_len)
+        position_ids = positions_from_starts(torch.tensor(self.starts[:usable]).view(-1, seq_len))
+        is_target = torch.tensor(self.targets[:usable]).view(-1, seq_len)
+        return Blocks(input_ids, position_ids, shifted_loss_mask(is_target, position_ids))
 
 
 def positions_from_starts(starts: torch.Tensor) -> torch.Tensor:
@@ -89,10 +141,11 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
 
 
 def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,
-                seed: int, replies=None, human_share: float = 0.0) -> tuple[Blocks, Blocks]:
+                seed: int, replies=None, human_share: float = 0.0,
+                long_mix: LongMix | None = None) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`; train blocks shuffled with `seed`."""
     heldout_docs, train_docs = split_documents(read_source(spec), tokenizer, seed, heldout_tokens, train_tokens,
-                                               replies, human_share)
+                                               replies, human_share, long_mix)
     if not heldout_docs and not train_docs:
         raise ValueError(f"--data {spec!r} has no usable examples: it is empty, or no chat has an assistant "
                          "turn (the distillation loss covers assistant tokens only)")

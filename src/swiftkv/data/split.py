@@ -8,8 +8,10 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from .chat import Example
+from .long_prompts import long_prompt_documents
 from .tokens import Document, teacher_documents, tokenize
 
 SHUFFLE_WINDOW = 50_000  # examples shuffled with the seed; the rest keep the source's order
@@ -21,20 +23,34 @@ def shuffled(examples: Iterable[Example | None], seed: int, shuffle_window: int 
     return examples
 
 
+@dataclass(frozen=True)
+class LongMix:
+    """The long prompts among the written replies (SwiftKV's own workload: a long prompt, a short answer)."""
+
+    share: float  # of the written-reply train tokens
+    max_prompt_tokens: int  # a long prompt's ids, chat template included, so that prompt + reply fit a block
+
+
 def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
-                    train_tokens: int, replies=None, human_share: float = 0.0,
+                    train_tokens: int, replies=None, human_share: float = 0.0, long_mix: LongMix | None = None,
                     shuffle_window: int = SHUFFLE_WINDOW) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
     each until its token budget is met. Only as many examples as needed are tokenized. With
     `replies` (a `swiftkv.replies.ReplyCache`), train documents are the examples' first prompts answered
     by the reply writer (`human_share` of the train tokens stay the data's own conversations, taken after
-    the written prompts); the held-out documents stay the data's own, so every recipe is measured
-    alike."""
+    the written prompts); with `long_mix`, its share of the written tokens are long prompts built from the
+    chats after the first prompts (`data.long_prompts`). The held-out documents stay the data's own, so
+    every recipe is measured alike."""
     rest = iter(shuffled(examples, seed, shuffle_window))
     heldout = take_documents(rest, tokenizer, heldout_tokens)
     if replies is not None:
-        taught = teacher_documents(rest, tokenizer, written_tokens(train_tokens, human_share), replies)
+        written = written_tokens(train_tokens, human_share)
+        long_tokens = round(written * long_mix.share) if long_mix else 0
+        taught = teacher_documents(rest, tokenizer, written - long_tokens, replies)
+        if long_tokens:
+            long = long_prompt_documents(rest, tokenizer, long_tokens, replies, long_mix.max_prompt_tokens)
+            taught = spread(long, among=taught)
         human_tokens = train_tokens - sum(len(d.ids) for d in taught)
         return heldout, taught + (take_documents(rest, tokenizer, human_tokens) if human_share else [])
     return heldout, take_documents(rest, tokenizer, train_tokens)
@@ -57,3 +73,16 @@ def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]
             documents.append(document)
             tokens -= len(document.ids)
     return documents
+
+
+def spread(extra: list, among: list) -> list:
+    """`extra` placed evenly among `among` (each after its share of them), in both lists' order: the
+    packer fills the room a long document waits for with the short documents that follow it."""
+    if not among:
+        return list(extra)
+    merged, done = [], 0
+    for k, item in enumerate(extra):
+        upto = (k + 1) * len(among) // (len(extra) + 1)
+        merged += among[done:upto] + [item]
+        done = upto
+    return merged + among[done:]

@@ -23,6 +23,9 @@ from .chat import Example, Messages, first_user_prompt
 class Document:
     ids: list[int]
     is_target: list[bool]  # token i is a training target (predicted from position i - 1)
+    # Packed whole, from a block start when it does not fit the rest of a block: a long prompt's answer
+    # is only worth training on after the whole prompt (see `packing.pack`).
+    whole: bool = False
 
 
 def assistant_char_spans(tokenizer, messages: Messages) -> tuple[str, list[tuple[int, int]]]:

@@ -4,18 +4,16 @@ function of its settings and step index, so resuming replays exactly."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from ..files import atomic_file, check_new_output, model_identity
+from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
 from ..sources import resolve_source
-from .settings import DistillSettings
-
-MODEL_KEY = "model "  # prefix of the model's identity keys in a checkpoint's fingerprint
+from .settings import SETTING_DEFAULTS, DistillSettings, RunIdentity
 
 
 @dataclass
@@ -27,10 +25,10 @@ class RunState:
     micro_batch: int | None = None  # blocks per forward this segment used (--micro-batch auto resolves it)
 
 
-def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, settings: DistillSettings) -> None:
+def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, identity: RunIdentity) -> None:
     """Written to a temp file then renamed: a kill at any moment leaves the previous checkpoint."""
     payload = {
-        "fingerprint": run_fingerprint(settings),
+        "fingerprint": identity.fingerprint(),
         "state": asdict(state),
         "trained": {name: p.detach().clone() for name, p in trained_parameters(model).items()},
         "optimizer": optimizer.state_dict(),
@@ -39,8 +37,8 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, se
         torch.save(payload, tmp)
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer, settings: DistillSettings) -> RunState:
-    payload = torch.load(check_resumable(path, settings), map_location="cpu", weights_only=False)
+def load_checkpoint(path: Path, model: nn.Module, optimizer, identity: RunIdentity) -> RunState:
+    payload = torch.load(check_resumable(path, identity), map_location="cpu", weights_only=False)
     load_trained(model, payload["trained"], trained_parameters(model))
     optimizer.load_state_dict(payload["optimizer"])
     return RunState(**payload["state"])
@@ -51,37 +49,20 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def check_resumable(path: Path, settings: DistillSettings) -> Path:
+def check_resumable(path: Path, identity: RunIdentity) -> Path:
     """The checkpoint at `path` exists and was written by this run: same model, same settings.
     Memory-mapped, so checking costs no read of the tensors (run before any long work)."""
     if not path.is_file():
         raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
     saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
-    now = run_fingerprint(settings, by_content="source" not in saved)
+    now = identity.fingerprint(by_content="source" not in saved)
     # A setting missing from an older checkpoint did not exist then: that run behaved as its default.
-    defaults = {f.name: f.default for f in fields(DistillSettings)}
-    then = {k: saved.get(k, defaults.get(k)) for k in now}
+    then = {k: saved.get(k, SETTING_DEFAULTS.get(k)) for k in now}
     differing = {k: (then[k], v) for k, v in now.items() if then[k] != v}
     if differing:
         detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")
     return path
-
-
-def run_fingerprint(settings: DistillSettings, by_content: bool = True) -> dict:
-    """What a resumed run must match: the training settings, and the model. The model is known by
-    content (`model_identity`) where the source is a model folder, so the same folder given by a
-    relative or an absolute path resumes and another model put in the same folder is refused; by
-    its name where it is not one (a library caller's in-memory model) or where the checkpoint was
-    written before model identities (`by_content=False`)."""
-    trained = {k: v for k, v in settings.fingerprint().items() if k != "source"}
-    try:
-        folder = resolve_source(settings.source) if by_content else None
-    except FileNotFoundError:
-        folder = None
-    if folder is None:
-        return trained | {"source": settings.source}
-    return trained | {MODEL_KEY + k: v for k, v in model_identity(folder).items()}
 
 
 def check_start(settings: DistillSettings) -> Path | None:
@@ -92,7 +73,7 @@ def check_start(settings: DistillSettings) -> Path | None:
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
         resolve_source(settings.source)  # a missing source is reported as such, not as another model
-        check_resumable(path, settings)
+        check_resumable(path, settings.identity())
     if path is not None and path.exists() and not settings.resume and not settings.force:
         raise FileExistsError(f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over")
     return path

@@ -17,6 +17,7 @@ from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import load_model
 from .checkpoint import RunState, check_start
+from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
 from .trainable import STUDENT_MODULES, student_weights
@@ -93,7 +94,9 @@ def heldout_agreement(settings: DistillSettings) -> dict:
     model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
     _, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens,
                              settings.seed)
+    # Evaluation has no backward to size a micro-batch against: `auto` takes the CPU size on any device.
+    micro = settings.micro_batch if settings.micro_batch != AUTO else CPU_MICRO_BATCH
     return {"model": settings.source, "data": settings.data, "heldout_tokens": settings.heldout_tokens,
-            **evaluate(model, heldout, settings, World())}
+            **evaluate(model, heldout, replace(settings.step_settings(), micro_batch=micro), World())}
 
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ..data.long_prompts import LONG_PROMPT_TOKENS
 from ..data.split import written_tokens
 from ..dtypes import DTYPE_CHOICES
+from ..files import model_identity
 from ..replies import ENGINES as REPLY_ENGINES
 from ..replies import WRITERS as REPLY_WRITERS
 from ..replies import RepliesSettings
 from ..settings import parse_count, setting
+from ..sources import resolve_source
 from .microbatch import AUTO, parse_micro_batch
 from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
 
@@ -35,6 +38,7 @@ REDERIVED_INITS = ("copy", "mean")  # recomputed from the model's own teacher we
 TARGETS = ("human", "teacher", "mixed")
 HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets
 KL_MEAN_OVER = ("targets", "positions")
+LONG_PROMPT_MARGIN = 128  # tokens a block needs beyond the shortest long prompt's text: its chat template, and room
 # Settings that do not change the training trajectory; a resume may differ in them.
 RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume",
                      "teacher_data", "reply_engine")
@@ -59,6 +63,10 @@ class DistillSettings:
                                 choices=REPLY_WRITERS)
     teacher_data: str | None = setting(None, "JSONL cache of the written replies (default: in the swiftkv cache)")
     reply_tokens: int = setting(512, "max tokens of a written reply (the swiftkv recipe: 64)")
+    long_share: float = setting(0.0, "share of the written-reply train tokens that answer long prompts (1-2k "
+                                "tokens of passages + a question, or a document + a summary request, built from "
+                                "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
+                                "own workload")
     reply_engine: str = setting("auto", "what generates the replies: vllm, hf (transformers' generate, "
                                 "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
     trainable: str = setting("swiftkv", "what trains: the SwiftKV parameters only (swiftkv, the paper), plus "
@@ -105,6 +113,39 @@ class DistillSettings:
     def fingerprint(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_SETTINGS}
 
+    def identity(self) -> RunIdentity:
+        """What a resume of this run must match (the checkpoint's fingerprint)."""
+        return RunIdentity({k: v for k, v in self.fingerprint().items() if k != "source"}, self.source)
+
+    def step_settings(self) -> StepSettings:
+        """The part of the settings one forward + backward and a held-out evaluation read."""
+        return StepSettings(**{f.name: getattr(self, f.name) for f in fields(StepSettings)})
+
+    def check_written_replies(self) -> None:
+        """Long prompts are answered by the writer and packed whole, so they need written replies and a
+        block that holds one. A student-written reply comes from SOURCE's SwiftKV parameters as they are
+        on disk, so the run must start from those same parameters, and must train on written replies."""
+        if self.long_share:
+            if not 0 < self.long_share <= 1:
+                raise ValueError(f"--long-share {self.long_share}: expected a share of the written tokens in (0, 1]")
+            if self.targets == "human":
+                raise ValueError("--long-share: long prompts are answered by the reply writer, and --targets human "
+                                 "trains on the data's own replies; expected --targets teacher or mixed")
+            needed = LONG_PROMPT_TOKENS[0] + LONG_PROMPT_MARGIN + self.reply_tokens + 1
+            if self.seq_len < needed:
+                raise ValueError(f"--long-share: a long prompt ({LONG_PROMPT_TOKENS[0]}+ tokens) and its reply "
+                                 f"({self.reply_tokens}) must fit one block; expected --seq-len of at least {needed}, "
+                                 f"got {self.seq_len}")
+        if self.reply_writer != "student":
+            return
+        if self.targets == "human":
+            raise ValueError("--reply-writer student: --targets human trains on the data's own replies, which "
+                             "nobody writes; expected --targets teacher or mixed")
+        if self.init in REDERIVED_INITS:
+            raise ValueError(f"--reply-writer student writes with {self.source}'s SwiftKV parameters as converted, "
+                             f"but --init {self.init} replaces them before training, so another student would write "
+                             "the replies; expected --init keep or lstsq (convert the source with the init you want)")
+
     @property
     def train_tokens(self) -> int:
         """--tokens rounded up to whole optimizer steps: asking for 1M trains at least 1M tokens (flooring
@@ -119,12 +160,56 @@ class DistillSettings:
         return RepliesSettings(source=writer, out=self.teacher_data, writer=self.reply_writer, data=self.data,
                                tokens=written_tokens(self.train_tokens, HUMAN_SHARE[self.targets]),
                                heldout_tokens=self.heldout_tokens, seed=self.seed, reply_tokens=self.reply_tokens,
-                               engine=self.reply_engine, dtype=self.dtype)
+                               engine=self.reply_engine, dtype=self.dtype, long_share=self.long_share,
+                               long_prompt_tokens=self.seq_len - self.reply_tokens - 1)  # + the reply's end token
 
     def checkpoint_path(self) -> Path | None:
         folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)
         return Path(folder) / CHECKPOINT_FILE if folder else None
 
+
+SETTING_DEFAULTS = {f.name: f.default for f in fields(DistillSettings)}
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What the trainer's step functions read: how a batch is cut into forwards, the compute dtype, how
+    teacher and student run, and the loss terms. Everything else about a run stays in DistillSettings."""
+
+    micro_batch: int | str  # `auto` until trainer.sized_micro_batch resolves it to a number
+    dtype: str
+    naive: bool
+    temperature: float
+    kl_mean_over: str
+    top1_weight: float
+    mse_weight: float
+    mse_hidden_index: int
+    max_grad_norm: float
+    chunk_rows: int
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a resumed run must match: the settings that shape its trajectory, and the model it started from."""
+
+    training: dict  # DistillSettings.fingerprint() without the source
+    source: str
+
+    def fingerprint(self, by_content: bool = True) -> dict:
+        """The model is known by content (`model_identity`) where the source is a model folder, so the
+        same folder given by a relative or an absolute path resumes and another model put in the same
+        folder is refused; by its name where it is not one (a library caller's in-memory model) or where
+        the checkpoint was written before model identities (`by_content=False`)."""
+        try:
+            folder = resolve_source(self.source) if by_content else None
+        except FileNotFoundError:
+            folder = None
+        if folder is None:
+            return self.training | {"source": self.source}
+        return self.training | {MODEL_KEY + k: v for k, v in model_identity(folder).items()}
+
+
+MODEL_KEY = "model "  # prefix of the model's identity keys in a checkpoint's fingerprint
 
 RECIPES: dict[str, dict] = {
     "reference": {"init": "mean", "targets": "human", "temperature": 2.0, "kl_mean_over": "positions",

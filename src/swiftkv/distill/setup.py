@@ -22,7 +22,7 @@ def set_threads() -> None:
 
 def load_student(settings):
     """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run."""
-    check_reply_writer(settings)
+    settings.check_written_replies()
     model = load_model(settings.source, dtype=torch.float32)
     check_student(model, settings.source, settings.seq_len)
     check_trainable(settings.trainable, settings.lora_rank, model.config)
@@ -44,20 +44,6 @@ def apply_init(model, init: str, source: str) -> None:
             raise ValueError(f"--init lstsq: {source} was converted with --init {converted}; convert the "
                              "source with `swiftkv convert ... --init lstsq` (it fits on calibration data) or pass "
                              "--init keep / copy / mean")
-
-
-def check_reply_writer(settings) -> None:
-    """A student-written reply comes from SOURCE's SwiftKV parameters as they are on disk, so the run
-    must start from those same parameters, and must train on written replies at all."""
-    if settings.reply_writer != "student":
-        return
-    if settings.targets == "human":
-        raise ValueError("--reply-writer student: --targets human trains on the data's own replies, which nobody "
-                         "writes; expected --targets teacher or mixed")
-    if settings.init in REDERIVED_INITS:
-        raise ValueError(f"--reply-writer student writes with {settings.source}'s SwiftKV parameters as converted, "
-                         f"but --init {settings.init} replaces them before training, so another student would write "
-                         "the replies; expected --init keep or lstsq (convert the source with the init you want)")
 
 
 def check_student(model, source: str, seq_len: int) -> None:

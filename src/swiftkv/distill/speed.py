@@ -19,20 +19,19 @@ from .setup import load_student
 from .trainer import (
     ATTENTION,
     BatchSizes,
-    SharedPrefixDistiller,
     cast_frozen,
+    distiller_for,
     optimizer_for,
-    probe_layer_of,
     sized_micro_batch,
     train_step,
 )
 from .world import World, training_device
 
 
-def timed_step(distiller, model, optimizer, blocks, settings, world: World) -> tuple[float, float]:
+def timed_step(distiller, model, optimizer, blocks, step_settings, world: World) -> tuple[float, float]:
     sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
     wall, cpu = time.perf_counter(), time.process_time()
-    train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings, world)
+    train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world)
     sync()
     return time.perf_counter() - wall, time.process_time() - cpu
 
@@ -49,23 +48,23 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
     dtype = resolve_dtype(settings.dtype, world.device)
     cast_frozen(model, dtype)
-    settings = sized_micro_batch(model, train, settings, world)
-    probe = probe_layer_of(settings, model.config)
-    ways = {"shared": SharedPrefixDistiller(model, probe_layer=probe)}
+    step_settings = sized_micro_batch(model, train, replace(settings.step_settings(), naive=False),
+                                      settings.batch_size, world)
+    ways = {"shared": distiller_for(model, step_settings)}
     if naive:
-        ways["naive"] = SharedPrefixDistiller(model, naive=True, probe_layer=probe)
+        ways["naive"] = distiller_for(model, replace(step_settings, naive=True))
     totals = {name: [0.0, 0.0] for name in ways}
     for step in range(steps + 1):
         blocks = train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
         for name, distiller in ways.items():
-            wall, cpu = timed_step(distiller, model, optimizer, blocks, settings, world)
+            wall, cpu = timed_step(distiller, model, optimizer, blocks, step_settings, world)
             if step:  # step 0 warms up allocators and kernels
                 totals[name][0] += wall
                 totals[name][1] += cpu
     tokens = steps * settings.batch_size * settings.seq_len
     result = {"model": settings.source, "num_key_value_layers": model.config.num_key_value_layers,
               "tokens_per_way": tokens, "seq_len": settings.seq_len,
-              "dtype": dtype_name(dtype), "device": device_name(world.device), "micro_batch": settings.micro_batch,
+              "dtype": dtype_name(dtype), "device": device_name(world.device), "micro_batch": step_settings.micro_batch,
               "threads": torch.get_num_threads(), "trainable": settings.trainable,
               "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     for name, (wall, cpu) in totals.items():

@@ -28,7 +28,7 @@ from ..model.modeling import PairHidden, swiftkv_parameters
 from . import microbatch, trainable
 from .checkpoint import RunState, load_checkpoint, save_checkpoint
 from .loss import backward_distill_loss, mse_sum
-from .settings import HUMAN_SHARE, DistillSettings
+from .settings import HUMAN_SHARE, DistillSettings, StepSettings
 from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
@@ -86,15 +86,20 @@ class SharedPrefixDistiller(nn.Module):
                                              shared_prefix=not self.naive)
 
 
-def probe_layer_of(settings: DistillSettings, config) -> int | None:
+def distiller_for(model: nn.Module, step: StepSettings) -> SharedPrefixDistiller:
+    """The plain (not DDP) distiller of a run: shared prefix or naive, with the MSE's probe layer."""
+    return SharedPrefixDistiller(model, naive=step.naive, probe_layer=probe_layer_of(step, model.config))
+
+
+def probe_layer_of(step: StepSettings, config) -> int | None:
     """The later layer whose input the MSE compares: transformers' hidden_states[k] is the input of
     layer k (k < L), so index -2 is the input of the last layer."""
-    if not settings.mse_weight:
+    if not step.mse_weight:
         return None
     layers = config.num_hidden_layers
-    layer = settings.mse_hidden_index % (layers + 1)
+    layer = step.mse_hidden_index % (layers + 1)
     if not config.num_key_value_layers < layer < layers:
-        raise ValueError(f"--mse-hidden-index {settings.mse_hidden_index} is hidden_states[{layer}], the input of "
+        raise ValueError(f"--mse-hidden-index {step.mse_hidden_index} is hidden_states[{layer}], the input of "
                          f"layer {layer}; expected the input of a later layer {config.num_key_value_layers + 1}.."
                          f"{layers - 1} (early layers are identical in teacher and student)")
     return layer
@@ -137,25 +142,25 @@ class BatchSizes:
 
 
 def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, blocks: Blocks,
-               sizes: BatchSizes, settings: DistillSettings, world: World) -> float:
+               sizes: BatchSizes, step: StepSettings, world: World) -> float:
     """One optimizer step over this process's blocks; returns this process's share of the global
     mean loss."""
-    total = accumulate_gradients(distiller, model, blocks, sizes, settings, world)
+    total = accumulate_gradients(distiller, model, blocks, sizes, step, world)
     parameters = [p for p in model.parameters() if p.requires_grad]
-    torch.nn.utils.clip_grad_norm_(parameters, settings.max_grad_norm)
+    torch.nn.utils.clip_grad_norm_(parameters, step.max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total
 
 
 def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks, sizes: BatchSizes,
-                         settings: DistillSettings, world: World) -> float:
+                         step: StepSettings, world: World) -> float:
     """Forward + backward of `blocks`, --micro-batch blocks at a time. Each micro-batch is scaled so
     the (DDP-averaged) gradient is that of the global mean loss; returns this process's share of it."""
-    kl_count = sizes.targets if settings.kl_mean_over == "targets" else sizes.positions
-    micro_batches = [blocks.select(slice(i, i + settings.micro_batch)) for i in range(0, len(blocks), settings.micro_batch)]
+    kl_count = sizes.targets if step.kl_mean_over == "targets" else sizes.positions
+    micro_batches = [blocks.select(slice(i, i + step.micro_batch)) for i in range(0, len(blocks), step.micro_batch)]
     total, device = 0.0, device_of(model)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(step.dtype, device)
     for k, micro in enumerate(micro_batches):
         sync_later = world.ddp and k < len(micro_batches) - 1
         with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(dtype, device):
@@ -165,28 +170,28 @@ def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks,
             mse_term = None
             if pair.student_probe is not None:
                 mse = mse_sum(pair.student_probe, pair.teacher_probe) / max(1, sizes.positions)
-                mse_term = settings.mse_weight * mse * world.size
+                mse_term = step.mse_weight * mse * world.size
                 total += float(mse_term.detach()) / world.size
-            kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, settings.temperature,
-                                       world.size / max(1, kl_count), settings.chunk_rows, also=mse_term,
-                                       top1_weight=settings.top1_weight)
+            kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, step.temperature,
+                                       world.size / max(1, kl_count), step.chunk_rows, also=mse_term,
+                                       top1_weight=step.top1_weight)
             total += kl / max(1, kl_count)
     return total
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, heldout: Blocks, settings: DistillSettings, world: World) -> dict:
+def evaluate(model: nn.Module, heldout: Blocks, step: StepSettings, world: World) -> dict:
     """Held-out KL(teacher || student) at T = 1 and top-1 agreement over the trained positions."""
     distiller = SharedPrefixDistiller(model)
     totals = torch.zeros(3, dtype=torch.float64)
     mine = heldout.select(slice(world.rank, None, world.size))
     device = device_of(model)
-    for i in range(0, len(mine), settings.micro_batch):
-        micro = mine.select(slice(i, i + settings.micro_batch)).to(device)
-        with autocast(resolve_dtype(settings.dtype, device), device):
+    for i in range(0, len(mine), step.micro_batch):
+        micro = mine.select(slice(i, i + step.micro_batch)).to(device)
+        with autocast(resolve_dtype(step.dtype, device), device):
             rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
-            totals += torch.tensor(agreement_stats(pair.student, pair.teacher, model.lm_head, settings.chunk_rows),
+            totals += torch.tensor(agreement_stats(pair.student, pair.teacher, model.lm_head, step.chunk_rows),
                                    dtype=torch.float64)
     all_reduce(totals, world)
     kl, agree, rows = totals.tolist()
@@ -206,30 +211,29 @@ def check_batch(batch_size: int, micro_batch: int | str, world: World) -> None:
                          f"of --micro-batch {micro_batch}")
 
 
-def sized_micro_batch(model: nn.Module, train: Blocks, settings: DistillSettings, world: World) -> DistillSettings:
-    """The settings with --micro-batch resolved to a number (`auto`: see distill/microbatch.py). The
-    CUDA probe runs the first step's blocks through a plain (not DDP) distiller, so no process waits
-    on another's collective, and every process then takes the smallest size any of them could fit."""
-    per_rank = settings.batch_size // world.size
-    probe_blocks = rank_blocks(train, 0, settings.batch_size, world)
+def sized_micro_batch(model: nn.Module, train: Blocks, step: StepSettings, batch_size: int,
+                      world: World) -> StepSettings:
+    """`step` with --micro-batch resolved to a number (`auto`: see distill/microbatch.py). The CUDA
+    probe runs the first step's blocks through a plain (not DDP) distiller, so no process waits on
+    another's collective, and every process then takes the smallest size any of them could fit."""
+    per_rank = batch_size // world.size
+    probe_blocks = rank_blocks(train, 0, batch_size, world)
 
     def probe_step(size: int) -> None:
-        sized = replace(settings, micro_batch=size)
-        plain = SharedPrefixDistiller(model, naive=settings.naive, probe_layer=probe_layer_of(settings, model.config))
         try:
-            accumulate_gradients(plain, model, probe_blocks.select(slice(0, size)), BatchSizes.of(probe_blocks), sized,
-                                 World(device=world.device))
+            accumulate_gradients(distiller_for(model, step), model, probe_blocks.select(slice(0, size)),
+                                 BatchSizes.of(probe_blocks), replace(step, micro_batch=size), World(device=world.device))
         finally:
             model.zero_grad(set_to_none=True)
 
-    size = microbatch.resolve_micro_batch(settings.micro_batch, per_rank, world.device, probe_step)
+    size = microbatch.resolve_micro_batch(step.micro_batch, per_rank, world.device, probe_step)
     if world.ddp:
         smallest = torch.tensor([size], device=world.device)
         torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
         size = int(smallest)
-    if settings.micro_batch == microbatch.AUTO:
+    if step.micro_batch == microbatch.AUTO:
         log(world, f"--micro-batch auto: {size} block(s) per forward on {world.device.type}")
-    return replace(settings, micro_batch=size)
+    return replace(step, micro_batch=size)
 
 
 def wrap(distiller: SharedPrefixDistiller, world: World) -> nn.Module:
@@ -247,7 +251,8 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
         raise ValueError(f"--targets {settings.targets} trains on written replies, and none were given; "
                          "`run_distillation` writes them first (the replies stage)")
     return load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens, settings.heldout_tokens,
-                       settings.seed, replies if settings.targets != "human" else None, HUMAN_SHARE[settings.targets])
+                       settings.seed, replies if settings.targets != "human" else None, HUMAN_SHARE[settings.targets],
+                       settings.replies_settings().long_mix())
 
 
 def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None,
@@ -270,14 +275,14 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     model.set_attn_implementation(ATTENTION)
     optimizer = optimizer_for(model, settings)
     cast_frozen(model, resolve_dtype(settings.dtype, world.device))
-    state = load_checkpoint(ckpt, model, optimizer, settings) if settings.resume else RunState()
+    identity = settings.identity()
+    state = load_checkpoint(ckpt, model, optimizer, identity) if settings.resume else RunState()
     state.total_steps = total_steps
-    checkpoint_settings, settings = settings, sized_micro_batch(model, train, settings, world)
-    state.micro_batch = settings.micro_batch
-    distiller = wrap(SharedPrefixDistiller(model, naive=settings.naive,
-                                           probe_layer=probe_layer_of(settings, model.config)), world)
+    step_settings = sized_micro_batch(model, train, settings.step_settings(), settings.batch_size, world)
+    state.micro_batch = step_settings.micro_batch
+    distiller = wrap(distiller_for(model, step_settings), world)
     if not state.history:
-        state.history.append({"step": 0, **evaluate(model, heldout, settings, world)})
+        state.history.append({"step": 0, **evaluate(model, heldout, step_settings, world)})
         log(world, f"held-out before: {json.dumps(state.history[-1])}")
     last = total_steps if settings.stop_after is None else min(total_steps, settings.stop_after)
     progress = tqdm(range(state.step, last), initial=state.step, total=total_steps, disable=not world.is_main,
@@ -289,7 +294,7 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
         sizes = BatchSizes.of(train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
-        loss = train_step(distiller, model, optimizer, blocks, sizes, settings, world)
+        loss = train_step(distiller, model, optimizer, blocks, sizes, step_settings, world)
         loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
         state.step, seconds = step + 1, time.perf_counter() - started
         state.elapsed += seconds
@@ -297,11 +302,11 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
         progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
         state.history.append({"step": state.step, "loss": loss, "lr": lr})
         if state.step % settings.eval_every == 0 or state.step == total_steps:
-            state.history.append({"step": state.step, **evaluate(model, heldout, settings, world)})
+            state.history.append({"step": state.step, **evaluate(model, heldout, step_settings, world)})
             if world.is_main:
                 progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
         if ckpt is not None and world.is_main and (state.step % settings.checkpoint_every == 0 or state.step == last):
-            save_checkpoint(ckpt, model, optimizer, state, checkpoint_settings)
+            save_checkpoint(ckpt, model, optimizer, state, identity)
     progress.close()
     return state
 

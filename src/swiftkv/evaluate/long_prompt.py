@@ -10,13 +10,11 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from ..data.heldout import heldout_conversations
-from ..data.long_prompts import long_prompts
+from ..data.long_prompts import LONG_PROMPT_TOKENS, long_prompts, text_counter
 from ..data.tokens import prompt_ids
 from .chat import conversation_stats, divergences, greedy_answers
 from .pair import STUDENT, TEACHER, ModelPair
 from .store import ResultStore, request_key
-
-LONG_PROMPT_TOKENS = (1000, 2000)
 
 
 def check_long_context(max_length: int, new_tokens: int) -> None:
@@ -29,10 +27,7 @@ def check_long_context(max_length: int, new_tokens: int) -> None:
 
 def heldout_long_prompts(tokenizer, count: int) -> list[list[dict]]:
     """`count` long prompts from the held-out chats (never trained on)."""
-    def count_tokens(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return long_prompts(heldout_conversations(), count, count_tokens, *LONG_PROMPT_TOKENS)
+    return long_prompts(heldout_conversations(), count, text_counter(tokenizer), *LONG_PROMPT_TOKENS)
 
 
 def long_prompt_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int,
