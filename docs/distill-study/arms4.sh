@@ -7,6 +7,12 @@ arm_args() {
     c1r64) echo "--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3" ;;
     c2) echo "--recipe swiftkv --trainable late --late-lr 2e-4" ;;
     c3) echo "--recipe swiftkv --trainable late-norms --late-lr 2e-4" ;;
+    # Long prompts in the mix (item 3): a quarter of the written tokens answer 1-2k-token prompts, so a
+    # block holds 2048 tokens, one block per step (the same 2048 tokens per step as R13); l0 is the same
+    # blocks without long prompts, to tell the block length from the long prompts. Their replies are
+    # appended to a copy of the study's reply file, which the other arms keep reading.
+    l0) echo "--recipe swiftkv --seq-len 2048 --batch-size 1 --teacher-data replies-64-long.jsonl" ;;
+    l1) echo "--recipe swiftkv --seq-len 2048 --batch-size 1 --long-share 0.25 --teacher-data replies-64-long.jsonl" ;;
     *) echo "unknown arm $1" >&2; return 2 ;;
   esac
 }

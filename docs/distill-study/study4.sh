@@ -21,8 +21,9 @@ for arm in "$@"; do
   ARGS=$(arm_args "$arm") || exit 2
   if [ ! -f s4-$arm/config.json ] && [ "${STAGES:-all}" != eval ]; then
     RES=""; [ -f s4-$arm.ckpt/checkpoint.pt ] && RES="--resume"
-    /usr/bin/time -v -a -o time-s4-$arm.txt $SK distill n15-lstsq $ARGS $COMMON --teacher-data replies-64.jsonl --reply-engine vllm \
-      --out s4-$arm --json s4-$arm.json $RES > s4-$arm.log 2>&1 || exit 1
+    # The arm's options come last, so that they override the common ones.
+    /usr/bin/time -v -a -o time-s4-$arm.txt $SK distill n15-lstsq $COMMON --teacher-data replies-64.jsonl --reply-engine vllm \
+      $ARGS --out s4-$arm --json s4-$arm.json $RES > s4-$arm.log 2>&1 || exit 1
   fi
   [ "${STAGES:-all}" = distill ] && continue
   [ -f s4-$arm/config.json ] || continue
