@@ -1,0 +1,62 @@
+#!/bin/bash
+# The shipped students, round 3 (issue 25): the winner of study round 4 at 2M train tokens per student
+# on CPU, then the same full-suite eval command as docs/eval-full with the floor row added.
+#
+#   final5.sh ARM [STAGE...]     ARM: an arm of arms4.sh (its distill options); STAGES (default all):
+#     replies   the teacher's replies for 2M tokens (vLLM; appended, so an interrupted run resumes)
+#     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
+#     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
+# Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed).
+set -x
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
+export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
+SK="/work/main/.venv/bin/python -m swiftkv.cli"
+PY=/work/main/.venv/bin/python
+source "$(dirname "$0")/arms4.sh"
+ARM=$1; shift
+ARGS=$(arm_args "$ARM") || exit 2
+STAGES=${*:-replies n15 ship15 n22 ship22}
+TOKENS=2000896  # 2M rounded up to whole steps of 2048 tokens, as distill rounds --tokens
+cd /work/runs
+[ -f replies-final5.jsonl ] || cp replies-64.jsonl replies-final5.jsonl
+for n in 15 22; do
+  [ -f n$n-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$n-lstsq --num-key-value-layers $n --init lstsq \
+    > convert$n.log 2>&1 || exit 1
+done
+
+replies() {  # the short prompts' replies of the run's split (an arm with --long-share adds its long ones in distill)
+  $SK replies n15-lstsq --out replies-final5.jsonl --tokens $TOKENS --heldout-tokens 16384 --seed 0 \
+    --reply-tokens 64 --engine vllm >> replies-final5.log 2>&1
+}
+distill() {  # N
+  local out=final5-$ARM-n$1
+  [ -f $out/config.json ] && return
+  local res="" stop=""; [ -f $out.ckpt/checkpoint.pt ] && res="--resume"
+  [ -n "$STOP_AFTER" ] && stop="--stop-after $STOP_AFTER"
+  /usr/bin/time -v -a -o $out-time.txt $SK distill n$1-lstsq --tokens $TOKENS --heldout-tokens 16384 --seq-len 1024 \
+    --batch-size 2 --micro-batch 1 --eval-every 100 --checkpoint-every 8 --seed 0 --teacher-data replies-final5.jsonl \
+    --reply-engine vllm $ARGS --out $out --json $out.json $res $stop >> $out.log 2>&1
+}
+ship() {  # N, alias: install the tensors, score both students with the docs/eval-full command plus --floor
+  local n=$1 alias=$2 out=final5-$ARM-n$1
+  [ -f $out/config.json ] || return 1
+  [ -f shipped5-n$n.txt ] && return
+  $PY -c "import swiftkv; from transformers import AutoModelForCausalLM as A
+from swiftkv.model.surgery import save_swiftkv_params as s
+s(A.from_pretrained('$out'), '/work/main/src/swiftkv/weights/$alias', base='smollm2-135m-instruct')" || return 1
+  /usr/bin/time -v $SK eval smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25 \
+    --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --out eval-final5-n$n --no-progress \
+    > eval-final5-n$n.log 2>&1 || return 1
+  $SK generate $alias "What is the capital of France?" > paris5-n$n.txt 2> paris5-n$n.err
+  date > shipped5-n$n.txt
+}
+for stage in $STAGES; do
+  case $stage in
+    replies) replies || exit 1 ;;
+    n15) distill 15 || exit 1 ;;
+    n22) distill 22 || exit 1 ;;
+    ship15) ship 15 smollm2-135m-instruct-swiftkv50 || exit 1 ;;
+    ship22) ship 22 smollm2-135m-instruct-swiftkv25 || exit 1 ;;
+    *) echo "unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
