@@ -142,3 +142,32 @@ def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teache
     assert pair.mode == "separate"  # never the student's own (gone) teacher path
     with pytest.raises(ValueError, match="cannot be distilled"):
         run_distillation(DistillSettings(source=str(out), out=str(tmp_path / "again"), dtype="float32"))
+
+
+def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):
+    """The trained-tensor folder of a `--trainable lora` student holds its SwiftKV parameters and the
+    rank-r factors of its later layers' difference from the base: the rebuilt folder is the student
+    (logits to fp32 noise) and says its later layers were trained; whole copies are refused."""
+    from swiftkv.model.surgery import read_trained, save_swiftkv_params
+    from swiftkv.replies import save_plain_teacher
+    from swiftkv.sources import load_model, resolve_source
+
+    source, out = distilled_folder(tmp_path, "lora")
+    save_plain_teacher(source, tmp_path / "base")  # what a shipped student names: the plain model
+    student, base = load_model(out), load_model(tmp_path / "base")
+    save_swiftkv_params(student, tmp_path / "w", base=str(tmp_path / "base"), dtype=torch.float32, base_model=base,
+                        student_rank=16)
+    spec, tensors = read_trained(tmp_path / "w")
+    assert spec["student_trained"] == ["self_attn.o_proj", "mlp"] and spec["student_rank"] == 16
+    assert any(k.endswith(".mlp.down_proj.weight.delta_a") for k in tensors)
+    rebuilt = load_model(resolve_source(tmp_path / "w"))
+    assert rebuilt.config.swiftkv_student_trained == ["self_attn.o_proj", "mlp"]
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        assert float((rebuilt(ids).logits - student(ids).logits).abs().max()) < 1e-4
+    with pytest.raises(ValueError, match="pass base_model and student_rank"):
+        save_swiftkv_params(student, tmp_path / "x", base=str(tmp_path / "base"))
+    _, late = distilled_folder(tmp_path / "late", "late")
+    with pytest.raises(ValueError, match="by more than rank 16"):
+        save_swiftkv_params(load_model(late), tmp_path / "y", base=str(tmp_path / "base"), base_model=base,
+                            student_rank=16)

@@ -41,9 +41,12 @@ ship() {  # N, alias: install the tensors, score both students with the docs/eva
   local n=$1 alias=$2 out=final5-$ARM-n$1
   [ -f $out/config.json ] || return 1
   [ -f shipped5-n$n.txt ] && return
-  $PY -c "import swiftkv; from transformers import AutoModelForCausalLM as A
+  # A --trainable lora student also stores its later layers' difference from the base as rank factors.
+  local rank; rank=$(echo "$ARGS" | sed -n 's/.*--lora-rank \([0-9]*\).*/\1/p')
+  $PY -c "import swiftkv; from swiftkv.sources import load_model as L
 from swiftkv.model.surgery import save_swiftkv_params as s
-s(A.from_pretrained('$out'), '/work/main/src/swiftkv/weights/$alias', base='smollm2-135m-instruct')" || return 1
+s(L('$out'), '/work/main/src/swiftkv/weights/$alias', base='smollm2-135m-instruct', base_model=L('smollm2-135m-instruct'),
+  student_rank=${rank:-None})" || return 1
   /usr/bin/time -v $SK eval smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25 \
     --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --out eval-final5-n$n --no-progress \
     > eval-final5-n$n.log 2>&1 || return 1

@@ -21,9 +21,11 @@ from .files import cached_folder
 from .model.config import add_legacy_rope_keys
 from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES
 from .model.surgery import (
+    apply_student_deltas,
     build_swiftkv_model,
     load_trained,
     read_trained,
+    split_student_deltas,
     write_model_folder,
     write_swiftkv_folder,
 )
@@ -231,7 +233,10 @@ def build_distilled(tensors: Path, alias: str, out: Path) -> None:
     spec, trained = read_trained(tensors)
     model = build_swiftkv_model(load_model(spec["base"]), spec["num_key_value_layers"],
                                 spec.get("key_value_group_size", 1))
+    trained, deltas = split_student_deltas(trained)
     load_trained(model, trained)
+    if deltas:
+        apply_student_deltas(model, deltas, spec["student_trained"])
     info = {"source": spec["base"], "init": "distilled", "trimmed": False, "alias": alias,
             "weights": f"swiftkv/weights/{alias}" if tensors.parent == WEIGHTS_DIR else str(tensors)}
     write_swiftkv_folder(model, load_tokenizer(spec["base"]), out, info)

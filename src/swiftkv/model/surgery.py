@@ -168,9 +168,12 @@ PLAIN_DROP = ("model_type", "architectures", "num_key_value_layers", "key_value_
 
 
 def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base: str,
-                        dtype: torch.dtype = torch.bfloat16) -> Path:
+                        dtype: torch.dtype = torch.bfloat16, base_model: torch.nn.Module | None = None,
+                        student_rank: int | None = None) -> Path:
     """Write the trained SwiftKV tensors of `model` (a few MB) and their geometry into `folder`;
-    each file is written beside its final name and then renamed."""
+    each file is written beside its final name and then renamed. A model whose later layers were
+    distilled for the student (`--trainable lora`) also stores how its weights differ from
+    `base_model`'s, as rank-`student_rank` factors (`student_deltas`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {name: p.detach().to(dtype).contiguous() for name, p in swiftkv_parameters(model).items()}
@@ -178,10 +181,67 @@ def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base:
         raise ValueError("the model has no SwiftKV parameters (q/k/v_proj_swiftkv, norm_swiftkv) to save")
     spec = {"base": base, "num_key_value_layers": model.config.num_key_value_layers,
             "key_value_group_size": model.config.key_value_group_size}
+    trained_modules = getattr(model.config, "swiftkv_student_trained", None)
+    if trained_modules:
+        if base_model is None or student_rank is None:
+            raise ValueError(f"the model's later layers' {', '.join(trained_modules)} were distilled for the student; "
+                             "pass base_model and student_rank (the run's --lora-rank) to store their difference")
+        deltas = student_deltas(model, base_model, student_rank)
+        tensors.update({name: t.to(dtype).contiguous() for name, t in deltas.items()})
+        spec |= {"student_trained": list(trained_modules), "student_rank": student_rank}
     with atomic_file(folder / "swiftkv.safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     write_atomic(folder / "swiftkv.json", json.dumps(spec, indent=2) + "\n")
     return folder
+
+
+DELTA_FACTORS = (".delta_b", ".delta_a")  # weight += delta_b @ delta_a  ([out, r] @ [r, in])
+RANK_TOLERANCE = 1e-3  # of a delta's norm: what a rank-r factorisation may leave out
+
+
+@torch.no_grad()
+def student_deltas(model: torch.nn.Module, base_model: torch.nn.Module, rank: int) -> dict[str, torch.Tensor]:
+    """Rank-`rank` factors of every weight in which `model` differs from `base_model`, exact (up to
+    RANK_TOLERANCE) for low-rank adapters merged into a distilled folder. A full-rank difference
+    (`--trainable late`: whole copies) is refused: it is the size of the layers, not a few MB."""
+    base, own = base_model.state_dict(), swiftkv_parameters(model)
+    factors = {}
+    for name, weight in model.state_dict().items():
+        if name in own or name not in base or torch.equal(weight.float(), base[name].float()):
+            continue
+        delta = weight.float() - base[name].float()
+        if delta.dim() != 2:
+            raise ValueError(f"{name} differs from the base model and is not a matrix; only low-rank differences of "
+                             "the later layers' projections can be stored (--trainable lora)")
+        u, s, vh = torch.linalg.svd(delta, full_matrices=False)
+        left = float(s[rank:].norm() / s.norm()) if s.norm() > 0 else 0.0
+        if left > RANK_TOLERANCE:
+            raise ValueError(f"{name} differs from the base model by more than rank {rank} ({left:.1e} of the "
+                             "difference left out); only --trainable lora students store as a few MB: serve the "
+                             "distilled folder itself")
+        root = s[:rank].sqrt()  # split the singular values evenly, so both factors round alike in bf16
+        factors[name + DELTA_FACTORS[0]] = u[:, :rank] * root
+        factors[name + DELTA_FACTORS[1]] = root[:, None] * vh[:rank]
+    return factors
+
+
+@torch.no_grad()
+def apply_student_deltas(model: torch.nn.Module, tensors: dict[str, torch.Tensor], trained_modules: list[str]) -> None:
+    """Add the stored rank factors to `model`'s weights and mark its config as student-trained."""
+    params = dict(model.named_parameters())
+    for key in [k for k in tensors if k.endswith(DELTA_FACTORS[0])]:
+        name = key[: -len(DELTA_FACTORS[0])]
+        if name not in params:
+            raise ValueError(f"stored student weight {name} does not exist in the base model")
+        delta = tensors[key].float() @ tensors[name + DELTA_FACTORS[1]].float()
+        params[name].copy_((params[name].float() + delta).to(params[name].dtype))
+    model.config.swiftkv_student_trained = list(trained_modules)
+
+
+def split_student_deltas(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """(SwiftKV parameters, student delta factors) of a trained-tensor file."""
+    deltas = {k: v for k, v in tensors.items() if k.endswith(DELTA_FACTORS)}
+    return {k: v for k, v in tensors.items() if k not in deltas}, deltas
 
 
 def read_trained(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
