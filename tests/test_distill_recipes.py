@@ -43,14 +43,17 @@ def test_recipes_are_presets_that_explicit_options_override():
     assert (ours.init, ours.targets, ours.reply_tokens, ours.lr, ours.batch_size) == ("lstsq", "teacher", 64, 2e-3, 2)
     assert settings_for("m", reply_tokens=512).reply_tokens == 512
     assert settings_for("m", "reference").reply_tokens == 512  # the field's default, unused by human targets
-    with pytest.raises(ValueError, match=r"--recipe 'nope' is unknown; expected one of \['reference', 'swiftkv'\]"):
+    lora = settings_for("m", "swiftkv-lora")  # R13 plus the capacity study's rank-64 adapters
+    assert (lora.init, lora.targets, lora.lr, lora.trainable, lora.lora_rank, lora.late_lr) == \
+        ("lstsq", "teacher", 2e-3, "lora", 64, 1e-3)
+    with pytest.raises(ValueError, match=r"--recipe 'nope' is unknown; expected one of \['reference', 'swiftkv', 'swiftkv-lora'\]"):
         settings_for("m", "nope")
 
 
 def test_cli_names_the_valid_recipes(tmp_path, capsys):
     folder = save_tiny_folder(tmp_path / "m")
     assert main(["distill", str(folder), "--recipe", "fast", "--out", str(tmp_path / "o")]) == 2
-    assert "expected one of ['reference', 'swiftkv']" in capsys.readouterr().err
+    assert "expected one of ['reference', 'swiftkv', 'swiftkv-lora']" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
