@@ -100,7 +100,9 @@ def summary_rows(report: OnlineResults | dict) -> list[str]:
 
 def format_table(report: OnlineResults | dict) -> str:
     report = OnlineResults.of(report)
-    rows = speculative_rows(report) + [""] + rate_rows(report) + [""] + tail_rows(report)
+    # Reports written before speculation was an option have no config to name.
+    rows = (speculative_rows(report) + [""] if report.speculative_config else []) + rate_rows(report)
+    rows += [""] + tail_rows(report)
     if report.summary:
         rows += [""] + summary_rows(report)
     return "\n".join(rows)
