@@ -161,7 +161,7 @@ def test_sessions_alternate_who_goes_first_and_share_a_server_back_to_back():
 
 
 def test_token_prompts_have_the_exact_length_and_start_with_a_new_text():
-    from swiftkv.bench.online import token_prompts
+    from swiftkv.bench.online_prompts import token_prompts
 
     texts = ["a b c", "d e", "f g h i j k", "l", "m n o p"]
     vocab = {w: i for i, w in enumerate("abcdefghijklmnop")}

@@ -261,6 +261,7 @@ class RateResult(Record):
     latency_p99_s: float | None = None
     meets_slo: bool | None = None
     errors: list | dict | None = None
+    speculative: dict | None = None  # the speculator's drafts and acceptance over the rate (None: none)
 
 
 @record
@@ -282,6 +283,7 @@ class SLOInfo(Record):
 
 @record
 class OnlineWorkload(Record):
+    kind: str | None = None  # sharegpt or extractive (None: written before there was a choice, sharegpt)
     prompt_len: int | None = None
     output_len: int | None = None
     num_requests: int | None = None
@@ -310,6 +312,7 @@ class OnlineResults(Record):
     baseline_model: str | None = None
     date: str | None = None
     workload: OnlineWorkload | None = None
+    speculative_config: dict[str, dict | None] | None = None  # model -> its server's speculative config
     rates: list[float] | None = None
     slo: SLOInfo | None = None
     idle: dict[str, IdleLatency] | None = None

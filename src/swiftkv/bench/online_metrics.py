@@ -7,6 +7,8 @@ Definitions (the same as vLLM's serving benchmark):
   ITL      time between consecutive streamed chunks of one request, pooled over all requests
   TPOT     per request: (latency - TTFT) / (output tokens - 1), the mean decode time of one token
   goodput  requests per second that met the per-request SLO (TTFT <= SLO and TPOT <= SLO)
+  acceptance rate  with a speculator: accepted draft tokens / proposed draft tokens over one rate's
+           requests, from the server's own counters (`spec_decode_counters`, read before and after)
 A rate is *sustained* when its p99 TTFT and p99 TPOT are within the SLO and no request failed.
 """
 
@@ -157,9 +159,15 @@ def compare(rates: Sequence[float], baseline: Sequence[dict], swiftkv: Sequence[
         "per_rate": [{"rate": rate, "ttft_p99_s": {"baseline": b["ttft_p99_s"], "swiftkv": s["ttft_p99_s"]},
                       "ttft_p99_ratio": ratio(s["ttft_p99_s"], b["ttft_p99_s"]),
                       "tpot_p50_ratio": ratio(s["tpot_p50_s"], b["tpot_p50_s"]),
-                      "goodput": {"baseline": b["goodput"], "swiftkv": s["goodput"]}}
+                      "goodput": {"baseline": b["goodput"], "swiftkv": s["goodput"]},
+                      "acceptance_rate": {"baseline": acceptance_rate(b), "swiftkv": acceptance_rate(s)}}
                      for rate, b, s in zip(rates, baseline, swiftkv, strict=True)],
     }
+
+
+def acceptance_rate(row: dict) -> float | None:
+    """A rate row's speculative acceptance rate (None: no speculator, or it drafted nothing)."""
+    return (row.get("speculative") or {}).get("acceptance_rate")
 
 
 def idle_summary(results: Sequence[RequestResult]) -> dict:
@@ -169,3 +177,34 @@ def idle_summary(results: Sequence[RequestResult]) -> dict:
         raise RuntimeError("no request to the idle server succeeded: " + "; ".join(r.error for r in results)[-2000:])
     return {"ttft_s": float(np.median([r.ttft for r in done])), "tpot_s": float(np.median([r.tpot for r in done])),
             "latency_s": float(np.median([r.latency for r in done])), "requests": len(done)}
+
+
+# vLLM 0.32's speculative-decoding counters (v1/spec_decode/metrics.py, SpecDecodingProm), as the
+# server's /metrics endpoint names their families (the exposition adds `_total` to each sample).
+SPEC_DECODE_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                        "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+
+
+def spec_decode_counters(prometheus_text: str) -> dict[str, float] | None:
+    """The speculative-decoding counters in a /metrics page (Prometheus text format), summed over
+    their label sets (one per engine); None when the server does not speculate (no such family)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {family: key for key, family in SPEC_DECODE_COUNTERS.items()}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(prometheus_text):
+        if family.name in wanted:
+            found[wanted[family.name]] = sum(s.value for s in family.samples if s.name == family.name + "_total")
+    return found if len(found) == len(SPEC_DECODE_COUNTERS) else None
+
+
+def acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """What the speculator did between two readings of the counters: drafts, draft and accepted tokens,
+    the acceptance rate (accepted / draft tokens) and the mean acceptance length (tokens per verify
+    step per request, the bonus token included, as vLLM defines it); None without a speculator."""
+    if before is None or after is None:
+        return None
+    delta = {key: after[key] - before[key] for key in SPEC_DECODE_COUNTERS}
+    return {**delta,
+            "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"] if delta["draft_tokens"] else None,
+            "mean_acceptance_length": 1 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None}

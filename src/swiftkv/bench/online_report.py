@@ -1,18 +1,35 @@
 """The online benchmark's report for people: the table `swiftkv bench --online` prints and the PNG of
-latency against request rate (TTFT p99 and TPOT p50, both models on each panel)."""
+latency against request rate (TTFT p99 and TPOT p50, both models on each panel). Where a server
+speculates, its label names the speculator and the table gives its acceptance rate per rate."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 from ..plots import figure
 from ..results import OnlineResults
+from ..vllm.speculative import resolve_method
 from .online_metrics import ratio
+
+NAMES = {"baseline": "baseline", "swiftkv": "SwiftKV"}
 
 
 def number(value, scale: float = 1.0, digits: str = ".4g") -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value * scale, digits)
+
+
+def side_label(model: str, speculative: dict | None) -> str:
+    """'SwiftKV', or 'SwiftKV + ngram k=4' for a server that speculates."""
+    if not speculative:
+        return NAMES[model]
+    tokens = speculative.get("num_speculative_tokens")
+    return f"{NAMES[model]} + {resolve_method(speculative)}" + ("" if tokens is None else f" k={tokens}")
+
+
+def speculative_of(report: OnlineResults, model: str) -> dict | None:
+    return (report.speculative_config or {}).get(model)
 
 
 def rate_rows(report: OnlineResults | dict) -> list[str]:
@@ -35,6 +52,27 @@ def rate_rows(report: OnlineResults | dict) -> list[str]:
                     f"{cells[4]:>8}{cells[5]:>9}{cells[6]:>9} | {cells[7]:>8}{cells[8]:>9} | "
                     f"{cells[9]:>8}{cells[10]:>9}")
     return rows
+
+
+def tail_rows(report: OnlineResults | dict) -> list[str]:
+    """Per rate, the other percentiles (TTFT p50, TPOT p99) and each speculator's acceptance rate."""
+    report = OnlineResults.of(report)
+    base, swift = report.results["baseline"], report.results["swiftkv"]
+    rows = [f"{'rate':>9} | {'TTFT p50 (s)':^17} | {'TPOT p99 (ms)':^17} | {'acceptance rate':^17}",
+            f"{'req/s':>9} | {'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9}"]
+    for rate, b, s in zip(report.rates, base, swift, strict=True):
+        if b is None or s is None:
+            continue
+        accepted = [number((row.speculative or {}).get("acceptance_rate"), digits=".3f") for row in (b, s)]
+        rows.append(f"{number(rate):>9} | {number(b.ttft_p50_s):>8}{number(s.ttft_p50_s):>9} | "
+                    f"{number(b.tpot_p99_s, 1e3):>8}{number(s.tpot_p99_s, 1e3):>9} | {accepted[0]:>8}{accepted[1]:>9}")
+    return rows
+
+
+def speculative_rows(report: OnlineResults) -> list[str]:
+    """One line per server saying what it ran (its speculative config, or none)."""
+    return [f"{NAMES[model]}: " + (f"--speculative-config '{json.dumps(config)}'" if config else "no speculation")
+            for model in NAMES for config in [speculative_of(report, model)]]
 
 
 def summary_rows(report: OnlineResults | dict) -> list[str]:
@@ -62,7 +100,9 @@ def summary_rows(report: OnlineResults | dict) -> list[str]:
 
 def format_table(report: OnlineResults | dict) -> str:
     report = OnlineResults.of(report)
-    rows = rate_rows(report)
+    # Reports written before speculation was an option have no config to name.
+    rows = (speculative_rows(report) + [""] if report.speculative_config else []) + rate_rows(report)
+    rows += [""] + tail_rows(report)
     if report.summary:
         rows += [""] + summary_rows(report)
     return "\n".join(rows)
@@ -76,7 +116,8 @@ def plot(report: OnlineResults | dict, path: Path) -> None:
 
 
 def draw_online(report: OnlineResults, figure, ttft_axis, tpot_axis) -> None:
-    for model, label, color in (("baseline", "baseline (vLLM)", "tab:gray"), ("swiftkv", "SwiftKV", "tab:blue")):
+    for model, color in (("baseline", "tab:gray"), ("swiftkv", "tab:blue")):
+        label = side_label(model, speculative_of(report, model)) + (" (vLLM)" if model == "baseline" else "")
         points = [(rate, row) for rate, row in zip(report.rates, report.results[model], strict=True) if row]
         rates = [rate for rate, _ in points]
         ttft_axis.plot(rates, [row.ttft_p99_s for _, row in points], "o-", color=color, label=label)
@@ -90,5 +131,6 @@ def draw_online(report: OnlineResults, figure, ttft_axis, tpot_axis) -> None:
         axis.grid(alpha=0.3)
         axis.legend()
     workload = report.workload
+    prompts = f"{workload.kind} <= {workload.prompt_len}" if workload.kind == "extractive" else workload.prompt_len
     figure.suptitle(f"online: {Path(report.model).name} vs {Path(report.baseline_model).name}, "
-                    f"{workload.prompt_len} in / {workload.output_len} out, Poisson arrivals")
+                    f"{prompts} in / {workload.output_len} out, Poisson arrivals")

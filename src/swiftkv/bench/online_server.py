@@ -5,6 +5,7 @@ and their lifecycle (start on a free port, wait for /health, stop the whole proc
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -31,6 +32,12 @@ def server_args(engine: dict, port: int, served_name: str) -> list[str]:
             "--enable-prefix-caching" if engine["enable_prefix_caching"] else "--no-enable-prefix-caching",
             "--disable-uvicorn-access-log"]  # one log line per request is noise at high rates
     return args + (["--enforce-eager"] if engine["enforce_eager"] else [])
+
+
+def speculative_args(config: dict | None) -> list[str]:
+    """The server option of a speculative config (vLLM's own JSON, so `vllm serve` and `swiftkv serve`
+    read it alike); none without one."""
+    return [] if config is None else ["--speculative-config", json.dumps(config)]
 
 
 def baseline_command(folder: str, args: list[str]) -> list[str]:
@@ -63,6 +70,12 @@ def healthy(base_url: str) -> bool:
             return response.status == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
+
+
+def metrics_text(base_url: str) -> str:
+    """The server's Prometheus page (/metrics): vLLM's own counters, e.g. of speculative decoding."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
+        return response.read().decode()
 
 
 def log_tail(path: Path, chars: int = 4000) -> str:

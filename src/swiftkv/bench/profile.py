@@ -12,6 +12,11 @@ marks `swiftkv:early` (embedding, layers < N and the K/V projection; compiled), 
 (the holders' cache writes), `swiftkv:rows` (picking the logits rows and putting them back) and
 `swiftkv:late` (layers >= N on the logits rows; compiled). Everything in the step outside `model`
 (scheduling, input preparation, logits, sampling) is vLLM's.
+
+`decode_steps` (`swiftkv bench --decode-steps`) re-measures the decode-only step over many steps, not
+one: `batch` sequences of `context_len` random prompt tokens are prefilled, then `warmup_steps` and
+`steps` decode-only steps (every sequence one token per step, no prefill in them) are timed one by
+one, with the same engine settings for both models; the medians give the SwiftKV / baseline ratio.
 """
 
 from __future__ import annotations
@@ -34,6 +39,18 @@ SWIFTKV_REGIONS = ("swiftkv:early", "swiftkv:kv-write", "swiftkv:rows", "swiftkv
 OURS = ("swiftkv:kv-write", "swiftkv:rows")  # eager glue of our model; the compiled parts hold vLLM layers
 TOP_OPS = 15
 TIMED_RUNS = 3  # the unprofiled step times are medians over this many runs
+
+
+@dataclass
+class DecodeScenario:
+    batch: int = 8  # sequences decoding together, as the mixed-step scenario's decodes
+    context_len: int = 2000  # prompt tokens of each: the online workload's prompt length
+    steps: int = 128  # timed decode steps (the median is over these)
+    warmup_steps: int = 8
+
+    @classmethod
+    def quick(cls) -> DecodeScenario:
+        return cls(batch=2, context_len=32, steps=16, warmup_steps=2)
 
 
 @dataclass
@@ -92,6 +109,48 @@ def run_mixed_step(engine, make, scenario: Scenario, tag: str, profiler=None) ->
     while engine.has_unfinished_requests():
         engine.step()
     return {"mixed_step_s": mixed_s, "decode_step_s": decode_s, "prompt_in_one_step": prompt_done}
+
+
+def time_decode_steps(engine, make, scenario: DecodeScenario) -> dict:
+    """Prefill `batch` prompts, then time `steps` decode-only steps one by one (after the warm-up
+    ones); each step must return one new token for every sequence, or it was not a pure decode step
+    of the whole batch. Leaves no request behind."""
+    from vllm import SamplingParams
+
+    ids = [f"decode-{i}" for i in range(scenario.batch)]
+    # Enough tokens that no sequence finishes inside the timed steps.
+    params = SamplingParams(max_tokens=scenario.warmup_steps + scenario.steps + 2, temperature=0.0, ignore_eos=True)
+    for request_id, prompt in zip(ids, make(scenario.batch, scenario.context_len), strict=True):
+        engine.add_request(request_id, prompt, params)
+    produced: dict[str, int] = {}
+    while len(produced) < len(ids) or min(produced.values()) < 1:  # until every prompt is prefilled
+        for output in engine.step():
+            produced[output.request_id] = len(output.outputs[0].token_ids)
+    times, full = [], True
+    for step in range(scenario.warmup_steps + scenario.steps):
+        started = time.perf_counter()
+        outputs = engine.step()
+        elapsed = time.perf_counter() - started
+        grown = {o.request_id: len(o.outputs[0].token_ids) for o in outputs}
+        full = full and all(grown.get(i) == produced[i] + 1 for i in ids)
+        produced.update(grown)
+        if step >= scenario.warmup_steps:
+            times.append(elapsed)
+    engine.abort_request(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {"step_s": times, "median_step_s": statistics.median(times), "mean_step_s": statistics.fmean(times),
+            "every_step_decoded_the_whole_batch": full}
+
+
+def decode_steps_model(model: str, settings: dict, scenario: dict) -> dict:
+    """Child process: build the engine in this process and time its decode-only steps."""
+    with in_process_engine():
+        from vllm import LLM
+
+        llm = LLM(**engine_kwargs(model, **settings))
+        make = PromptMaker(llm.llm_engine.vllm_config.model_config.hf_config.vocab_size)
+        return time_decode_steps(llm.llm_engine, make, DecodeScenario(**scenario))
 
 
 def region_times(profiler) -> dict:
@@ -163,18 +222,68 @@ def format_table(report: dict) -> str:
     return "\n".join(rows)
 
 
-def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scenario) -> dict:
-    """Profile the mixed step of both models (one process each, one after the other); write
-    OUT/profile.json and return the report."""
+def each_model(work, model: str, baseline: str, settings: dict, scenario: dict) -> dict:
+    """`work(folder, settings, scenario)` for the baseline, then SwiftKV, each in its own spawned
+    process (the engine core runs in it, and each model gets a fresh one)."""
     import multiprocessing
 
     results = {}
     for label, path in (("baseline", baseline), ("swiftkv", model)):
         print(f"[profile] {label}: {path}", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results[label] = pool.submit(profile_model, str(resolve_source(path)), settings, asdict(scenario)).result()
+            results[label] = pool.submit(work, str(resolve_source(path)), settings, scenario).result()
+    return results
+
+
+def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scenario) -> dict:
+    """Profile the mixed step of both models (one process each, one after the other); write
+    OUT/profile.json and return the report."""
+    results = each_model(profile_model, model, baseline, settings, asdict(scenario))
     report = {"model": model, "baseline_model": baseline, "settings": settings, "scenario": asdict(scenario),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), **results}
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "profile.json", json.dumps(report, indent=2))
     return report
+
+
+def decode_steps(model: str, baseline: str, settings: dict, out: Path, scenario: DecodeScenario) -> dict:
+    """Time both models' decode-only steps (one process each, same settings); write
+    OUT/decode-steps.json and OUT/decode-steps.png and return the report."""
+    results = each_model(decode_steps_model, model, baseline, settings, asdict(scenario))
+    report = {"model": model, "baseline_model": baseline, "settings": settings, "scenario": asdict(scenario),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), **results,
+              "median_step_ratio": results["swiftkv"]["median_step_s"] / results["baseline"]["median_step_s"]}
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "decode-steps.json", json.dumps(report, indent=2))
+    plot_decode_steps(report, out / "decode-steps.png")
+    return report
+
+
+def format_decode_steps(report: dict) -> str:
+    s = report["scenario"]
+    base, swift = report["baseline"], report["swiftkv"]
+    rows = [f"decode-only steps: {s['batch']} sequences of {s['context_len']} prompt tokens, {s['steps']} steps "
+            f"timed after {s['warmup_steps']} ({report['settings']['dtype']})",
+            f"{'':<28}{'baseline ms':>12}{'SwiftKV ms':>12}{'ratio':>8}"]
+    for label, key in (("median step", "median_step_s"), ("mean step", "mean_step_s")):
+        rows.append(f"{label:<28}{base[key] * 1e3:>12.2f}{swift[key] * 1e3:>12.2f}{swift[key] / base[key]:>8.3f}")
+    if not (base["every_step_decoded_the_whole_batch"] and swift["every_step_decoded_the_whole_batch"]):
+        rows.append("warning: some timed step did not decode every sequence (not a pure decode step of the batch)")
+    return "\n".join(rows)
+
+
+def plot_decode_steps(report: dict, path: Path) -> None:
+    """Each timed step's wall time, both models, medians dashed: drift or outliers show at a glance."""
+    from ..plots import figure
+
+    with figure(path, (8, 4)) as (_, axis):
+        for model, label, color in (("baseline", "baseline", "tab:gray"), ("swiftkv", "SwiftKV", "tab:blue")):
+            times = [t * 1e3 for t in report[model]["step_s"]]
+            axis.plot(range(len(times)), times, ".", color=color, label=label)
+            axis.axhline(report[model]["median_step_s"] * 1e3, color=color, linestyle="--", linewidth=1)
+        s = report["scenario"]
+        axis.set(xlabel="decode step", ylabel="step time (ms)",
+                 title=f"decode-only steps, {s['batch']} x {s['context_len']} tokens: "
+                       f"SwiftKV / baseline median {report['median_step_ratio']:.3f}")
+        axis.grid(alpha=0.3)
+        axis.legend()

@@ -2,7 +2,8 @@
 settings. Offline (default): engines in-process, fixed batches. `--online`: both models behind vLLM's
 OpenAI server under Poisson request arrivals. The options are generated from
 `swiftkv.bench.offline.BenchSettings` (both modes) and `swiftkv.bench.online.OnlineSettings` (--online).
-`--profile`: one mixed prefill/decode step of each model under torch's profiler (`swiftkv.bench.profile`)."""
+`--profile`: one mixed prefill/decode step of each model under torch's profiler (`swiftkv.bench.profile`).
+`--decode-steps`: many decode-only steps of each model timed one by one (`swiftkv.bench.profile.decode_steps`)."""
 
 from __future__ import annotations
 
@@ -34,27 +35,41 @@ def register(subparsers) -> None:
                         help="instead of the benchmark: where one mixed prefill/decode step's time goes in each "
                         "model (torch profiler; 8 decoding requests + one 2000-token prompt), written to "
                         "OUT/profile.json")
+    parser.add_argument("--decode-steps", action="store_true",
+                        help="instead of the benchmark: time many decode-only steps of each model (8 sequences of "
+                        "2000 prompt tokens, 128 steps; median per step and the SwiftKV / baseline ratio), written "
+                        "to OUT/decode-steps.json and OUT/decode-steps.png")
     parser.set_defaults(func=run)
+
+
+def chosen_mode(args: argparse.Namespace) -> str | None:
+    """The one of --online, --profile, --decode-steps given (None: the offline benchmark)."""
+    modes = [name for name in ("online", "profile", "decode_steps") if getattr(args, name)]
+    if len(modes) > 1:
+        raise ValueError(f"{' and '.join('--' + m.replace('_', '-') for m in modes)} are separate runs; "
+                         "give one of them")
+    return modes[0] if modes else None
 
 
 def run(args: argparse.Namespace) -> int:
     given = given_values(args, BenchSettings)
     settings = BenchSettings(**given)
     online_given = given_values(args, OnlineSettings)
-    if args.online and args.profile:
-        raise ValueError("--online and --profile are separate runs; give one of them")
-    if "workloads" in given and (args.online or args.profile):
+    mode = chosen_mode(args)
+    if "workloads" in given and mode:
         raise ValueError("--workloads chooses the offline benchmark's workloads; it does not apply with "
-                         f"{'--online' if args.online else '--profile'}")
-    if args.online:
+                         f"--{mode.replace('_', '-')}")
+    if mode == "online":
         return run_online(args, settings, online_given)
     if online_given:
         import dataclasses
 
         names = [option_name(f) for f in dataclasses.fields(OnlineSettings) if f.name in online_given]
         raise ValueError(f"{', '.join(names)} only apply with --online")
-    if args.profile:
+    if mode == "profile":
         return run_profile(args, settings)
+    if mode == "decode_steps":
+        return run_decode_steps(args, settings)
     from ..bench.offline import bench, format_table
 
     report = bench(args.model, args.baseline, settings)
@@ -66,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
 def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: dict) -> int:
     from ..bench.online import online_bench, online_settings
     from ..bench.online_report import format_table
+    from ..vllm.speculative import NGRAM_EXAMPLE
 
+    if "speculate" in online_given and "speculative_config" not in online_given:
+        raise ValueError("--speculate says which servers get --speculative-config; give the config too, e.g. "
+                         f"--speculative-config '{NGRAM_EXAMPLE}'")
     report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
     print(format_table(report))
     print(f"wrote {settings.out}/online.json and {settings.out}/online.png")
@@ -83,4 +102,17 @@ def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
     report = profile(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
     print(format_table(report))
     print(f"wrote {settings.out}/profile.json")
+    return 0
+
+
+def run_decode_steps(args: argparse.Namespace, settings: BenchSettings) -> int:
+    from pathlib import Path
+
+    from ..bench.offline import engine_settings
+    from ..bench.profile import DecodeScenario, decode_steps, format_decode_steps
+
+    scenario = DecodeScenario.quick() if settings.quick else DecodeScenario()
+    report = decode_steps(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
+    print(format_decode_steps(report))
+    print(f"wrote {settings.out}/decode-steps.json and {settings.out}/decode-steps.png")
     return 0
