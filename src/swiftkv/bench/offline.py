@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -161,8 +162,6 @@ class Worker:
     """A model's engine in its own process, driven over a pipe."""
 
     def __init__(self, label: str, model: str, settings: dict, workloads: Workloads):
-        import multiprocessing
-
         context = multiprocessing.get_context("spawn")
         self.label = label
         self.connection, child = context.Pipe()

@@ -22,6 +22,7 @@ one, with the same engine settings for both models; the medians give the SwiftKV
 from __future__ import annotations
 
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -225,7 +226,6 @@ def format_table(report: dict) -> str:
 def each_model(work, model: str, baseline: str, settings: dict, scenario: dict) -> dict:
     """`work(folder, settings, scenario)` for the baseline, then SwiftKV, each in its own spawned
     process (the engine core runs in it, and each model gets a fresh one)."""
-    import multiprocessing
 
     results = {}
     for label, path in (("baseline", baseline), ("swiftkv", model)):

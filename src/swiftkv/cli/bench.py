@@ -8,6 +8,8 @@ OpenAI server under Poisson request arrivals. The options are generated from
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from pathlib import Path
 
 from ..bench.offline import BenchSettings
 from ..bench.online import OnlineSettings
@@ -62,8 +64,6 @@ def run(args: argparse.Namespace) -> int:
     if mode == "online":
         return run_online(args, settings, online_given)
     if online_given:
-        import dataclasses
-
         names = [option_name(f) for f in dataclasses.fields(OnlineSettings) if f.name in online_given]
         raise ValueError(f"{', '.join(names)} only apply with --online")
     if mode == "profile":
@@ -93,8 +93,6 @@ def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: 
 
 
 def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
-    from pathlib import Path
-
     from ..bench.offline import engine_settings
     from ..bench.profile import Scenario, format_table, profile
 
@@ -106,8 +104,6 @@ def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
 
 
 def run_decode_steps(args: argparse.Namespace, settings: BenchSettings) -> int:
-    from pathlib import Path
-
     from ..bench.offline import engine_settings
     from ..bench.profile import DecodeScenario, decode_steps, format_decode_steps
 

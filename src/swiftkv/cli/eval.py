@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 from .options import add_dataclass_options, given_values
@@ -35,9 +37,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import sys
-    import time
-
     import torch
     from transformers.utils import logging as hf_logging
 

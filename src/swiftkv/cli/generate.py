@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from ..model.config import is_swiftkv
 from .options import add_dtype_option, source_help
 
@@ -21,8 +23,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     from transformers import TextStreamer
 
     from ..dtypes import describe_choice, resolve_dtype

@@ -12,6 +12,9 @@ agree on it.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -56,8 +59,6 @@ def with_legacy_rope_keys(config: dict) -> dict:
 
 def add_legacy_rope_keys(folder) -> None:
     """Rewrite `folder/config.json` (saved by transformers 5) with the legacy RoPE keys."""
-    import json
-    from pathlib import Path
 
     from ..files import write_atomic
 

@@ -5,8 +5,10 @@ defaults, and `serve`, which becomes that server. vLLM itself is imported only b
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import sys
+from types import SimpleNamespace
 from typing import NoReturn
 
 from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
@@ -85,7 +87,6 @@ def check_neighbour_options(folder, vllm_args: list[str]) -> None:
     """Refuse, before the server starts, a speculative method that cannot run with SwiftKV and a
     --kv-cache-dtype that vLLM's CPU engine cannot run (the plugin's config hook applies the same checks
     inside vLLM, for `vllm.LLM` and plain `vllm serve`)."""
-    import json
 
     import torch
 
@@ -96,8 +97,6 @@ def check_neighbour_options(folder, vllm_args: list[str]) -> None:
     check_speculative_options(vllm_args)
     kv_cache_dtype = user_value("--kv-cache-dtype", vllm_args)
     if kv_cache_dtype is not None and not torch.cuda.is_available():
-        from types import SimpleNamespace
-
         config = SimpleNamespace(**json.loads((folder / "config.json").read_text()))
         check_kv_cache_dtype(kv_cache_dtype, head_dim_of(config))
 
