@@ -7,6 +7,8 @@
 #     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
 #     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
 # Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed).
+# SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
+# stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later).
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
 export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
