@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from ..data import sharegpt
 from ..data.chat import Messages
-from ..data.long_prompts import long_prompts
+from ..data.long_prompts import long_prompts, text_counter
 from ..data.tokens import prompt_ids
 from ..sources import load_tokenizer
 from .offline import PromptMaker
@@ -83,10 +83,7 @@ def extractive_prompts(tokenizer, count: int, length: int,
     """`count` chat-templated extractive prompts of at most `length` tokens, deterministic (the same
     conversations give the same prompts: long_prompts builds them in order, so asking for more keeps
     the first ones)."""
-    @functools.cache
-    def count_tokens(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False).input_ids)
-
+    count_tokens = functools.cache(text_counter(tokenizer))  # pieces are counted again for every prompt
     low, high = text_budget(length, len(prompt_ids(tokenizer, [{"role": "user", "content": ""}])))
     read = FIRST_CONVERSATIONS
     while True:

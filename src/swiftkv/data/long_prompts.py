@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable, Iterator
 
 from .chat import Messages, first_user_index
-from .tokens import Document, prompt_ids
+from .tokens import Document, answered_documents, prompt_ids
 
 LONG_PROMPT_TOKENS = (1000, 2000)  # text tokens of a long prompt: the eval's measure, the training mix's range
 CHATS_PER_ROUND = 256  # chats read at a time to build the training mix's long prompts from
@@ -101,18 +101,10 @@ def long_prompt_documents(examples: Iterator, tokenizer, tokens: int, replies, m
         chats = [e for e in itertools.islice(examples, CHATS_PER_ROUND) if isinstance(e, list)]
         if not chats:
             break
-        prompts = [p for p in long_prompts(chats, len(chats), count_tokens, *text_range)]
-        ids = [prompt_ids(tokenizer, p) for p in prompts]
-        kept = [(p, i) for p, i in zip(prompts, ids, strict=True) if len(i) <= max_prompt_tokens]
+        prompts = [(p, prompt_ids(tokenizer, p)) for p in long_prompts(chats, len(chats), count_tokens, *text_range)]
+        kept = [(p, i) for p, i in prompts if len(i) <= max_prompt_tokens]
         for start in range(0, len(kept), replies.batch):
-            batch = kept[start:start + replies.batch]
-            answers = replies.get([i for _, i in batch], [p for p, _ in batch])
-            for (_, prompt), reply in zip(batch, answers, strict=True):
-                if tokens <= 0 or not reply.ids:
-                    continue
-                documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids),
-                                          whole=True))
-                tokens -= len(prompt) + len(reply.ids)
+            tokens = answered_documents(kept[start:start + replies.batch], replies, tokens, documents, whole=True)
     return documents
 
 

@@ -123,10 +123,18 @@ def teacher_documents(examples: Iterable, tokenizer, tokens: int, replies, batch
         chunk = list(itertools.islice(prompts, batch))
         if not chunk:
             break
-        ids = [p for _, p in chunk]
-        for prompt, reply in zip(ids, replies.get(ids, [chat for chat, _ in chunk]), strict=True):
-            if tokens <= 0 or not reply.ids:
-                continue
-            documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids)))
-            tokens -= len(prompt) + len(reply.ids)
+        tokens = answered_documents(chunk, replies, tokens, documents)
     return documents
+
+
+def answered_documents(prompts: list[tuple[Messages, list[int]]], replies, tokens: int, documents: list[Document],
+                       whole: bool = False) -> int:
+    """Append prompt + written reply documents (only the reply is a target) for `prompts` ((chat, ids)
+    pairs, one `replies.get` call) to `documents` while `tokens` last; returns the tokens left."""
+    ids = [p for _, p in prompts]
+    for prompt, reply in zip(ids, replies.get(ids, [chat for chat, _ in prompts]), strict=True):
+        if tokens <= 0 or not reply.ids:
+            continue
+        documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids), whole))
+        tokens -= len(prompt) + len(reply.ids)
+    return tokens
