@@ -235,26 +235,30 @@ def each_model(work, model: str, baseline: str, settings: dict, scenario: dict) 
     return results
 
 
+def both_models_report(work, model: str, baseline: str, settings: dict, scenario, path: Path,
+                       derived=lambda results: {}) -> dict:
+    """`work` on both models (`each_model`), the report of the run (with `derived(results)` added),
+    written atomically to `path`."""
+    results = each_model(work, model, baseline, settings, asdict(scenario))
+    report = {"model": model, "baseline_model": baseline, "settings": settings, "scenario": asdict(scenario),
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), **results, **derived(results)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(report, indent=2))
+    return report
+
+
 def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scenario) -> dict:
     """Profile the mixed step of both models (one process each, one after the other); write
     OUT/profile.json and return the report."""
-    results = each_model(profile_model, model, baseline, settings, asdict(scenario))
-    report = {"model": model, "baseline_model": baseline, "settings": settings, "scenario": asdict(scenario),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), **results}
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "profile.json", json.dumps(report, indent=2))
-    return report
+    return both_models_report(profile_model, model, baseline, settings, scenario, out / "profile.json")
 
 
 def decode_steps(model: str, baseline: str, settings: dict, out: Path, scenario: DecodeScenario) -> dict:
     """Time both models' decode-only steps (one process each, same settings); write
     OUT/decode-steps.json and OUT/decode-steps.png and return the report."""
-    results = each_model(decode_steps_model, model, baseline, settings, asdict(scenario))
-    report = {"model": model, "baseline_model": baseline, "settings": settings, "scenario": asdict(scenario),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), **results,
-              "median_step_ratio": results["swiftkv"]["median_step_s"] / results["baseline"]["median_step_s"]}
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "decode-steps.json", json.dumps(report, indent=2))
+    report = both_models_report(decode_steps_model, model, baseline, settings, scenario, out / "decode-steps.json",
+                                lambda results: {"median_step_ratio": results["swiftkv"]["median_step_s"]
+                                                 / results["baseline"]["median_step_s"]})
     plot_decode_steps(report, out / "decode-steps.png")
     return report
 
