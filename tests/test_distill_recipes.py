@@ -10,7 +10,7 @@ import torch
 from swiftkv.cli import main
 from swiftkv.data.chat import read_source
 from swiftkv.data.packing import pack
-from swiftkv.data.tokens import Document, prompt_ids_of, teacher_documents
+from swiftkv.data.tokens import Document, first_prompt, prompt_ids, prompt_ids_of, teacher_documents, turn_prompts
 from swiftkv.distill.settings import RECIPES, settings_for
 from swiftkv.distill.trainer import (
     BatchSizes,
@@ -150,6 +150,32 @@ def test_teacher_documents_train_only_on_the_reply_and_resume_without_duplicates
     keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == done + sum(calls)
     assert [d.ids for d in again[:len(first)]] == [d.ids for d in first]
+
+
+def test_every_turn_prompts_are_each_user_turn_with_its_context():
+    tokenizer = tiny_tokenizer()
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"},
+            {"role": "assistant", "content": "three"}, {"role": "user", "content": "four"},
+            {"role": "assistant", "content": "five six"}, {"role": "user", "content": " "},
+            {"role": "assistant", "content": "seven"}]
+    every = turn_prompts(tokenizer, chat, every_turn=True)
+    assert [messages for messages, _ in every] == [chat[:2], chat[:4]]  # an empty user turn is no prompt
+    assert every[0] == first_prompt(tokenizer, chat) and turn_prompts(tokenizer, chat) == every[:1]
+    assert every[1][1] == prompt_ids(tokenizer, chat[:4])
+    assert turn_prompts(tokenizer, chat, every_turn=True, max_tokens=len(every[0][1])) == every[:1]
+    assert turn_prompts(tokenizer, "plain text", every_turn=True) == []
+
+
+def test_every_turn_documents_answer_the_later_turns_too(tmp_path):
+    tokenizer = tiny_tokenizer()
+    chats = [c["messages"] for c in random_chats(12, seed=5)]
+    calls = []
+    first = teacher_documents(iter(chats), tokenizer, 10**6, ReplyCache(tmp_path / "a.jsonl", fake_teacher(calls)))
+    every = teacher_documents(iter(chats), tokenizer, 10**6, ReplyCache(tmp_path / "b.jsonl", fake_teacher(calls)),
+                              every_turn=True)
+    turns = sum(len(turn_prompts(tokenizer, c, every_turn=True)) for c in chats)
+    assert len(first) == len(chats) < len(every) == turns
+    assert {tuple(d.ids) for d in first} <= {tuple(d.ids) for d in every}
 
 
 @pytest.mark.parametrize(("message", "expected"), [

@@ -14,7 +14,7 @@ from swiftkv.cli import main
 from swiftkv.data.chat import read_source
 from swiftkv.data.packing import load_blocks
 from swiftkv.data.tokens import Reply
-from swiftkv.replies import RepliesSettings, ReplyCache, read_replies, write_replies
+from swiftkv.replies import RepliesSettings, ReplyCache, read_replies, reply_cache, write_replies
 from tests.test_distill_cli import TRAIN_ARGS
 from tests.tiny import random_chats, save_tiny_folder, tiny_tokenizer, write_jsonl
 
@@ -94,3 +94,28 @@ def test_distill_trains_on_the_replies_the_stage_wrote(tmp_path, monkeypatch, ca
     assert main(["distill", str(folder), "--data", str(data), "--out", str(tmp_path / "out"), *args,
                  "--teacher-data", str(out), "--reply-tokens", "6"]) == 0
     assert "(0 generated now)" in capsys.readouterr().out
+
+
+def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, monkeypatch):
+    from swiftkv.distill.settings import settings_for
+    from swiftkv.distill.trainer import training_blocks
+
+    monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: fake_writer([]))
+    data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(80, seed=4, turns=3)))
+    run = settings_for("tiny", targets="teacher", prompt_turns="every", data=data, tokens=6000, heldout_tokens=600,
+                       seq_len=200, batch_size=1, teacher_data=str(tmp_path / "replies.jsonl"))
+    tokenizer = tiny_tokenizer()
+    written = write_replies(run.replies_settings(), tokenizer)
+    first_turns = RepliesSettings(source="tiny", out=str(tmp_path / "first.jsonl"), data=data, tokens=6000,
+                                  heldout_tokens=600)
+    assert written.generated > write_replies(first_turns, tokenizer).generated  # ~3 prompts per 3-turn chat
+    reader = reply_cache(run.replies_settings(), tokenizer, may_generate=False)  # refuses anything not written
+    train, _ = training_blocks(run, tokenizer, reader)
+    assert train.num_tokens >= 6000
+
+
+def test_prompt_turns_need_written_replies():
+    from swiftkv.distill.settings import settings_for
+
+    with pytest.raises(ValueError, match="--prompt-turns every: .* expected --targets teacher or mixed"):
+        settings_for("tiny", prompt_turns="every", targets="human").check_written_replies()

@@ -41,6 +41,7 @@ from .vllm.env import configure_cpu_env
 GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
 WRITERS = ("teacher", "student")
 ENGINES = ("auto", "vllm", "hf")
+PROMPT_TURNS = ("first", "every")
 
 Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greedy replies
 
@@ -68,6 +69,9 @@ class RepliesSettings:
                                 "after the first prompts): SwiftKV's own workload")
     long_prompt_tokens: int = setting(2048, "most tokens of a long prompt, chat template included (distill: "
                                       "--seq-len minus the reply)")
+    prompt_turns: str = setting("first", "which user turns of a chat are prompts: its first, or every user turn "
+                                "with the conversation before it (more prompts from the same chats)",
+                                choices=PROMPT_TURNS)
 
     def long_mix(self) -> LongMix | None:
         return LongMix(self.long_share, self.long_prompt_tokens) if self.long_share else None
@@ -89,7 +93,7 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     cache = reply_cache(settings, tokenizer)
     try:
         split_documents(read_source(settings.data), tokenizer, settings.seed, settings.heldout_tokens, settings.tokens,
-                        replies=cache, long_mix=settings.long_mix())
+                        replies=cache, long_mix=settings.long_mix(), every_turn=settings.prompt_turns == "every")
     finally:
         getattr(cache.generate, "close", lambda: None)()
     return cache
@@ -289,7 +293,9 @@ def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
 
 
 HF_BATCH = 64  # prompts per transformers generate() call on CPU
-HF_BATCH_CUDA = 256  # a GPU is launch-bound at small batches: wider batches, fewer decode steps in all
+# A GPU is launch-bound at small batches: wider batches, fewer decode steps in all. 1024 rows of
+# prompts up to 1024 tokens + a 64-token reply hold a ~26 GB bf16 KV cache for a 135M model.
+HF_BATCH_CUDA = 1024
 
 
 def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id: int) -> list[Reply]:

@@ -142,10 +142,10 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
 
 def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,
                 seed: int, replies=None, human_share: float = 0.0,
-                long_mix: LongMix | None = None) -> tuple[Blocks, Blocks]:
+                long_mix: LongMix | None = None, every_turn: bool = False) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`; train blocks shuffled with `seed`."""
     heldout_docs, train_docs = split_documents(read_source(spec), tokenizer, seed, heldout_tokens, train_tokens,
-                                               replies, human_share, long_mix)
+                                               replies, human_share, long_mix, every_turn=every_turn)
     if not heldout_docs and not train_docs:
         raise ValueError(f"--data {spec!r} has no usable examples: it is empty, or no chat has an assistant "
                          "turn (the distillation loss covers assistant tokens only)")

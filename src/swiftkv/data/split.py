@@ -33,12 +33,12 @@ class LongMix:
 
 def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
                     train_tokens: int, replies=None, human_share: float = 0.0, long_mix: LongMix | None = None,
-                    shuffle_window: int = SHUFFLE_WINDOW) -> tuple[list[Document], list[Document]]:
+                    shuffle_window: int = SHUFFLE_WINDOW, every_turn: bool = False) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
     each until its token budget is met. Only as many examples as needed are tokenized. With
     `replies` (a `swiftkv.replies.ReplyCache`), train documents are the examples' first prompts answered
-    by the reply writer (`human_share` of the train tokens stay the data's own conversations, taken after
+    by the reply writer (every user turn with its context with `every_turn`; `human_share` of the train tokens stay the data's own conversations, taken after
     the written prompts); with `long_mix`, its share of the written tokens are long prompts built from the
     chats after the first prompts (`data.long_prompts`). The held-out documents stay the data's own, so
     every recipe is measured alike."""
@@ -47,7 +47,7 @@ def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, he
     if replies is not None:
         written = written_tokens(train_tokens, human_share)
         long_tokens = round(written * long_mix.share) if long_mix else 0
-        taught = teacher_documents(rest, tokenizer, written - long_tokens, replies)
+        taught = teacher_documents(rest, tokenizer, written - long_tokens, replies, every_turn=every_turn)
         if long_tokens:
             long = long_prompt_documents(rest, tokenizer, long_tokens, replies, long_mix.max_prompt_tokens)
             taught = spread(long, among=taught)

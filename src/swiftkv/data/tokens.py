@@ -100,6 +100,26 @@ def first_prompt(tokenizer, example, max_tokens: int = MAX_PROMPT_TOKENS) -> tup
     return (prompt, ids) if len(ids) <= max_tokens else None
 
 
+def turn_prompts(tokenizer, example, every_turn: bool = False,
+                 max_tokens: int = MAX_PROMPT_TOKENS) -> list[tuple[Messages, list[int]]]:
+    """The prompts a chat gives a reply writer: its first user turn, or (`every_turn`) each user turn
+    with the conversation before it (the data's own earlier replies as context; the first is
+    `first_prompt`'s), while the prompt fits `max_tokens`. More prompts per chat is how a small chat set feeds a long distillation."""
+    if not every_turn:
+        found = first_prompt(tokenizer, example, max_tokens)
+        return [] if found is None else [found]
+    chat = example if isinstance(example, list) else []
+    prompts = []
+    for end, message in enumerate(chat):
+        if message["role"] != "user" or not message["content"].strip():
+            continue
+        ids = prompt_ids(tokenizer, chat[:end + 1])
+        if len(ids) > max_tokens:
+            break  # the later turns only add context
+        prompts.append((chat[:end + 1], ids))
+    return prompts
+
+
 def prompt_ids(tokenizer, messages: Messages) -> list[int]:
     """The token ids a model answers `messages` from: the chat rendered up to the assistant's turn.
     The one prompt -> ids of swiftkv (written replies, eval's greedy answers, `swiftkv generate`)."""
@@ -112,13 +132,15 @@ def prompt_ids_of(tokenizer, example) -> list[int] | None:
     return None if found is None else found[1]
 
 
-def teacher_documents(examples: Iterable, tokenizer, tokens: int, replies, batch: int | None = None) -> list[Document]:
-    """Documents of prompt + written reply (only the reply is a target) until `tokens` are reached.
+def teacher_documents(examples: Iterable, tokenizer, tokens: int, replies, batch: int | None = None,
+                      every_turn: bool = False) -> list[Document]:
+    """Documents of prompt + written reply (only the reply is a target) until `tokens` are reached:
+    the first user turn of each chat, or each user turn with its context (`every_turn`).
     `replies.get(prompt_ids, chats)` gives the replies (a `swiftkv.replies.ReplyCache`: it generates the
     missing ones, or refuses them when the replies stage has not run)."""
     batch = batch or replies.batch
     documents: list[Document] = []
-    prompts = (p for p in (first_prompt(tokenizer, e) for e in examples) if p is not None)
+    prompts = (p for e in examples for p in turn_prompts(tokenizer, e, every_turn))
     while tokens > 0:
         chunk = list(itertools.islice(prompts, batch))
         if not chunk:

@@ -28,6 +28,7 @@ from ..data.split import written_tokens
 from ..dtypes import DTYPE_CHOICES
 from ..files import model_identity
 from ..replies import ENGINES as REPLY_ENGINES
+from ..replies import PROMPT_TURNS
 from ..replies import WRITERS as REPLY_WRITERS
 from ..replies import RepliesSettings
 from ..settings import parse_count, setting
@@ -70,6 +71,9 @@ class DistillSettings:
                                 "tokens of passages + a question, or a document + a summary request, built from "
                                 "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
                                 "own workload")
+    prompt_turns: str = setting("first", "which user turns of a train chat get written replies: the first, or "
+                                "every user turn with the conversation before it (about 3x the prompts of "
+                                "ShareGPT's first turns: what a run beyond ~6M tokens needs)", choices=PROMPT_TURNS)
     reply_engine: str = setting("auto", "what generates the replies: vllm, hf (transformers' generate, "
                                 "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
     trainable: str = setting("swiftkv", "what trains: the SwiftKV parameters only (swiftkv, the paper), plus "
@@ -139,6 +143,9 @@ class DistillSettings:
                 raise ValueError(f"--long-share: a long prompt ({LONG_PROMPT_TOKENS[0]}+ tokens) and its reply "
                                  f"({self.reply_tokens}) must fit one block; expected --seq-len of at least {needed}, "
                                  f"got {self.seq_len}")
+        if self.prompt_turns != "first" and self.targets == "human":
+            raise ValueError(f"--prompt-turns {self.prompt_turns}: prompts are answered by the reply writer, and "
+                             "--targets human trains on the data's own replies; expected --targets teacher or mixed")
         if self.reply_writer != "student":
             return
         if self.targets == "human":
@@ -164,7 +171,8 @@ class DistillSettings:
                                tokens=written_tokens(self.train_tokens, HUMAN_SHARE[self.targets]),
                                heldout_tokens=self.heldout_tokens, seed=self.seed, reply_tokens=self.reply_tokens,
                                engine=self.reply_engine, dtype=self.dtype, long_share=self.long_share,
-                               long_prompt_tokens=self.seq_len - self.reply_tokens - 1)  # + the reply's end token
+                               long_prompt_tokens=self.seq_len - self.reply_tokens - 1,  # + the reply's end token
+                               prompt_turns=self.prompt_turns)
 
     def checkpoint_path(self) -> Path | None:
         folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)

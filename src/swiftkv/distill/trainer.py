@@ -252,7 +252,7 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
                          "`run_distillation` writes them first (the replies stage)")
     return load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens, settings.heldout_tokens,
                        settings.seed, replies if settings.targets != "human" else None, HUMAN_SHARE[settings.targets],
-                       settings.replies_settings().long_mix())
+                       settings.replies_settings().long_mix(), every_turn=settings.prompt_turns == "every")
 
 
 def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None,
