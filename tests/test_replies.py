@@ -119,3 +119,15 @@ def test_prompt_turns_need_written_replies():
 
     with pytest.raises(ValueError, match="--prompt-turns every: .* expected --targets teacher or mixed"):
         settings_for("tiny", prompt_turns="every", targets="human").check_written_replies()
+
+
+def test_a_run_short_of_data_says_how_many_tokens_it_trains(tmp_path, capsys):
+    from swiftkv.distill.settings import settings_for
+    from swiftkv.distill.trainer import short_of_tokens
+    from swiftkv.distill.world import World
+
+    run = settings_for("tiny", targets="teacher", tokens=8192, seq_len=1024, batch_size=2)
+    short_of_tokens(run, 4096, World())
+    assert "gives 4,096 train tokens of the 8,192 asked" in capsys.readouterr().err
+    short_of_tokens(run, 8192, World())
+    assert capsys.readouterr().err == ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -255,6 +256,16 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
                        settings.replies_settings().long_mix(), every_turn=settings.prompt_turns == "every")
 
 
+def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> None:
+    """Say so when the data runs out before --tokens: the run then makes one pass over what there is,
+    with the schedule over its own (fewer) steps."""
+    if trained < settings.train_tokens and world.is_main:
+        more = "; --prompt-turns every answers every user turn" if settings.targets != "human" and \
+            settings.prompt_turns == "first" else ""
+        print(f"swiftkv distill: --data {settings.data!r} gives {trained:,} train tokens of the "
+              f"{settings.train_tokens:,} asked; training one pass over them{more}", file=sys.stderr, flush=True)
+
+
 def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None,
             replies=None) -> RunState:
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
@@ -271,6 +282,7 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
         raise ValueError(f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
                          f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
                          "--seq-len")
+    short_of_tokens(settings, total_steps * settings.batch_size * settings.seq_len, world)
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     optimizer = optimizer_for(model, settings)
