@@ -133,7 +133,7 @@ def renderings() -> dict[str, str]:
         out[f"bench-{name}.table.txt"] = offline.format_table(json.loads((DOCS / "bench" / name / "bench.json").read_text()))
     card = load_card()
     out["card-swiftkv50.md"] = card.card(
-        "smollm2-135m-instruct-swiftkv50", 15, json.loads((study / "final64-n15-distill.json").read_text()),
+        "final64", "smollm2-135m-instruct-swiftkv50", 15, json.loads((study / "final64-n15-distill.json").read_text()),
         json.loads((study / "final64-n15-fulleval.json").read_text()), "12.5", "The capital of France is Paris.",
         1000, "Shared CPU.")
     return out

