@@ -10,7 +10,14 @@ import torch
 from swiftkv.cli import main
 from swiftkv.data.chat import read_source
 from swiftkv.data.packing import pack
-from swiftkv.data.tokens import Document, first_prompt, prompt_ids, prompt_ids_of, teacher_documents, turn_prompts
+from swiftkv.data.tokens import (
+    Document,
+    first_prompt,
+    prompt_ids,
+    prompt_ids_of,
+    teacher_documents,
+    turn_prompts,
+)
 from swiftkv.distill.settings import RECIPES, settings_for
 from swiftkv.distill.trainer import (
     BatchSizes,

@@ -61,10 +61,10 @@ ROUNDS = {
 
 def distill_command(round_: Round, n: int, s: dict) -> list[str]:
     """The run's `swiftkv distill` command, from its recorded settings."""
-    student = [f"--trainable {s['trainable']} --lora-rank {s['lora_rank']} --late-lr {s['late_lr']:g} "] \
-        if s.get("trainable", "swiftkv") != "swiftkv" else [""]
+    student = f"--trainable {s['trainable']} --lora-rank {s['lora_rank']} --late-lr {s['late_lr']:g} " \
+        if s.get("trainable", "swiftkv") != "swiftkv" else ""
     turns = f"--prompt-turns {s['prompt_turns']} " if s.get("prompt_turns", "first") != "first" else ""
-    return [f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} {student[0]}--reply-tokens {s['reply_tokens']} "
+    return [f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} {student}--reply-tokens {s['reply_tokens']} "
             f"--tokens {round_.tokens} \\",
             f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} "
             + (f"--batch-size {s['batch_size']} " if round_.explicit_batch else "")

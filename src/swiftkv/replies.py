@@ -76,6 +76,10 @@ class RepliesSettings:
     def long_mix(self) -> LongMix | None:
         return LongMix(self.long_share, self.long_prompt_tokens) if self.long_share else None
 
+    @property
+    def every_turn(self) -> bool:
+        return self.prompt_turns == "every"
+
     def max_prompt_tokens(self) -> int:
         """The longest prompt the writer answers: a first turn, or a long prompt."""
         return max(MAX_PROMPT_TOKENS, self.long_prompt_tokens if self.long_share else 0)
@@ -93,7 +97,7 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     cache = reply_cache(settings, tokenizer)
     try:
         split_documents(read_source(settings.data), tokenizer, settings.seed, settings.heldout_tokens, settings.tokens,
-                        replies=cache, long_mix=settings.long_mix(), every_turn=settings.prompt_turns == "every")
+                        replies=cache, long_mix=settings.long_mix(), every_turn=settings.every_turn)
     finally:
         getattr(cache.generate, "close", lambda: None)()
     return cache

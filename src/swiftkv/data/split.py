@@ -33,13 +33,14 @@ class LongMix:
 
 def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
                     train_tokens: int, replies=None, human_share: float = 0.0, long_mix: LongMix | None = None,
-                    shuffle_window: int = SHUFFLE_WINDOW, every_turn: bool = False) -> tuple[list[Document], list[Document]]:
+                    shuffle_window: int = SHUFFLE_WINDOW,
+                    every_turn: bool = False) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
     each until its token budget is met. Only as many examples as needed are tokenized. With
-    `replies` (a `swiftkv.replies.ReplyCache`), train documents are the examples' first prompts answered
-    by the reply writer (every user turn with its context with `every_turn`; `human_share` of the train tokens stay the data's own conversations, taken after
-    the written prompts); with `long_mix`, its share of the written tokens are long prompts built from the
+    `replies` (a `swiftkv.replies.ReplyCache`), train documents are the examples' first prompts (with
+    `every_turn`, each user turn with its context) answered by the reply writer (`human_share` of the
+    train tokens stay the data's own conversations, taken after the written prompts); with `long_mix`, its share of the written tokens are long prompts built from the
     chats after the first prompts (`data.long_prompts`). The held-out documents stay the data's own, so
     every recipe is measured alike."""
     rest = iter(shuffled(examples, seed, shuffle_window))

@@ -104,7 +104,8 @@ def turn_prompts(tokenizer, example, every_turn: bool = False,
                  max_tokens: int = MAX_PROMPT_TOKENS) -> list[tuple[Messages, list[int]]]:
     """The prompts a chat gives a reply writer: its first user turn, or (`every_turn`) each user turn
     with the conversation before it (the data's own earlier replies as context; the first is
-    `first_prompt`'s), while the prompt fits `max_tokens`. More prompts per chat is how a small chat set feeds a long distillation."""
+    `first_prompt`'s), while the prompt fits `max_tokens`. More prompts per chat is how a small chat
+    set feeds a long distillation."""
     if not every_turn:
         found = first_prompt(tokenizer, example, max_tokens)
         return [] if found is None else [found]

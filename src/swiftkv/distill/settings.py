@@ -28,9 +28,8 @@ from ..data.split import written_tokens
 from ..dtypes import DTYPE_CHOICES
 from ..files import model_identity
 from ..replies import ENGINES as REPLY_ENGINES
-from ..replies import PROMPT_TURNS
+from ..replies import PROMPT_TURNS, RepliesSettings
 from ..replies import WRITERS as REPLY_WRITERS
-from ..replies import RepliesSettings
 from ..settings import parse_count, setting
 from ..sources import resolve_source
 from .microbatch import AUTO, parse_micro_batch

@@ -251,9 +251,10 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
     if settings.targets != "human" and replies is None:
         raise ValueError(f"--targets {settings.targets} trains on written replies, and none were given; "
                          "`run_distillation` writes them first (the replies stage)")
+    written = settings.replies_settings()  # which prompts were answered: what packing must read back
     return load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens, settings.heldout_tokens,
                        settings.seed, replies if settings.targets != "human" else None, HUMAN_SHARE[settings.targets],
-                       settings.replies_settings().long_mix(), every_turn=settings.prompt_turns == "every")
+                       written.long_mix(), every_turn=written.every_turn)
 
 
 def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> None:
