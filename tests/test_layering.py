@@ -1,10 +1,14 @@
 """The import rules of the package, checked on the source (every import, function-level ones too):
 data flows one way, so `data/` imports no later stage, and `vllm/` holds only what vLLM loads (no
-benchmark harness, no data readers)."""
+benchmark harness, no data readers). Imports sit at module level unless they defer an optional heavy
+dependency (vLLM, lm-eval, datasets, matplotlib, gguf, aiohttp, prometheus_client), which the last test
+checks by importing every module."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,4 +60,24 @@ def test_layer_imports_nothing_above_it(layer):
 
 def test_the_check_sees_relative_and_function_level_imports(tmp_path):
     assert "swiftkv.data.split" in imports_of(PACKAGE / "data" / "packing.py")
-    assert "swiftkv.vllm.env" in imports_of(PACKAGE / "vllm" / "serve.py")  # imported inside a function
+    assert "swiftkv.vllm.hooks" in imports_of(PACKAGE / "vllm" / "__init__.py")  # imported inside register()
+
+
+# Imported only inside the functions that need them, so `swiftkv --help`, convert, distill and eval never
+# pay for (or need) them. The vLLM-side modules import vLLM by design: vLLM itself loads them.
+HEAVY_OPTIONAL = ("vllm", "lm_eval", "datasets", "matplotlib", "gguf", "aiohttp", "prometheus_client")
+LOADED_BY_VLLM = ("swiftkv.vllm.hooks", "swiftkv.vllm.layers", "swiftkv.vllm.model")
+
+
+def test_importing_any_module_loads_no_optional_heavy_dependency():
+    code = f"""
+import importlib, pkgutil, sys, swiftkv, swiftkv.cli
+names = [m.name for m in pkgutil.walk_packages(swiftkv.__path__, "swiftkv.") if m.name not in {LOADED_BY_VLLM!r}]
+for name in names:
+    importlib.import_module(name)
+swiftkv.cli.build_parser()
+print(len(names), *[m for m in {HEAVY_OPTIONAL!r} if m in sys.modules])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) > 70, out  # every module was imported
+    assert out[1:] == [], f"module-level imports load {out[1:]}"

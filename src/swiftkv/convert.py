@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+from transformers import AutoConfig
 
 from . import calibration
 from .data.chat import check_source
@@ -148,8 +149,6 @@ def check_settings(settings: ConvertSettings) -> torch.dtype | None:
 def checked_geometry(folder, settings: ConvertSettings) -> int:
     """N, checked with G against the source's config; the source is a supported model with weights
     (not loaded yet: that may take minutes)."""
-    from transformers import AutoConfig
-
     check_supported(folder)
     check_weights_present(folder)
     config = AutoConfig.from_pretrained(folder)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from .data.chat import read_source
 from .data.split import LongMix, split_documents
@@ -277,8 +278,6 @@ def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
     """Greedy replies of the model in `folder` with transformers' `generate`: left-padded batches,
     sorted by length so a batch pads little. The same replies as vLLM's up to the numerics of the
     batch (tested equal to unbatched greedy generation in fp32)."""
-    from transformers import AutoModelForCausalLM
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 

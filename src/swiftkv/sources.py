@@ -16,10 +16,13 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
 from .files import cached_folder
 from .model.config import add_legacy_rope_keys
-from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES
+from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES, unsupported
 from .model.surgery import (
     apply_student_deltas,
     build_swiftkv_model,
@@ -78,16 +81,12 @@ def gguf_architectures() -> list[str]:
     """The GGUF architectures swiftkv converts: its families' model types that transformers' GGUF loader
     reads (llama, mistral, qwen2, qwen3 in transformers 5.19). llama.cpp writes Mistral models as
     `llama`; transformers loads those whose name says mistral as Mistral."""
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
     return [t for t in BASE_MODEL_TYPES if t in GGUF_CONFIG_MAPPING]
 
 
 def export_gguf(gguf_path: Path, out: Path) -> None:
     """Dequantize a GGUF into an fp32 HF folder. transformers refuses to save a model loaded from GGUF
     ("not serializable"), so the weights move into a freshly built model of the same config first."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     arch = gguf_architecture(gguf_path)
     if arch not in gguf_architectures():
         raise ValueError(f"{gguf_path}: GGUF architecture {arch!r} is not supported; expected one of "
@@ -168,22 +167,15 @@ def check_supported(folder: Path) -> dict:
     config = read_config_dict(folder)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        from .model.families import unsupported
-
         raise ValueError(f"{folder}: {unsupported(model_type)}")
     return config
 
 
 def load_model(src: str | os.PathLike, dtype: torch.dtype = torch.float32):
     """A causal LM (plain or SwiftKV) from any source, in eval mode."""
-    from transformers import AutoModelForCausalLM
-
-    import swiftkv  # noqa: F401 - registers the SwiftKV Auto classes
-
     folder = resolve_source(src)
     check_supported(folder)
     check_weights_present(folder)
-    from safetensors import SafetensorError
 
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
@@ -206,8 +198,6 @@ def has_tokenizer(folder: Path) -> bool:
 
 
 def load_tokenizer(src: str | os.PathLike):
-    from transformers import AutoTokenizer
-
     folder = resolve_source(src)
     if not has_tokenizer(folder):
         raise FileNotFoundError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "

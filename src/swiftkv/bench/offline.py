@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_dtype
 from ..files import write_atomic
@@ -289,7 +290,6 @@ def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloa
     finally:
         for worker in workers:
             worker.close()
-    from transformers import AutoConfig
 
     flops = prefill_flops_per_token(AutoConfig.from_pretrained(baseline_dir), workloads.prefill_len)
     for result in (base, swift):

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from tqdm import tqdm
+
 from ..dtypes import describe_choice
 from ..files import write_atomic
 from ..settings import setting
@@ -210,8 +212,6 @@ class Client:
                       label: str) -> tuple[list[RequestResult], float]:
         """Send prompt i at arrivals[i] seconds from the start, without waiting for earlier answers;
         returns the results and the seconds from the first send to the last token."""
-        from tqdm import tqdm
-
         async with self.session() as session:
             with tqdm(total=len(prompts), desc=label, unit="req", file=sys.stderr) as bar:
                 started, tasks = time.perf_counter(), []

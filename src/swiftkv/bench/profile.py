@@ -30,7 +30,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from ..files import write_atomic
+from ..plots import figure
 from ..sources import resolve_source
 from ..vllm.engine import engine_kwargs, in_process_engine
 from .offline import PromptMaker
@@ -72,8 +75,6 @@ class Scenario:
 
 def range_hooks(module, name: str) -> None:
     """A `record_function` range around every forward of `module` (an eager module, so hooks run)."""
-    import torch
-
     open_ranges = []
     module.register_forward_pre_hook(lambda *_: open_ranges.append(torch.profiler.record_function(name).__enter__()))
     module.register_forward_hook(lambda *_: open_ranges.pop().__exit__(None, None, None))
@@ -82,7 +83,6 @@ def range_hooks(module, name: str) -> None:
 def run_mixed_step(engine, make, scenario: Scenario, tag: str, profiler=None) -> dict:
     """Bring `decodes` requests into decode, add the prompt, run the mixed step (under `profiler` when
     given); returns the step's and a decode-only step's wall times. Leaves no request behind."""
-    import torch
     from vllm import SamplingParams
 
     decoding = [f"{tag}-decode-{i}" for i in range(scenario.decodes)]
@@ -168,8 +168,7 @@ def region_times(profiler) -> dict:
 
 def profile_model(model: str, settings: dict, scenario: dict) -> dict:
     """Child process: build the engine in this process, run the scenario warm, timed and profiled."""
-    with in_process_engine():
-        import torch
+    with in_process_engine():  # vLLM is imported under the engine's environment
         from vllm import LLM
 
         llm = LLM(**engine_kwargs(model, **settings))
@@ -278,8 +277,6 @@ def format_decode_steps(report: dict) -> str:
 
 def plot_decode_steps(report: dict, path: Path) -> None:
     """Each timed step's wall time, both models, medians dashed: drift or outliers show at a glance."""
-    from ..plots import figure
-
     with figure(path, (8, 4)) as (_, axis):
         for model, label, color in (("baseline", "baseline", "tab:gray"), ("swiftkv", "SwiftKV", "tab:blue")):
             times = [t * 1e3 for t in report[model]["step_s"]]

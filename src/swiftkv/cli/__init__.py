@@ -8,8 +8,9 @@ import argparse
 import importlib
 import sys
 
-# Modules that provide subcommands, in the order `--help` lists them. Each module's import must be
-# cheap (no vLLM / lm-eval at import time): heavy imports belong inside the command function.
+# Modules that provide subcommands, in the order `--help` lists them. Importing them loads no vLLM,
+# lm-eval or other optional heavy dependency: the library functions import those when they run
+# (tests/test_layering.py checks it).
 COMMAND_MODULES = tuple(f"swiftkv.cli.{name}" for name in (
     "convert", "export", "generate", "demo", "replies", "distill", "eval", "serve", "bench"))
 

@@ -11,8 +11,12 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from ..bench.offline import BenchSettings
-from ..bench.online import OnlineSettings
+from ..bench.offline import BenchSettings, bench, engine_settings, format_table
+from ..bench.online import OnlineSettings, online_bench, online_settings
+from ..bench.online_report import format_table as format_online_table
+from ..bench.profile import DecodeScenario, Scenario, decode_steps, format_decode_steps, profile
+from ..bench.profile import format_table as format_profile_table
+from ..vllm.speculative import NGRAM_EXAMPLE
 from .options import add_dataclass_options, given_values, option_name
 
 
@@ -70,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
         return run_profile(args, settings)
     if mode == "decode_steps":
         return run_decode_steps(args, settings)
-    from ..bench.offline import bench, format_table
-
     report = bench(args.model, args.baseline, settings)
     print(format_table(report))
     print(f"wrote {settings.out}/bench.json and {settings.out}/bench.png")
@@ -79,34 +81,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: dict) -> int:
-    from ..bench.online import online_bench, online_settings
-    from ..bench.online_report import format_table
-    from ..vllm.speculative import NGRAM_EXAMPLE
-
     if "speculate" in online_given and "speculative_config" not in online_given:
         raise ValueError("--speculate says which servers get --speculative-config; give the config too, e.g. "
                          f"--speculative-config '{NGRAM_EXAMPLE}'")
     report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
-    print(format_table(report))
+    print(format_online_table(report))
     print(f"wrote {settings.out}/online.json and {settings.out}/online.png")
     return 0
 
 
 def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
-    from ..bench.offline import engine_settings
-    from ..bench.profile import Scenario, format_table, profile
-
     scenario = Scenario.quick() if settings.quick else Scenario()
     report = profile(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
-    print(format_table(report))
+    print(format_profile_table(report))
     print(f"wrote {settings.out}/profile.json")
     return 0
 
 
 def run_decode_steps(args: argparse.Namespace, settings: BenchSettings) -> int:
-    from ..bench.offline import engine_settings
-    from ..bench.profile import DecodeScenario, decode_steps, format_decode_steps
-
     scenario = DecodeScenario.quick() if settings.quick else DecodeScenario()
     report = decode_steps(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
     print(format_decode_steps(report))

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+from ..convert import ConvertSettings, convert
+from ..model.families import FAMILY_NAMES
 from .options import add_dataclass_options, given_values, source_help
 
 
 def register(subparsers) -> None:
-    from ..convert import ConvertSettings
-    from ..model.families import FAMILY_NAMES
-
     parser = subparsers.add_parser(
         "convert", help=f"turn a {FAMILY_NAMES} model into a SwiftKV model",
         description=f"Add SwiftKV projections to a {FAMILY_NAMES} model and write an HF-format SwiftKV folder "
@@ -22,8 +21,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..convert import ConvertSettings, convert
-
     report = convert(args.src, args.dst, **given_values(args, ConvertSettings))
     print(report.summary())
     print(f"wrote {args.dst}")

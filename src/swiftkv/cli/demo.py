@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..demo import demo
 from .options import add_dtype_option
 
 
@@ -17,7 +18,5 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..demo import demo
-
     demo(args.out, args.prompt_tokens, args.question, args.dtype)
     return 0

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 
+import torch.distributed as dist
+
+from ..distill.run import heldout_agreement, run_distillation
+from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings, settings_for
+from ..distill.setup import set_threads
+from ..distill.speed import measure_shared_vs_naive
+from ..files import write_atomic
 from .options import add_dataclass_options, given_values
 
 
 def register(subparsers) -> None:
-    from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings
-
     recipes = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
                         for name, values in RECIPES.items())
     parser = subparsers.add_parser(
@@ -35,11 +40,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..distill.run import heldout_agreement, run_distillation
-    from ..distill.settings import DistillSettings, settings_for
-    from ..distill.setup import set_threads
-    from ..distill.speed import measure_shared_vs_naive
-
     settings = settings_for(args.model, args.recipe, **given_values(args, DistillSettings))
     set_threads()
     if args.compare_naive or args.speed:
@@ -56,14 +56,10 @@ def run(args) -> int:
 
 
 def is_main_process() -> bool:
-    import torch.distributed as dist
-
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def write_json(path: str, payload: dict) -> None:
-    from ..files import write_atomic
-
     write_atomic(path, json.dumps(payload, indent=2) + "\n")
 
 

@@ -6,12 +6,18 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from transformers.utils import logging as hf_logging
+
+from ..dtypes import describe_choice
+from ..evaluate.report import write_report
+from ..evaluate.run import evaluate_models
+from ..evaluate.settings import EvalSettings, SweepSettings, non_negative
+from ..evaluate.sweep import run_sweep
 from .options import add_dataclass_options, given_values
 
 
 def register(subparsers) -> None:
-    from ..evaluate.settings import EvalSettings, SweepSettings
-
     parser = subparsers.add_parser(
         "eval", help="compare SwiftKV models with their teacher (lm-eval tasks + held-out chat agreement)",
         description="Score each MODEL and TEACHER on lm-eval multiple-choice tasks (offline data), held-out "
@@ -37,12 +43,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    from ..dtypes import describe_choice
-    from ..evaluate.settings import EvalSettings, SweepSettings, non_negative
-
     hf_logging.disable_progress_bar()  # per-file weight-loading bars would drown the scoring progress
     settings = EvalSettings(**given_values(args, EvalSettings), progress=not args.no_progress)
     sweep = SweepSettings(**given_values(args, SweepSettings))
@@ -53,15 +53,10 @@ def run(args) -> int:
     print(f"swiftkv eval: {describe_choice(settings.dtype)}", file=sys.stderr)
     started, cache = time.time(), Path(args.cache) if args.cache else None
     if sweep.sweep:
-        from ..evaluate.sweep import run_sweep
-
         if len(args.models) != 1:
             raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
         paths = run_sweep(args.models[0], sweep, settings, Path(args.out), cache)
     else:
-        from ..evaluate.report import write_report
-        from ..evaluate.run import evaluate_models
-
         paths = write_report(evaluate_models(args.models, args.teacher, settings, cache), Path(args.out))
     print(f"wrote {', '.join(map(str, paths))} ({time.time() - started:.0f} s)")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..sources import export
 from .options import source_help
 
 
@@ -19,7 +20,5 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..sources import export
-
     print(f"wrote {export(args.src, args.out, force=args.force)}")
     return 0

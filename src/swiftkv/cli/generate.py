@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from transformers import TextStreamer
+
+from ..dtypes import describe_choice, resolve_dtype
+from ..generation import chat_input_ids, generate_text
 from ..model.config import is_swiftkv
+from ..sources import load_model, load_tokenizer
 from .options import add_dtype_option, source_help
 
 
@@ -23,12 +28,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from transformers import TextStreamer
-
-    from ..dtypes import describe_choice, resolve_dtype
-    from ..generation import chat_input_ids, generate_text
-    from ..sources import load_model, load_tokenizer
-
     print(f"swiftkv generate: {describe_choice(args.dtype)}", file=sys.stderr)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype)), load_tokenizer(args.model)
     if args.teacher and not is_swiftkv(model):

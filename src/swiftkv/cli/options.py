@@ -15,6 +15,9 @@ import dataclasses
 import typing
 from typing import Any
 
+from ..dtypes import DTYPE_CHOICES
+from ..sources import SMOLLM2_ALIAS
+
 
 def option_name(field: dataclasses.Field) -> str:
     """--NAME, or --no-NAME for a setting that is on by default (the option switches it off)."""
@@ -59,13 +62,9 @@ def given_values(args: argparse.Namespace, settings_class: type) -> dict[str, An
 
 
 def source_help() -> str:
-    from ..sources import SMOLLM2_ALIAS
-
     return f"HF folder, .gguf file, or alias ({SMOLLM2_ALIAS}, {SMOLLM2_ALIAS}-swiftkv50, ...)"
 
 
 def add_dtype_option(parser) -> None:
-    from ..dtypes import DTYPE_CHOICES
-
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from ..replies import RepliesSettings, write_replies
 from .options import add_dataclass_options, given_values, source_help
 
 
 def register(subparsers) -> None:
-    from ..replies import RepliesSettings
-
     parser = subparsers.add_parser(
         "replies", help="write a model's greedy replies to the train prompts of --data (chat JSONL)",
         description="The teacher's (or a SwiftKV student's) greedy replies to the first user turn of each train "
@@ -20,8 +19,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..replies import RepliesSettings, write_replies
-
     cache = write_replies(RepliesSettings(source=args.src, **given_values(args, RepliesSettings)))
     print(f"wrote {cache.path}: {len(cache.replies)} replies ({cache.generated} generated now)")
     return 0

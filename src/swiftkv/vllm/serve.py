@@ -11,8 +11,15 @@ import sys
 from types import SimpleNamespace
 from typing import NoReturn
 
+import torch
+
 from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
+from ..model.config import head_dim_of
+from ..sources import resolve_source
 from .engine import KV_CACHE_BYTES
+from .env import configure_cpu_env
+from .kv_dtype import check_kv_cache_dtype
+from .speculative import check_speculative_options
 
 # Added to `vllm serve` unless the user passes the same option (or, for memory, any memory option).
 # KV memory is set explicitly because on CPU vLLM would otherwise take a share of RAM. The dtype
@@ -88,12 +95,6 @@ def check_neighbour_options(folder, vllm_args: list[str]) -> None:
     --kv-cache-dtype that vLLM's CPU engine cannot run (the plugin's config hook applies the same checks
     inside vLLM, for `vllm.LLM` and plain `vllm serve`)."""
 
-    import torch
-
-    from ..model.config import head_dim_of
-    from .kv_dtype import check_kv_cache_dtype
-    from .speculative import check_speculative_options
-
     check_speculative_options(vllm_args)
     kv_cache_dtype = user_value("--kv-cache-dtype", vllm_args)
     if kv_cache_dtype is not None and not torch.cuda.is_available():
@@ -104,9 +105,6 @@ def check_neighbour_options(folder, vllm_args: list[str]) -> None:
 def serve(model: str, vllm_args: list[str]) -> NoReturn:
     """Become vLLM's OpenAI server for a SwiftKV folder or alias (exec, so signals such as Ctrl-C or
     a supervisor's SIGTERM reach vLLM directly). `vllm_args` go to vLLM unchanged."""
-    from ..sources import resolve_source
-    from .env import configure_cpu_env
-
     folder = resolve_source(model)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")

@@ -15,6 +15,9 @@ from collections.abc import Iterable
 
 import torch
 
+from ..model.config import head_dim_of
+from .parallel import replicate_kv_heads
+
 LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 PACKED = {  # checkpoint module -> (vLLM module, shard id)
     "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
@@ -83,8 +86,6 @@ def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, to
     """Load checkpoint tensors into `model` (a SwiftKVForCausalLMBase); returns the parameters set."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # routing needs no vLLM
 
-    from ..model.config import head_dim_of
-    from .parallel import replicate_kv_heads
 
     params = dict(model.named_parameters())
     replicas = model.model.heads.kv_replicas  # tp > KV heads: each KV head is held by several ranks
