@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swiftkv.cli import main
-from swiftkv.files import TEMP_MARK, atomic_output_dir, cache_root, cached_folder
+from swiftkv.files import TEMP_MARK, atomic_file, atomic_output_dir, cache_root, cached_folder
 from tests.tiny import save_tiny_teacher
 
 
@@ -86,6 +86,16 @@ def test_outputs_follow_the_umask(tmp_path, mask):
             os.chmod(tmp / "sub" / "weights.bin", 0o600)
     assert mode(tmp_path / "out") == mode(tmp_path / "out" / "sub") == 0o777 & ~mask
     assert mode(tmp_path / "out" / "sub" / "weights.bin") == 0o666 & ~mask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_an_atomic_file_follows_the_umask_whatever_its_writer_gave_it(tmp_path, mask):
+    """safetensors' save_file writes 0600: the shipped-tensor files came out unreadable by other accounts."""
+    with umask(mask):
+        with atomic_file(tmp_path / "swiftkv.safetensors") as tmp:
+            tmp.write_bytes(b"tensors")
+            os.chmod(tmp, 0o600)
+    assert mode(tmp_path / "swiftkv.safetensors") == 0o666 & ~mask
 
 
 def build_privately(out: Path) -> None:

@@ -73,7 +73,7 @@ def give_umask_modes(root: Path) -> None:
     (e.g. the one serving the model) must be able to read what this one wrote."""
     umask = os.umask(0)
     os.umask(umask)
-    for path in [root, *root.rglob("*")]:
+    for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
         if not path.is_symlink():
             os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
 
@@ -81,7 +81,8 @@ def give_umask_modes(root: Path) -> None:
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `path` (same suffix, so writers that infer the format still work);
-    it replaces `path` on success and is removed on error, so `path` is never half-written."""
+    it replaces `path` on success and is removed on error, so `path` is never half-written. The file
+    gets the umask's mode, whatever mode its writer gave it (safetensors writes 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
@@ -91,6 +92,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    give_umask_modes(tmp)
     os.replace(tmp, path)
 
 
