@@ -131,11 +131,12 @@ def task_rows(results: EvalResults, student: StudentResult) -> list[str]:
 
 def eval_command(results: EvalResults, alias: str) -> str:
     """The command that wrote `results`: the full suite names every student and the item limits."""
+    floor = " --floor" if results.floor else ""
     if not any(s.tasks for s in results.students):
-        return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none"
+        return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none{floor}"
     students = " ".join(Path(s.pair.student).name for s in results.students)
     limits = ",".join(f"{task}={n}" for task, n in results.limits.items() if n)
-    return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}"
+    return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}{floor}"
 
 
 def chat_row(label: str, student: StudentResult) -> str:

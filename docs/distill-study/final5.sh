@@ -8,7 +8,8 @@
 #     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
 # Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed).
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
-# stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later).
+# stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later) and install
+# the tensors into that checkout's swiftkv/weights/ (commit them from there).
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
 export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
@@ -47,7 +48,7 @@ ship() {  # N, alias: install the tensors, score both students with the docs/eva
   local rank; rank=$(echo "$ARGS" | sed -n 's/.*--lora-rank \([0-9]*\).*/\1/p')
   $PY -c "import swiftkv; from swiftkv.sources import load_model as L
 from swiftkv.model.surgery import save_swiftkv_params as s
-s(L('$out'), '/work/main/src/swiftkv/weights/$alias', base='smollm2-135m-instruct', base_model=L('smollm2-135m-instruct'),
+s(L('$out'), '$PYTHONPATH/swiftkv/weights/$alias', base='smollm2-135m-instruct', base_model=L('smollm2-135m-instruct'),
   student_rank=${rank:-None})" || return 1
   /usr/bin/time -v $SK eval smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25 \
     --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --out eval-final5-n$n --no-progress \
