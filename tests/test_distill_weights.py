@@ -1,5 +1,6 @@
 """The shipped distilled models: `swiftkv export <alias>` = the wheel's SmolLM2 + the committed
-SwiftKV tensors, loadable with AutoModelForCausalLM, and it answers the Paris question."""
+SwiftKV tensors (+ the student's rank-r change of its later layers, for a `--trainable lora` student),
+loadable with AutoModelForCausalLM, and it answers the Paris question."""
 
 import json
 
@@ -9,6 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import swiftkv  # noqa: F401 - registers the Auto classes
+from swiftkv.model.surgery import split_student_deltas
 from swiftkv.sources import WEIGHTS_DIR, export, load_model, load_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -30,14 +32,26 @@ def greedy_answer(model, tokenizer, question: str) -> str:
 @pytest.mark.parametrize("alias", sorted(ALIASES))
 def test_exported_alias_is_the_base_model_plus_the_committed_tensors(tmp_path, base_state, alias):
     spec = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())
+    trained = spec.pop("student_trained", [])
+    rank = spec.pop("student_rank", None)
     assert spec == {"base": "smollm2-135m-instruct", "num_key_value_layers": ALIASES[alias], "key_value_group_size": 1}
+    assert trained in ([], ["self_attn.o_proj", "mlp"]) and (rank is None) == (not trained)
     export(alias, tmp_path / "out")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert model.config.swiftkv is True and model.config.num_key_value_layers == ALIASES[alias]
-    committed = load_file(WEIGHTS_DIR / alias / "swiftkv.safetensors")
+    committed, deltas = split_student_deltas(load_file(WEIGHTS_DIR / alias / "swiftkv.safetensors"))
     state = model.state_dict()
     assert all(torch.equal(state[name], tensor.float()) for name, tensor in committed.items())
+    # The student's own change: weight = base + delta_b @ delta_a, only on the later layers' trained modules.
+    changed = {key.removesuffix(".delta_b") for key in deltas if key.endswith(".delta_b")}
+    assert bool(changed) == bool(trained)
+    for name in changed:
+        assert int(name.split(".")[2]) >= ALIASES[alias] and any(f".{m}." in name for m in trained), name
+        delta = deltas[name + ".delta_b"].float() @ deltas[name + ".delta_a"].float()
+        assert delta.shape == base_state[name].shape and torch.linalg.matrix_rank(delta) <= rank
+        assert torch.equal(state[name], base_state[name] + delta)
     shared = [name for name in base_state if name in state]
-    assert len(shared) == len(base_state) and all(torch.equal(state[n], base_state[n]) for n in shared)
+    assert len(shared) == len(base_state)
+    assert all(torch.equal(state[n], base_state[n]) for n in shared if n not in changed)
     answer = greedy_answer(model, load_tokenizer(tmp_path / "out"), "What is the capital of France?")
     assert answer.startswith("The capital of France is Paris"), answer  # in English, as the teacher
