@@ -7,6 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from swiftkv.vllm import kv_dtype
+from swiftkv.vllm.kv_dtype import cpu_has_fp8_kernels
+
 pytestmark = pytest.mark.vllm  # imports vLLM
 SKIP_ROUTE = "skip"
 
@@ -265,10 +268,25 @@ def test_vllm_engine_config_of_a_swiftkv_model_refuses_what_cannot_run(swiftkv_a
 
 
 def test_vllm_engine_config_of_a_swiftkv_model_accepts_ngram_and_fp8(swiftkv_and_draft_folders):
+    """ngram with the fp8 cache where this CPU has vLLM's fp8 kernels (AVX-512 or AMX), ngram alone where not."""
     from vllm.engine.arg_utils import EngineArgs
 
     student, _ = swiftkv_and_draft_folders
-    config = EngineArgs(model=str(student), kv_cache_dtype="fp8", max_model_len=256, speculative_config={
+    kv_cache_dtype = "fp8" if cpu_has_fp8_kernels() else "auto"
+    config = EngineArgs(model=str(student), kv_cache_dtype=kv_cache_dtype, max_model_len=256, speculative_config={
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}).create_engine_config()
-    assert config.speculative_config.method == "ngram" and config.cache_config.cache_dtype == "fp8"
+    assert config.speculative_config.method == "ngram" and config.cache_config.cache_dtype == kv_cache_dtype
     assert config.cache_config.kv_sharing_fast_prefill is True
+
+
+def test_vllm_engine_config_refuses_fp8_on_a_cpu_without_its_kernels(swiftkv_and_draft_folders, monkeypatch):
+    """On a CPU without AVX-512 or AMX, vLLM 0.32 would fail inside the engine after the model loaded; the
+    plugin's config hook refuses first, with the fix in the message."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setattr(kv_dtype, "cpu_has_fp8_kernels", lambda: False)
+    student, _ = swiftkv_and_draft_folders
+    args = EngineArgs(model=str(student), kv_cache_dtype="fp8", max_model_len=256)
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8 needs a CPU with AVX-512 or AMX .*"
+                                         "use --kv-cache-dtype auto"):
+        args.create_engine_config()
