@@ -1,7 +1,8 @@
 """The result records (swiftkv/results.py): every committed JSON result under docs/ reads into its
 dataclass and writes back as the same dict, key order included (so the files stay byte-identical),
 and the reports, tables and cards rendered from them are the ones the dict-reading code rendered
-(tests/data/results/, written by the readers before they read attributes, at 878fe58)."""
+(tests/data/results/, written by the readers before they read attributes: at 878fe58, and the profile
+and decode-steps tables at 858299d)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,22 @@ DOCS = ROOT / "docs"
 
 
 def schema_of(path: Path):
-    from swiftkv.results import BenchResults, DistillSummary, EvalResults, OnlineResults
+    from swiftkv.results import (
+        BenchResults,
+        DecodeStepsResults,
+        DistillSummary,
+        EvalResults,
+        OnlineResults,
+        ProfileResults,
+    )
 
     name = path.name
     if name.endswith(("-eval.json", "-fulleval.json")):
         return EvalResults
     if name.endswith("-distill.json"):
         return DistillSummary
-    return {"bench.json": BenchResults, "online.json": OnlineResults}.get(name)
+    return {"bench.json": BenchResults, "online.json": OnlineResults, "profile.json": ProfileResults,
+            "decode-steps.json": DecodeStepsResults}.get(name)
 
 
 COMMITTED = sorted(p for p in DOCS.rglob("*.json") if schema_of(p) is not None)
@@ -33,7 +42,8 @@ COMMITTED = sorted(p for p in DOCS.rglob("*.json") if schema_of(p) is not None)
 
 def test_every_kind_of_result_is_committed():
     kinds = {schema_of(p).__name__ for p in COMMITTED}
-    assert kinds == {"EvalResults", "DistillSummary", "BenchResults", "OnlineResults"}
+    assert kinds == {"EvalResults", "DistillSummary", "BenchResults", "OnlineResults", "ProfileResults",
+                     "DecodeStepsResults"}
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
@@ -114,7 +124,7 @@ def load_card():
 
 def renderings() -> dict[str, str]:
     """Name -> text, every reader on committed results (the names of the files in tests/data/results)."""
-    from swiftkv.bench import offline, online_report
+    from swiftkv.bench import offline, online_report, profile
     from swiftkv.evaluate import report, sweep
 
     study = DOCS / "distill-study"
@@ -129,6 +139,9 @@ def renderings() -> dict[str, str]:
                                          [sweep.quality(s) for s in full["students"]]]),
         "online.table.txt": online_report.format_table(json.loads((DOCS / "bench" / "online" / "online.json").read_text())),
     }
+    out["profile.table.txt"] = profile.format_table(json.loads((DOCS / "bench" / "profile" / "profile.json").read_text()))
+    decode_steps = DOCS / "bench" / "online-spec" / "decode-steps" / "decode-steps.json"
+    out["decode-steps.table.txt"] = profile.format_decode_steps(json.loads(decode_steps.read_text()))
     for name in ("auto", "bfloat16"):
         out[f"bench-{name}.table.txt"] = offline.format_table(json.loads((DOCS / "bench" / name / "bench.json").read_text()))
     card = load_card()

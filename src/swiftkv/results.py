@@ -1,5 +1,6 @@
 """The schemas of the results swiftkv writes, one definition each: `results.json` of `swiftkv eval`
-(EvalResults), `bench.json` / `online.json` of `swiftkv bench` (BenchResults, OnlineResults) and
+(EvalResults), `bench.json` / `online.json` / `profile.json` / `decode-steps.json` of `swiftkv bench`
+(BenchResults, OnlineResults, ProfileResults, DecodeStepsResults) and
 `distill.json` of `swiftkv distill` (DistillSummary).
 
 Each is a small frozen dataclass read by attribute (`results.students[0].teacher_forced.kl_mean`), so a
@@ -319,6 +320,64 @@ class OnlineResults(Record):
     sessions: list[dict] | None = None
     results: dict[str, list[RateResult | None]] | None = None  # model -> per rate (None: not run)
     summary: OnlineSummary | None = None
+
+
+@record
+class TopOp(Record):
+    """One operator of a profiled step, by self time (`bench.profile.region_times`)."""
+
+    op: str | None = None
+    self_s: float | None = None
+    calls: int | None = None
+
+
+@record
+class ModelProfile(Record):
+    """One model's mixed prefill/decode step: timed (medians) and under torch's profiler."""
+
+    mixed_step_s: float | None = None
+    decode_step_s: float | None = None
+    prompt_in_one_step: bool | None = None
+    profiled_step_s: float | None = None
+    regions: dict[str, float] | None = None  # record_function range -> inclusive CPU seconds
+    top_ops: list[TopOp] | None = None
+
+
+@record
+class ProfileResults(Record):
+    """`profile.json` of `swiftkv bench --profile`."""
+
+    model: str | None = None
+    baseline_model: str | None = None
+    settings: dict[str, Any] | None = None  # the engine options both models ran with
+    scenario: dict[str, int] | None = None  # bench.profile.Scenario's fields
+    date: str | None = None
+    baseline: ModelProfile | None = None
+    swiftkv: ModelProfile | None = None
+
+
+@record
+class ModelDecodeSteps(Record):
+    """One model's timed decode-only steps (`bench.profile.time_decode_steps`)."""
+
+    step_s: list[float] | None = None
+    median_step_s: float | None = None
+    mean_step_s: float | None = None
+    every_step_decoded_the_whole_batch: bool | None = None
+
+
+@record
+class DecodeStepsResults(Record):
+    """`decode-steps.json` of `swiftkv bench --decode-steps`."""
+
+    model: str | None = None
+    baseline_model: str | None = None
+    settings: dict[str, Any] | None = None
+    scenario: dict[str, int] | None = None  # bench.profile.DecodeScenario's fields
+    date: str | None = None
+    baseline: ModelDecodeSteps | None = None
+    swiftkv: ModelDecodeSteps | None = None
+    median_step_ratio: float | None = None  # swiftkv / baseline
 
 
 # --------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ import torch
 
 from ..files import write_atomic
 from ..plots import figure
+from ..results import DecodeStepsResults, ModelProfile, ProfileResults
 from ..sources import resolve_source
 from ..vllm.engine import engine_kwargs, in_process_engine
 from .offline import PromptMaker
@@ -189,9 +190,9 @@ def profile_model(model: str, settings: dict, scenario: dict) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
-def breakdown(result: dict) -> dict:
+def breakdown(result: ModelProfile) -> dict:
     """The step's profiled time in parts (s): our glue, the compiled model parts, and vLLM's rest."""
-    regions = result["regions"]
+    regions = result.regions
     step, model = regions.get(STEP, 0.0), regions.get(MODEL, 0.0)
     parts = {"model forward": model}
     parts.update({name: regions[name] for name in SWIFTKV_REGIONS if name in regions})
@@ -200,25 +201,26 @@ def breakdown(result: dict) -> dict:
     return parts
 
 
-def format_table(report: dict) -> str:
-    s = report["scenario"]
-    base, swift = report["baseline"], report["swiftkv"]
-    rows = [f"one mixed step: {s['decodes']} decoding requests + one {s['prompt_len']}-token prompt "
-            f"({report['settings']['dtype']})",
+def format_table(report: ProfileResults | dict) -> str:
+    report = ProfileResults.of(report)
+    s = Scenario(**report.scenario)
+    base, swift = report.baseline, report.swiftkv
+    rows = [f"one mixed step: {s.decodes} decoding requests + one {s.prompt_len}-token prompt "
+            f"({report.settings['dtype']})",
             f"{'':<62}{'baseline ms':>12}{'SwiftKV ms':>12}"]
 
     def row(label, b, w):
         rows.append(f"{label:<62}{'-' if b is None else f'{b * 1e3:.1f}':>12}{'-' if w is None else f'{w * 1e3:.1f}':>12}")
 
-    row("mixed step, unprofiled (median of 3)", base["mixed_step_s"], swift["mixed_step_s"])
-    row("decode-only step, unprofiled (median of 3)", base["decode_step_s"], swift["decode_step_s"])
-    row("mixed step under the profiler", base["regions"].get(STEP), swift["regions"].get(STEP))
+    row("mixed step, unprofiled (median of 3)", base.mixed_step_s, swift.mixed_step_s)
+    row("decode-only step, unprofiled (median of 3)", base.decode_step_s, swift.decode_step_s)
+    row("mixed step under the profiler", base.regions.get(STEP), swift.regions.get(STEP))
     base_parts, swift_parts = breakdown(base), breakdown(swift)
     for label in swift_parts:
         row(f"  {label}", base_parts.get(label), swift_parts[label])
     for label, result in (("baseline", base), ("SwiftKV", swift)):
         rows.append(f"top operators by self time, {label}:")
-        rows += [f"  {op['op'][:58]:<58}{op['self_s'] * 1e3:>10.1f} ms  x{op['calls']}" for op in result["top_ops"]]
+        rows += [f"  {op.op[:58]:<58}{op.self_s * 1e3:>10.1f} ms  x{op.calls}" for op in result.top_ops]
     return "\n".join(rows)
 
 
@@ -262,29 +264,32 @@ def decode_steps(model: str, baseline: str, settings: dict, out: Path, scenario:
     return report
 
 
-def format_decode_steps(report: dict) -> str:
-    s = report["scenario"]
-    base, swift = report["baseline"], report["swiftkv"]
-    rows = [f"decode-only steps: {s['batch']} sequences of {s['context_len']} prompt tokens, {s['steps']} steps "
-            f"timed after {s['warmup_steps']} ({report['settings']['dtype']})",
+def format_decode_steps(report: DecodeStepsResults | dict) -> str:
+    report = DecodeStepsResults.of(report)
+    s = DecodeScenario(**report.scenario)
+    base, swift = report.baseline, report.swiftkv
+    rows = [f"decode-only steps: {s.batch} sequences of {s.context_len} prompt tokens, {s.steps} steps "
+            f"timed after {s.warmup_steps} ({report.settings['dtype']})",
             f"{'':<28}{'baseline ms':>12}{'SwiftKV ms':>12}{'ratio':>8}"]
-    for label, key in (("median step", "median_step_s"), ("mean step", "mean_step_s")):
-        rows.append(f"{label:<28}{base[key] * 1e3:>12.2f}{swift[key] * 1e3:>12.2f}{swift[key] / base[key]:>8.3f}")
-    if not (base["every_step_decoded_the_whole_batch"] and swift["every_step_decoded_the_whole_batch"]):
+    for label, b, w in (("median step", base.median_step_s, swift.median_step_s),
+                        ("mean step", base.mean_step_s, swift.mean_step_s)):
+        rows.append(f"{label:<28}{b * 1e3:>12.2f}{w * 1e3:>12.2f}{w / b:>8.3f}")
+    if not (base.every_step_decoded_the_whole_batch and swift.every_step_decoded_the_whole_batch):
         rows.append("warning: some timed step did not decode every sequence (not a pure decode step of the batch)")
     return "\n".join(rows)
 
 
-def plot_decode_steps(report: dict, path: Path) -> None:
+def plot_decode_steps(report: DecodeStepsResults | dict, path: Path) -> None:
     """Each timed step's wall time, both models, medians dashed: drift or outliers show at a glance."""
+    report = DecodeStepsResults.of(report)
     with figure(path, (8, 4)) as (_, axis):
-        for model, label, color in (("baseline", "baseline", "tab:gray"), ("swiftkv", "SwiftKV", "tab:blue")):
-            times = [t * 1e3 for t in report[model]["step_s"]]
+        for result, label, color in ((report.baseline, "baseline", "tab:gray"), (report.swiftkv, "SwiftKV", "tab:blue")):
+            times = [t * 1e3 for t in result.step_s]
             axis.plot(range(len(times)), times, ".", color=color, label=label)
-            axis.axhline(report[model]["median_step_s"] * 1e3, color=color, linestyle="--", linewidth=1)
-        s = report["scenario"]
+            axis.axhline(result.median_step_s * 1e3, color=color, linestyle="--", linewidth=1)
+        s = DecodeScenario(**report.scenario)
         axis.set(xlabel="decode step", ylabel="step time (ms)",
-                 title=f"decode-only steps, {s['batch']} x {s['context_len']} tokens: "
-                       f"SwiftKV / baseline median {report['median_step_ratio']:.3f}")
+                 title=f"decode-only steps, {s.batch} x {s.context_len} tokens: "
+                       f"SwiftKV / baseline median {report.median_step_ratio:.3f}")
         axis.grid(alpha=0.3)
         axis.legend()
