@@ -3,7 +3,8 @@
 # on CPU, then the same full-suite eval command as docs/eval-full with the floor row added.
 #
 #   final5.sh ARM [STAGE...]     ARM: an arm of arms4.sh (its distill options); STAGES (default all):
-#     replies   the teacher's replies for 2M tokens (vLLM; appended, so an interrupted run resumes)
+#     replies   the teacher's replies for 2M tokens (vLLM; appended, so an interrupted run resumes; seeded
+#               from final5-replies-ids.jsonl.xz beside this script on a machine that has none)
 #     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
 #     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
 # Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed).
@@ -20,8 +21,13 @@ ARM=$1; shift
 ARGS=$(arm_args "$ARM") || exit 2
 STAGES=${*:-replies n15 ship15 n22 ship22}
 TOKENS=2000896  # 2M rounded up to whole steps of 2048 tokens, as distill rounds --tokens
+# The teacher's replies as token ids only (key, reply_ids, finished; no ShareGPT text), kept in the repository
+# so that a new machine skips the replies it holds: the reply cache reads such records as it reads its own.
+IDS="$(cd "$(dirname "$0")" && pwd)/final5-replies-ids.jsonl.xz"
 cd /work/runs
-[ -f replies-final5.jsonl ] || cp replies-64.jsonl replies-final5.jsonl
+if [ ! -f replies-final5.jsonl ]; then
+  if [ -f "$IDS" ]; then xz -dc "$IDS" > replies-final5.jsonl; else cp replies-64.jsonl replies-final5.jsonl; fi
+fi
 for n in 15 22; do
   [ -f n$n-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$n-lstsq --num-key-value-layers $n --init lstsq \
     > convert$n.log 2>&1 || exit 1
