@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 
 from swiftkv.vllm import kv_dtype
-from swiftkv.vllm.kv_dtype import cpu_has_fp8_kernels
 
 pytestmark = pytest.mark.vllm  # imports vLLM
 SKIP_ROUTE = "skip"
@@ -272,7 +271,7 @@ def test_vllm_engine_config_of_a_swiftkv_model_accepts_ngram_and_fp8(swiftkv_and
     from vllm.engine.arg_utils import EngineArgs
 
     student, _ = swiftkv_and_draft_folders
-    kv_cache_dtype = "fp8" if cpu_has_fp8_kernels() else "auto"
+    kv_cache_dtype = "fp8" if kv_dtype.cpu_has_fp8_kernels() else "auto"
     config = EngineArgs(model=str(student), kv_cache_dtype=kv_cache_dtype, max_model_len=256, speculative_config={
         "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}).create_engine_config()
     assert config.speculative_config.method == "ngram" and config.cache_config.cache_dtype == kv_cache_dtype
