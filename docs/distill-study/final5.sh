@@ -56,8 +56,10 @@ ship() {  # N, alias: install the tensors, score both students with the docs/eva
 from swiftkv.model.surgery import save_swiftkv_params as s
 s(L('$out'), '$PYTHONPATH/swiftkv/weights/$alias', base='smollm2-135m-instruct', base_model=L('smollm2-135m-instruct'),
   student_rank=${rank:-None})" || return 1
+  # fp32 on every CPU: the full-suite rows of docs/eval-full were all scored in fp32 (dtype auto chose it on
+  # the machines that ran them), and a row compares with another only at the same dtype.
   /usr/bin/time -v $SK eval smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25 \
-    --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --out eval-final5-n$n --no-progress \
+    --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-final5-n$n --no-progress \
     > eval-final5-n$n.log 2>&1 || return 1
   $SK generate $alias "What is the capital of France?" > paris5-n$n.txt 2> paris5-n$n.err
   date > shipped5-n$n.txt
