@@ -43,6 +43,7 @@ def test_cli_writes_a_swiftkv_folder_where_only_swiftkv_weights_changed(tiny_run
         assert same != (name in trained), name
     summary = json.loads((tmp_path / "out" / "distill.json").read_text())
     assert summary["steps"] == 4 and summary["train_tokens"] == 512
+    assert summary["compute_dtype"] == "float32"  # what the steps ran in, beside the setting as given
     assert summary["heldout_after"]["kl"] < summary["heldout_before"]["kl"]
     # --eval-only on the written folder reproduces the run's final held-out numbers (same split).
     assert main(["distill", str(tmp_path / "out"), "--data", str(data), *TRAIN_ARGS, "--eval-only",

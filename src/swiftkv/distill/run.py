@@ -42,7 +42,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     model, tokenizer = load_student(settings)
     started = time.time()
     state = distill(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
-    summary = run_summary(settings, state)
+    summary = run_summary(settings, state, world.device)
     wrote = world.is_main and finished(state)
     if wrote:
         write_output(settings, model, tokenizer, summary)

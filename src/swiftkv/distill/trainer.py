@@ -24,7 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..data.packing import Blocks, load_blocks
-from ..dtypes import autocast, resolve_dtype
+from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from . import microbatch, trainable
@@ -327,12 +327,14 @@ def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
 
 
-def run_summary(settings: DistillSettings, state: RunState) -> dict:
+def run_summary(settings: DistillSettings, state: RunState, device: torch.device) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len
     return {
         "settings": asdict(settings),
+        # What `--dtype auto` chose on this machine: the settings keep only "auto".
+        "compute_dtype": dtype_name(resolve_dtype(settings.dtype, device)),
         "steps": state.step,
         "micro_batch": state.micro_batch,
         "train_tokens": tokens,
