@@ -11,9 +11,16 @@ from swiftkv.distill.checkpoint import trained_parameters
 from swiftkv.distill.run import run_distillation
 from swiftkv.distill.settings import DistillSettings, settings_for
 from swiftkv.distill.trainable import install, max_lora_rank, student_weights
-from swiftkv.distill.trainer import BatchSizes, SharedPrefixDistiller, distill, optimizer_for, train_step
+from swiftkv.distill.trainer import (
+    BatchSizes,
+    SharedPrefixDistiller,
+    cast_frozen,
+    distill,
+    optimizer_for,
+    train_step,
+)
 from swiftkv.distill.world import World
-from swiftkv.model.surgery import load_trained
+from swiftkv.model.surgery import load_trained, student_deltas
 from tests.test_distill_train import blocks_for, run_settings
 from tests.tiny import random_chats, save_tiny_folder, tiny_student, tiny_tokenizer, write_jsonl
 
@@ -78,12 +85,29 @@ def test_merged_weights_reproduce_the_trained_student(trainable):
     source = copy.deepcopy(model)
     blocks = blocks_for(model)
     one_step(model, blocks, *prepared(model, trainable))
-    merged = student_weights(model)
+    merged = student_weights(model, source.state_dict())
     load_trained(source, {n: p for n, p in trained_parameters(model).items() if "swiftkv" in n})
     load_trained(source, merged, dict(source.named_parameters()))
     trained = pair_of(model, blocks).student
     plain = pair_of(source, blocks).student
     assert (trained - plain).abs().max().item() < 1e-5
+
+
+def test_a_bf16_run_merges_its_adapters_onto_the_source_weights_at_the_adapters_rank():
+    # A bf16 run casts the frozen weights for compute; merging onto that copy made the folder differ from
+    # the source at full rank (bf16 rounding), and the rank-4 export refused it (2026-11-26, N = 22).
+    torch.manual_seed(3)
+    model, source = tiny_student(), tiny_student()
+    install(model, "lora", 4)
+    for name, parameter in model.named_parameters():
+        if name.endswith("lora_b"):
+            torch.nn.init.normal_(parameter, std=0.02)  # a trained adapter: B is no longer zero
+    cast_frozen(model, torch.bfloat16)
+    student = copy.deepcopy(source)
+    load_trained(student, student_weights(model, source.state_dict()), dict(student.named_parameters()))
+    student.config.swiftkv_student_trained = ["self_attn.o_proj", "mlp"]
+    factors = student_deltas(student, source, 4)
+    assert len(factors) == 2 * 3 * 4  # o_proj, gate/up/down of layers 3-5, two factors each
 
 
 def test_rank_out_of_range_and_a_rank_without_lora_are_refused():

@@ -75,7 +75,7 @@ def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> 
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
     output = load_model(settings.source, dtype=torch.float32)
     load_trained(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
-    merged = student_weights(model)
+    merged = student_weights(model, output.state_dict())
     if merged:
         load_trained(output, merged, dict(output.named_parameters()))
         output.config.swiftkv_student_trained = list(STUDENT_MODULES[settings.trainable])

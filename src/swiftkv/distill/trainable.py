@@ -55,11 +55,12 @@ class LowRankAdapter(nn.Module):
             out = out + nn.functional.linear(nn.functional.linear(x, self.lora_a), self.lora_b)
         return out
 
-    def merged(self) -> dict[str, torch.Tensor]:
-        weight = self.base.weight.detach().float() + self.lora_b.detach() @ self.lora_a.detach()
-        merged = {"weight": weight}
-        if self.base.bias is not None:
-            merged["bias"] = self.base.bias.detach().float()
+    def merged(self, originals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # Onto the source's own weight, not self.base's: a bf16 run casts that frozen copy for compute, and
+        # its rounding would make the folder differ from the source at full rank, not by B @ A.
+        merged = {"weight": originals["weight"].float() + self.lora_b.detach() @ self.lora_a.detach()}
+        if "bias" in originals:
+            merged["bias"] = originals["bias"].float()
         return merged
 
 
@@ -74,8 +75,8 @@ class StudentCopy(nn.Module):
     def forward(self, *args, **kwargs):
         return (self.copy if on_student_path() else self.original)(*args, **kwargs)
 
-    def merged(self) -> dict[str, torch.Tensor]:
-        return {name: p.detach().float() for name, p in self.copy.state_dict().items()}
+    def merged(self, originals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {name: p.detach().float() for name, p in self.copy.state_dict().items()}  # trained in fp32
 
 
 STUDENT_WRAPPERS = (LowRankAdapter, StudentCopy)
@@ -136,11 +137,13 @@ def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int) -
         setattr(owner, name, adapter)
 
 
-def student_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+def student_weights(model: nn.Module, source: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The student's versions of the wrapped weights, merged, under the original parameter names
-    (what a distilled folder holds for them)."""
+    (what a distilled folder holds for them). `source`: the unwrapped source model's state dict, in the
+    dtype it was stored in, onto which adapters are merged."""
     weights = {}
     for path, module in model.named_modules():
         if isinstance(module, STUDENT_WRAPPERS):
-            weights.update({f"{path}.{name}": tensor for name, tensor in module.merged().items()})
+            originals = {name: source[f"{path}.{name}"] for name in ("weight", "bias") if f"{path}.{name}" in source}
+            weights.update({f"{path}.{name}": tensor for name, tensor in module.merged(originals).items()})
     return weights
