@@ -7,7 +7,8 @@
 #               from final5-replies-ids.jsonl.xz beside this script on a machine that has none)
 #     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
 #     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
-# Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed).
+# Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed);
+# EVAL_STUDENTS="ALIAS..." names the students a ship stage scores (default: both).
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
 # stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later) and install
 # the tensors into that checkout's swiftkv/weights/ (commit them from there).
@@ -58,7 +59,10 @@ s(L('$out'), '$PYTHONPATH/swiftkv/weights/$alias', base='smollm2-135m-instruct',
   student_rank=${rank:-None})" || return 1
   # fp32 on every CPU: the full-suite rows of docs/eval-full were all scored in fp32 (dtype auto chose it on
   # the machines that ran them), and a row compares with another only at the same dtype.
-  /usr/bin/time -v $SK eval smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25 \
+  # EVAL_STUDENTS: the students scored (default both). Each row is its own student paired with the same
+  # teacher, so a CPU too slow for both in one session scores the new one alone and its row compares.
+  # shellcheck disable=SC2086
+  /usr/bin/time -v $SK eval ${EVAL_STUDENTS:-smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25} \
     --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-final5-n$n --no-progress \
     > eval-final5-n$n.log 2>&1 || return 1
   $SK generate $alias "What is the capital of France?" > paris5-n$n.txt 2> paris5-n$n.err
