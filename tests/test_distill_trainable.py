@@ -97,7 +97,8 @@ def test_a_bf16_run_merges_its_adapters_onto_the_source_weights_at_the_adapters_
     # A bf16 run casts the frozen weights for compute; merging onto that copy made the folder differ from
     # the source at full rank (bf16 rounding), and the rank-4 export refused it (2026-11-26, N = 22).
     torch.manual_seed(3)
-    model, source = tiny_student(), tiny_student()
+    model = tiny_student()
+    source = copy.deepcopy(model)  # the unwrapped source, in fp32
     install(model, "lora", 4)
     for name, parameter in model.named_parameters():
         if name.endswith("lora_b"):
