@@ -10,7 +10,9 @@ from swiftkv.distill.settings import DistillSettings
 from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
+    accumulate_gradients,
     distill,
+    evaluate,
     freeze_all_but_swiftkv,
     lr_at,
     swiftkv_parameters,
@@ -222,3 +224,33 @@ def test_one_process_trains_on_the_gpu_when_there_is_one(monkeypatch):
     assert init_world().device == torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert init_world().device == torch.device("cpu")
+
+
+def test_a_micro_batch_without_trained_positions_adds_nothing_and_the_run_goes_on(tmp_path):
+    """A block of user text only (no assistant token) used to crash the student's row selection
+    (`cannot reshape tensor of 0 elements` in late_student): it now adds zero loss and zero gradient,
+    in training and in the held-out evaluation alike."""
+    torch.manual_seed(4)
+    model = tiny_student()
+    blocks = blocks_for(model)
+    blocks.loss_mask[1] = False
+    step = DistillSettings(source="tiny", micro_batch=1, dtype="float32").step_settings()
+    parameters = freeze_all_but_swiftkv(model)
+
+    def loss_and_grads(which):
+        for p in parameters:
+            p.grad = None
+        loss = accumulate_gradients(SharedPrefixDistiller(model), model, which, BatchSizes.of(blocks), step, World())
+        return loss, [p.grad.clone() for p in parameters]
+
+    (both, both_grads), (first, first_grads) = loss_and_grads(blocks), loss_and_grads(blocks.select(slice(0, 1)))
+    assert both == first > 0 and all(torch.equal(a, b) for a, b in zip(both_grads, first_grads, strict=True))
+    measured, alone = evaluate(model, blocks, step, World()), evaluate(model, blocks.select(slice(0, 1)), step, World())
+    assert measured == alone and measured["positions"] == int(blocks.loss_mask[0].sum())
+    # End to end, as a new user met it: long user turns, short replies, one block per forward.
+    chats = [{"messages": [{"role": "user", "content": " ".join(["word"] * 120)},
+                           {"role": "assistant", "content": "ok"}]} for _ in range(40)]
+    settings = run_settings(tmp_path, data=str(write_jsonl(tmp_path / "long-questions.jsonl", chats)),
+                            targets="human", micro_batch=1, tokens=32 * 4 * 2)
+    state = distill(settings, tiny_student(), tiny_tokenizer())
+    assert state.step == 2 and all(h["loss"] >= 0 for h in state.history if "loss" in h)

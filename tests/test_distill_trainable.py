@@ -37,6 +37,7 @@ def prepared(model, trainable):
     """(settings, optimizer) of a one-step run; installs the trainable set."""
     settings = DistillSettings(source="tiny", trainable=trainable, lora_rank=4 if trainable == "lora" else None,
                                batch_size=2, micro_batch=1, lr=1e-2, late_lr=1e-2, dtype="float32")
+    install(model, settings.trainable, settings.lora_rank)
     return settings, optimizer_for(model, settings)
 
 
@@ -85,7 +86,7 @@ def test_merged_weights_reproduce_the_trained_student(trainable):
     source = copy.deepcopy(model)
     blocks = blocks_for(model)
     one_step(model, blocks, *prepared(model, trainable))
-    merged = student_weights(model, source.state_dict())
+    merged = student_weights(trained_parameters(model), source.state_dict())
     load_trained(source, {n: p for n, p in trained_parameters(model).items() if "swiftkv" in n})
     load_trained(source, merged, dict(source.named_parameters()))
     trained = pair_of(model, blocks).student
@@ -105,7 +106,8 @@ def test_a_bf16_run_merges_its_adapters_onto_the_source_weights_at_the_adapters_
             torch.nn.init.normal_(parameter, std=0.02)  # a trained adapter: B is no longer zero
     cast_frozen(model, torch.bfloat16)
     student = copy.deepcopy(source)
-    load_trained(student, student_weights(model, source.state_dict()), dict(student.named_parameters()))
+    load_trained(student, student_weights(trained_parameters(model), source.state_dict()),
+                 dict(student.named_parameters()))
     student.config.swiftkv_student_trained = ["self_attn.o_proj", "mlp"]
     factors = student_deltas(student, source, 4)
     assert len(factors) == 2 * 3 * 4  # o_proj, gate/up/down of layers 3-5, two factors each
@@ -196,3 +198,14 @@ def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):
     with pytest.raises(ValueError, match="by more than rank 16"):
         save_swiftkv_params(load_model(late), tmp_path / "y", base=str(tmp_path / "base"), base_model=base,
                             student_rank=16)
+
+
+def test_adapters_start_from_the_run_seed_not_the_process_random_state():
+    """Every process of a sharded run initialises its own copy, and two runs of the same settings must
+    start alike: the adapters' A factors come from the run's seed alone."""
+    factors = []
+    for process_seed, run_seed in ((1, 0), (2, 0), (1, 5)):
+        torch.manual_seed(process_seed)
+        trained = install(tiny_student(), "lora", 4, seed=run_seed)
+        factors.append(torch.cat([p.flatten() for n, p in trained.items() if n.endswith("lora_a")]))
+    assert torch.equal(factors[0], factors[1]) and not torch.equal(factors[0], factors[2])

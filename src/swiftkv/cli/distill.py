@@ -6,6 +6,7 @@ import json
 
 import torch.distributed as dist
 
+from ..distill.plan import print_plan
 from ..distill.run import heldout_agreement, run_distillation
 from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings, settings_for
 from ..distill.setup import set_threads
@@ -35,13 +36,24 @@ def register(subparsers) -> None:
     parser.add_argument("--eval-only", action="store_true",
                         help="print the held-out KL / top-1 agreement of MODEL on the run's held-out split, "
                         "train nothing")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the memory per process of this run (weights, trained parameters, gradients, "
+                        "optimizer state, activations) for DDP and FSDP at --world-size processes, train nothing; "
+                        "MODEL may be a folder holding only a SwiftKV config.json")
+    parser.add_argument("--world-size", type=int, default=1, metavar="K", help="processes the --plan is for")
     parser.add_argument("--json", help="also write the run summary / measurement JSON here")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     settings = settings_for(args.model, args.recipe, **given_values(args, DistillSettings))
+    if args.plan:
+        print_plan(settings, args.world_size, args.json)
+        return 0
     set_threads()
+    if settings.fsdp and (args.compare_naive or args.speed or args.eval_only):
+        raise ValueError("--fsdp applies to a training run; --speed, --compare-naive and --eval-only run one "
+                         "process on the whole model: drop --fsdp")
     if args.compare_naive or args.speed:
         return report(measure_shared_vs_naive(settings, args.compare_naive or args.speed,
                                               naive=bool(args.compare_naive)), args.json)

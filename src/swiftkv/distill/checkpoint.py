@@ -1,19 +1,34 @@
-"""Checkpoints of a distillation run: the trained tensors, the AdamW state and the run state, in one
-file written atomically, so a kill at any moment leaves the previous checkpoint. A run is a pure
-function of its settings and step index, so resuming replays exactly."""
+"""Checkpoints of a distillation run: the trained tensors, the AdamW state and the run state, written
+so that a kill at any moment leaves the previous checkpoint. A run is a pure function of its settings
+and step index, so resuming replays exactly.
+
+One process (or DDP, where every process holds the same tensors): one file, `checkpoint.pt`, written by
+process 0 to a temp file and renamed. Under --fsdp every process writes its shards with
+torch.distributed.checkpoint into `shards-stepNNNNNNNN/` (a temp folder, renamed when all are done);
+then process 0 writes `checkpoint.pt` with the run state and that folder's name, the commit point, and
+only then removes older shard folders. The folder must be one every process sees (a shared file
+system across nodes). DCP reshards on load, so a run may resume at another world size.
+"""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
 from ..sources import resolve_source
 from .settings import SETTING_DEFAULTS, DistillSettings, RunIdentity
+from .world import World, barrier
+
+SHARDS_PREFIX = "shards-step"
+SHARDED_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)  # frozen weights: the source's
 
 
 @dataclass
@@ -25,22 +40,65 @@ class RunState:
     micro_batch: int | None = None  # blocks per forward this segment used (--micro-batch auto resolves it)
 
 
-def save_checkpoint(path: Path, model: nn.Module, optimizer, state: RunState, identity: RunIdentity) -> None:
-    """Written to a temp file then renamed: a kill at any moment leaves the previous checkpoint."""
-    payload = {
-        "fingerprint": identity.fingerprint(),
-        "state": asdict(state),
-        "trained": {name: p.detach().clone() for name, p in trained_parameters(model).items()},
-        "optimizer": optimizer.state_dict(),
-    }
-    with atomic_file(path) as tmp:
-        torch.save(payload, tmp)
+def inner_model(distiller: nn.Module) -> nn.Module:
+    """The model a distiller runs (through DDP's wrapper when there is one)."""
+    return getattr(distiller, "module", distiller).model
 
 
-def load_checkpoint(path: Path, model: nn.Module, optimizer, identity: RunIdentity) -> RunState:
-    payload = torch.load(check_resumable(path, identity), map_location="cpu", weights_only=False)
-    load_trained(model, payload["trained"], trained_parameters(model))
-    optimizer.load_state_dict(payload["optimizer"])
+def save_checkpoint(path: Path, distiller: nn.Module, optimizer, state: RunState, identity: RunIdentity,
+                    world: World) -> None:
+    """A kill at any moment leaves the previous checkpoint (see the module docstring)."""
+    payload = {"fingerprint": identity.fingerprint(), "state": asdict(state)}
+    if world.fsdp:
+        payload["shards"] = save_shards(path.parent, distiller, optimizer, state.step, world)
+    else:
+        if not world.is_main:
+            return
+        trained = trained_parameters(inner_model(distiller))
+        payload |= {"trained": {name: p.detach().clone() for name, p in trained.items()},
+                    "optimizer": optimizer.state_dict()}
+    if world.is_main:
+        with atomic_file(path) as tmp:
+            torch.save(payload, tmp)
+    if world.fsdp:
+        if world.is_main:
+            for old in path.parent.glob(f"{SHARDS_PREFIX}*"):
+                if old.name != payload["shards"]:
+                    shutil.rmtree(old, ignore_errors=True)
+        barrier(world)
+
+
+def save_shards(folder: Path, distiller: nn.Module, optimizer, step: int, world: World) -> str:
+    """Every process's shards of the trained tensors and optimizer state, in a folder renamed into place
+    once all are written; returns its name."""
+    name = f"{SHARDS_PREFIX}{step:08d}"
+    tmp = folder / f"{name}.tmp"
+    if world.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier(world)
+    model_state, optimizer_state = get_state_dict(distiller, optimizer, options=SHARDED_OPTIONS)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    barrier(world)
+    if world.is_main:
+        shutil.rmtree(folder / name, ignore_errors=True)
+        tmp.rename(folder / name)
+    barrier(world)
+    return name
+
+
+def load_checkpoint(path: Path, distiller: nn.Module, optimizer, identity: RunIdentity, world: World) -> RunState:
+    payload = torch.load(check_resumable(path, identity, world.fsdp), map_location="cpu", weights_only=False)
+    if world.fsdp:
+        model_state, optimizer_state = get_state_dict(distiller, optimizer, options=SHARDED_OPTIONS)
+        saved = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(saved, checkpoint_id=path.parent / payload["shards"])
+        set_state_dict(distiller, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"],
+                       options=SHARDED_OPTIONS)
+    else:
+        model = inner_model(distiller)
+        load_trained(model, payload["trained"], trained_parameters(model))
+        optimizer.load_state_dict(payload["optimizer"])
     return RunState(**payload["state"])
 
 
@@ -49,12 +107,14 @@ def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def check_resumable(path: Path, identity: RunIdentity) -> Path:
-    """The checkpoint at `path` exists and was written by this run: same model, same settings.
-    Memory-mapped, so checking costs no read of the tensors (run before any long work)."""
+def check_resumable(path: Path, identity: RunIdentity, fsdp: bool = False) -> Path:
+    """The checkpoint at `path` exists, was written by this run (same model, same settings) and in the
+    layout this run reads (sharded under --fsdp, whole otherwise). Memory-mapped, so checking costs no
+    read of the tensors (run before any long work)."""
     if not path.is_file():
         raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
-    saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
+    payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    saved = payload["fingerprint"]
     now = identity.fingerprint(by_content="source" not in saved)
     # A setting missing from an older checkpoint did not exist then: that run behaved as its default.
     then = {k: saved.get(k, SETTING_DEFAULTS.get(k)) for k in now}
@@ -62,6 +122,10 @@ def check_resumable(path: Path, identity: RunIdentity) -> Path:
     if differing:
         detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
         raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")
+    if ("shards" in payload) != fsdp:
+        written = "with --fsdp (sharded)" if "shards" in payload else "without --fsdp (whole)"
+        raise ValueError(f"--resume: checkpoint {path} was written {written}; resume it "
+                         f"{'with' if 'shards' in payload else 'without'} --fsdp")
     return path
 
 
@@ -73,7 +137,7 @@ def check_start(settings: DistillSettings) -> Path | None:
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
         resolve_source(settings.source)  # a missing source is reported as such, not as another model
-        check_resumable(path, settings.identity())
+        check_resumable(path, settings.identity(), settings.fsdp)
     if path is not None and path.exists() and not settings.resume and not settings.force:
         raise FileExistsError(f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over")
     return path

@@ -20,9 +20,10 @@ from .checkpoint import RunState, check_start
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
+from .speed import peak_memory_mib, resident_mib
 from .trainable import STUDENT_MODULES, student_weights
-from .trainer import distill, evaluate, finished, run_summary
-from .world import World, init_world, log
+from .trainer import evaluate, finished, run_summary, train, trained_tensors
+from .world import World, barrier, close_world, init_world, log
 
 
 @dataclass
@@ -37,20 +38,32 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     write `settings.out` atomically. Bad input fails here, before any training."""
     if not settings.out:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
-    world = init_world()
+    settings.check_parallelism()
     check_start(settings)
+    world = init_world(settings.fsdp)
+    try:
+        return train_and_write(settings, world)
+    finally:
+        close_world(world)
+
+
+def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
+    before_model = resident_mib()
     model, tokenizer = load_student(settings)
     started = time.time()
-    state = distill(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
-    summary = run_summary(settings, state, world.device)
-    wrote = world.is_main and finished(state)
+    state, distiller = train(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
+    summary = run_summary(settings, state, world.device, peak_memory_mib(world.device, before_model))
+    done = finished(state)
+    trained = trained_tensors(distiller, world) if done else {}  # a collective under --fsdp
+    wrote = world.is_main and done
     if wrote:
-        write_output(settings, model, tokenizer, summary)
+        write_output(settings, trained, tokenizer, summary)
         facts = DistillSummary.from_json(summary)
         log(world, f"wrote {settings.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
                    f"{time.time() - started:.0f} s this segment)")
     elif world.is_main:
         log(world, f"stopped after step {state.step}; continue with --resume")
+    barrier(world)  # the others wait for the folder, so the run ends when it is written
     return DistillResult(state, summary, wrote)
 
 
@@ -63,19 +76,20 @@ def written_replies(settings: DistillSettings, tokenizer, world: World):
         cache = write_replies(settings.replies_settings(), tokenizer)
         log(world, f"{settings.reply_writer} replies: {len(cache.replies)} in {cache.path} "
                    f"({cache.generated} generated now)")
-    if world.ddp:
-        torch.distributed.barrier()
+    barrier(world)
     return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
-def write_output(settings: DistillSettings, model, tokenizer, summary: dict) -> None:
-    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. Student-only
-    later-layer weights (`--trainable lora|late|late-norms`) are merged under their original names, and
-    the config says so: the folder then no longer contains its teacher."""
+def write_output(settings: DistillSettings, trained: dict[str, torch.Tensor], tokenizer, summary: dict) -> None:
+    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. `trained`:
+    the run's trained tensors, whole, by parameter name. Student-only later-layer weights (`--trainable
+    lora|late|late-norms`) are merged under their original names, and the config says so: the folder
+    then no longer contains its teacher."""
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
     output = load_model(settings.source, dtype=torch.float32)
-    load_trained(output, {name: p.detach().float() for name, p in swiftkv_parameters(model).items()})
-    merged = student_weights(model, output.state_dict())
+    own = swiftkv_parameters(output)
+    merged = student_weights(trained, output.state_dict())
+    load_trained(output, {name: tensor for name, tensor in trained.items() if name in own})
     if merged:
         load_trained(output, merged, dict(output.named_parameters()))
         output.config.swiftkv_student_trained = list(STUDENT_MODULES[settings.trainable])

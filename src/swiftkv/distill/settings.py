@@ -44,7 +44,7 @@ KL_MEAN_OVER = ("targets", "positions")
 LONG_PROMPT_MARGIN = 128  # tokens a block needs beyond the shortest long prompt's text: its chat template, and room
 # Settings that do not change the training trajectory; a resume may differ in them.
 RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume",
-                     "teacher_data", "reply_engine")
+                     "teacher_data", "reply_engine", "fsdp", "activation_checkpointing")
 
 
 @dataclass
@@ -108,6 +108,11 @@ class DistillSettings:
                      "(master weights and loss stay fp32)", choices=DTYPE_CHOICES)
     chunk_rows: int = setting(512, "positions per vocabulary chunk of the loss")
     naive: bool = setting(False, "teacher and student each run all layers (the reference way), for comparison")
+    fsdp: bool = setting(False, "shard the frozen teacher weights, the trained parameters, their gradients and the "
+                         "optimizer state over the torchrun processes (FSDP2: one unit per decoder layer), for "
+                         "models one device cannot hold; checkpoints are sharded (torch.distributed.checkpoint)")
+    activation_checkpointing: bool = setting(False, "recompute each decoder layer's activations in the backward "
+                                             "instead of keeping them (long sequences)")
     seed: int = setting(0, "data split and order")
     eval_every: int = setting(50, "steps between held-out evaluations")
     checkpoint_every: int = setting(10, "steps between checkpoints")
@@ -126,6 +131,12 @@ class DistillSettings:
     def step_settings(self) -> StepSettings:
         """The part of the settings one forward + backward and a held-out evaluation read."""
         return StepSettings(**{f.name: getattr(self, f.name) for f in fields(StepSettings)})
+
+    def check_parallelism(self) -> None:
+        """Settings sharding cannot honour, refused before any work."""
+        if self.fsdp and self.naive:
+            raise ValueError("--fsdp with --naive: the naive way runs layers < N a second time for the student only "
+                             "to compare speeds on one process; drop one of them")
 
     def check_written_replies(self) -> None:
         """Long prompts are answered by the writer and packed whole, so they need written replies and a

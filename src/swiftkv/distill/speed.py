@@ -15,6 +15,7 @@ import torch
 from ..data.packing import load_blocks
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import distill_flops_per_token, matmul_peak
+from . import trainable
 from .setup import load_student
 from .trainer import (
     ATTENTION,
@@ -45,6 +46,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
+    trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
     optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
     dtype = resolve_dtype(settings.dtype, world.device)
     cast_frozen(model, dtype)
@@ -79,11 +81,18 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     return result
 
 
-def peak_memory_mib(device: torch.device) -> float:
-    """This process's peak: resident memory on a CPU (model, data and steps), allocated memory on a GPU."""
+def peak_memory_mib(device: torch.device, baseline_mib: float = 0.0) -> float:
+    """This process's peak: resident memory on a CPU (model, data and steps) above `baseline_mib`,
+    allocated memory on a GPU."""
     if device.type == "cuda":
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mib, 1)  # Linux: KiB
+
+
+def resident_mib() -> float:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def device_name(device: torch.device) -> str:

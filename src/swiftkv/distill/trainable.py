@@ -42,26 +42,19 @@ class LowRankAdapter(nn.Module):
     """base(x) on the teacher path; base(x) + B(A(x)) on the student path. B starts at zero, so the
     student starts exactly where the SwiftKV parameters alone put it."""
 
-    def __init__(self, base: nn.Linear, rank: int):
+    def __init__(self, base: nn.Linear, rank: int, generator: torch.Generator):
         super().__init__()
         self.base = base
-        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, dtype=torch.float32, device=base.weight.device))
+        lora_a = torch.empty(rank, base.in_features, dtype=torch.float32)
+        nn.init.kaiming_uniform_(lora_a, a=math.sqrt(5), generator=generator)  # nn.Linear's own init, as LoRA does
+        self.lora_a = nn.Parameter(lora_a.to(base.weight.device))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=base.weight.device))
-        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))  # nn.Linear's own init, as LoRA does
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
         if on_student_path():
             out = out + nn.functional.linear(nn.functional.linear(x, self.lora_a), self.lora_b)
         return out
-
-    def merged(self, originals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        # Onto the source's own weight, not self.base's: a bf16 run casts that frozen copy for compute, and
-        # its rounding would make the folder differ from the source at full rank, not by B @ A.
-        merged = {"weight": originals["weight"].float() + self.lora_b.detach() @ self.lora_a.detach()}
-        if "bias" in originals:
-            merged["bias"] = originals["bias"].float()
-        return merged
 
 
 class StudentCopy(nn.Module):
@@ -74,9 +67,6 @@ class StudentCopy(nn.Module):
 
     def forward(self, *args, **kwargs):
         return (self.copy if on_student_path() else self.original)(*args, **kwargs)
-
-    def merged(self, originals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {name: p.detach().float() for name, p in self.copy.state_dict().items()}  # trained in fp32
 
 
 STUDENT_WRAPPERS = (LowRankAdapter, StudentCopy)
@@ -101,19 +91,22 @@ def check_trainable(trainable: str, lora_rank: int | None, config) -> None:
                          "width of the later layers' o_proj and MLP projections)")
 
 
-def install(model: nn.Module, trainable: str, lora_rank: int | None = None) -> dict[str, nn.Parameter]:
+def install(model: nn.Module, trainable: str, lora_rank: int | None = None, seed: int = 0) -> dict[str, nn.Parameter]:
     """Wrap the later layers' student-only weights of `trainable` and freeze everything else. Returns
-    the trained parameters by name (SwiftKV parameters first); the optimizer and checkpoints use it."""
+    the trained parameters by name (SwiftKV parameters first); the optimizer and checkpoints use it.
+    Adapters start from `seed` (the run's), not from the process's random state: every process of a
+    sharded run, and every run of the same settings, starts from the same adapters."""
     check_trainable(trainable, lora_rank, model.config)
     if any(isinstance(module, STUDENT_WRAPPERS) for module in model.modules()):
         raise ValueError("a trainable set is already installed in this model; install one per run, on a fresh model")
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     rank = lora_rank or DEFAULT_LORA_RANK
+    generator = torch.Generator().manual_seed(seed)
     for i in model.config.later_layers:
         layer = model.model.layers[i]
         for module_name in STUDENT_MODULES[trainable]:
-            wrap_module(layer, module_name, trainable, rank)
+            wrap_module(layer, module_name, trainable, rank, generator)
     trained = swiftkv_parameters(model)
     trained.update({name: p for name, p in model.named_parameters()
                     if p.requires_grad and name not in trained})
@@ -122,7 +115,7 @@ def install(model: nn.Module, trainable: str, lora_rank: int | None = None) -> d
     return trained
 
 
-def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int) -> None:
+def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int, generator: torch.Generator) -> None:
     parent_name, _, leaf = module_name.rpartition(".")
     parent = layer.get_submodule(parent_name) if parent_name else layer
     original = getattr(parent, leaf)
@@ -132,18 +125,29 @@ def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int) -
         return
     linears = [(parent, leaf)] if leaf == "o_proj" else [(original, name) for name in MLP_PROJECTIONS]
     for owner, name in linears:
-        adapter = LowRankAdapter(getattr(owner, name), rank)
+        adapter = LowRankAdapter(getattr(owner, name), rank, generator)
         adapter.base.requires_grad_(False)
         setattr(owner, name, adapter)
 
 
-def student_weights(model: nn.Module, source: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The student's versions of the wrapped weights, merged, under the original parameter names
-    (what a distilled folder holds for them). `source`: the unwrapped source model's state dict, in the
-    dtype it was stored in, onto which adapters are merged."""
+def student_weights(trained: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The student's versions of the wrapped weights, merged, under the original parameter names (what a
+    distilled folder holds for them). `trained`: the run's trained tensors by parameter name (whole: a
+    sharded run gathers them first); `source`: the unwrapped source model's state dict, in the dtype it
+    was stored in. A copy's tensors are the weights; an adapter's factors are added onto the source's
+    own weight, not onto the run's frozen copy: a bf16 run casts that copy for compute, and its rounding
+    would make the folder differ from the source at full rank, not by B @ A."""
     weights = {}
-    for path, module in model.named_modules():
-        if isinstance(module, STUDENT_WRAPPERS):
-            originals = {name: source[f"{path}.{name}"] for name in ("weight", "bias") if f"{path}.{name}" in source}
-            weights.update({f"{path}.{name}": tensor for name, tensor in module.merged(originals).items()})
+    for name, tensor in trained.items():
+        if COPY in name:  # layer.mlp.copy.up_proj.weight -> layer.mlp.up_proj.weight
+            path, _, leaf = name.partition(COPY)
+            weights[f"{path}.{leaf}"] = tensor.detach().float()
+        elif name.endswith(LORA_B):
+            path = name.removesuffix(LORA_B)
+            factor_a = trained[f"{path}.lora_a"].detach().float()
+            weights[f"{path}.weight"] = source[f"{path}.weight"].float() + tensor.detach().float() @ factor_a
     return weights
+
+
+COPY = ".copy."  # StudentCopy's name for its trained module
+LORA_B = ".lora_b"

@@ -27,8 +27,8 @@ from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from . import microbatch, trainable
-from .checkpoint import RunState, load_checkpoint, save_checkpoint
+from . import microbatch, sharding, trainable
+from .checkpoint import RunState, inner_model, load_checkpoint, save_checkpoint, trained_parameters
 from .loss import backward_distill_loss, mse_sum
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
 from .world import World, all_reduce, log
@@ -50,9 +50,10 @@ def freeze_all_but_swiftkv(model: nn.Module) -> list[nn.Parameter]:
 
 
 def optimizer_for(model: nn.Module, settings: DistillSettings) -> torch.optim.Optimizer:
-    """AdamW over the run's trainable set: the SwiftKV parameters at --lr, the student-only later-layer
-    weights (if any) at --late-lr. Each group keeps its peak rate for the schedule."""
-    trained = trainable.install(model, settings.trainable, settings.lora_rank)
+    """AdamW over the run's trainable set (installed before, so that a sharded model is built first):
+    the SwiftKV parameters at --lr, the student-only later-layer weights (if any) at --late-lr. Each
+    group keeps its peak rate for the schedule."""
+    trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
     own = swiftkv_parameters(model)
     groups = [{"params": [p for n, p in trained.items() if n in own], "peak_lr": settings.lr}]
     late = [p for n, p in trained.items() if n not in own]
@@ -158,43 +159,66 @@ def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Op
 def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks, sizes: BatchSizes,
                          step: StepSettings, world: World) -> float:
     """Forward + backward of `blocks`, --micro-batch blocks at a time. Each micro-batch is scaled so
-    the (DDP-averaged) gradient is that of the global mean loss; returns this process's share of it."""
+    the (process-averaged) gradient is that of the global mean loss; returns this process's share of it.
+    A micro-batch without trained positions (a block of user text only) adds nothing to the KL."""
     kl_count = sizes.targets if step.kl_mean_over == "targets" else sizes.positions
     micro_batches = [blocks.select(slice(i, i + step.micro_batch)) for i in range(0, len(blocks), step.micro_batch)]
     total, device = 0.0, device_of(model)
     dtype = resolve_dtype(step.dtype, device)
     for k, micro in enumerate(micro_batches):
-        sync_later = world.ddp and k < len(micro_batches) - 1
-        with distiller.no_sync() if sync_later else contextlib.nullcontext(), autocast(dtype, device):
+        with gradient_sync(distiller, world, k == len(micro_batches) - 1), autocast(dtype, device):
             micro = micro.to(device)
-            rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
+            rows, trained = rows_of(micro)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
             mse_term = None
             if pair.student_probe is not None:
                 mse = mse_sum(pair.student_probe, pair.teacher_probe) / max(1, sizes.positions)
                 mse_term = step.mse_weight * mse * world.size
                 total += float(mse_term.detach()) / world.size
-            kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, step.temperature,
-                                       world.size / max(1, kl_count), step.chunk_rows, also=mse_term,
-                                       top1_weight=step.top1_weight)
-            total += kl / max(1, kl_count)
+            scale = world.size / max(1, kl_count) if trained else 0.0
+            kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, step.temperature, scale,
+                                       step.chunk_rows, also=mse_term, top1_weight=step.top1_weight)
+            total += kl / max(1, kl_count) if trained else 0.0
     return total
 
 
+def rows_of(micro: Blocks) -> tuple[torch.Tensor, bool]:
+    """(flat positions the loss reads, whether any is trained). A micro-batch without trained positions
+    still runs one position, at zero weight: the model never sees an empty selection, and every process
+    makes the same collective calls (DDP's gradient reduction, FSDP's gathers)."""
+    rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
+    return (rows, True) if len(rows) else (rows.new_zeros(1), False)
+
+
+def gradient_sync(distiller: nn.Module, world: World, last: bool):
+    """DDP reduces gradients after the last micro-batch of a step only. FSDP reduce-scatters after each:
+    holding the unsharded gradients of every unit until the last one would cost the whole trained set's
+    gradients on every process, the memory sharding is there to save."""
+    return distiller.no_sync() if world.ddp and not world.fsdp and not last else contextlib.nullcontext()
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, heldout: Blocks, step: StepSettings, world: World) -> dict:
-    """Held-out KL(teacher || student) at T = 1 and top-1 agreement over the trained positions."""
-    distiller = SharedPrefixDistiller(model)
+def evaluate(model: nn.Module, heldout: Blocks, step: StepSettings, world: World,
+             distiller: nn.Module | None = None) -> dict:
+    """Held-out KL(teacher || student) at T = 1 and top-1 agreement over the trained positions.
+    `distiller`: the run's sharded one under FSDP (else a plain one is made)."""
+    distiller = distiller if world.fsdp else SharedPrefixDistiller(model)
     totals = torch.zeros(3, dtype=torch.float64)
     mine = heldout.select(slice(world.rank, None, world.size))
     device = device_of(model)
-    for i in range(0, len(mine), step.micro_batch):
-        micro = mine.select(slice(i, i + step.micro_batch)).to(device)
+    # Under FSDP every process runs as many forwards as the one with the most blocks; the extra ones count nothing.
+    forwards = math.ceil(math.ceil(len(heldout) / world.size) / step.micro_batch) if world.fsdp else \
+        math.ceil(len(mine) / step.micro_batch)
+    for i in range(forwards):
+        micro = mine.select(slice(i * step.micro_batch, (i + 1) * step.micro_batch))
+        counted = len(micro) > 0
+        micro = (micro if counted else heldout.select(slice(0, 1))).to(device)
         with autocast(resolve_dtype(step.dtype, device), device):
-            rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
+            rows, trained = rows_of(micro)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
-            totals += torch.tensor(agreement_stats(pair.student, pair.teacher, model.lm_head, step.chunk_rows),
-                                   dtype=torch.float64)
+            stats = agreement_stats(pair.student, pair.teacher, model.lm_head, step.chunk_rows)
+            if counted and trained:
+                totals += torch.tensor(stats, dtype=torch.float64)
     all_reduce(totals, world)
     kl, agree, rows = totals.tolist()
     return {"kl": kl / max(rows, 1), "top1": agree / max(rows, 1), "positions": int(rows)}
@@ -228,7 +252,11 @@ def sized_micro_batch(model: nn.Module, train: Blocks, step: StepSettings, batch
         finally:
             model.zero_grad(set_to_none=True)
 
-    size = microbatch.resolve_micro_batch(step.micro_batch, per_rank, world.device, probe_step)
+    if world.fsdp and step.micro_batch == microbatch.AUTO and world.device.type == "cuda":
+        # The probe needs the whole model on one device, which sharding exists to avoid: one block per forward.
+        size = 1
+    else:
+        size = microbatch.resolve_micro_batch(step.micro_batch, per_rank, world.device, probe_step)
     if world.ddp:
         smallest = torch.tensor([size], device=world.device)
         torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN)
@@ -238,8 +266,11 @@ def sized_micro_batch(model: nn.Module, train: Blocks, step: StepSettings, batch
     return replace(step, micro_batch=size)
 
 
-def wrap(distiller: SharedPrefixDistiller, world: World) -> nn.Module:
-    """`distiller` as this world trains it: DDP-wrapped when there are several processes."""
+def wrap(distiller: SharedPrefixDistiller, world: World, compute_dtype: torch.dtype) -> nn.Module:
+    """`distiller` as this world trains it: sharded with --fsdp, DDP-wrapped when there are several
+    processes, else as it is."""
+    if world.fsdp:
+        return sharding.shard(distiller, world, compute_dtype)
     if world.ddp:
         device_ids = [world.device.index] if world.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(distiller, device_ids=device_ids, broadcast_buffers=False)
@@ -273,7 +304,13 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
     state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
     of `--targets teacher|mixed`."""
-    world = world or World()
+    return train(settings, model, tokenizer, world or World(), replies)[0]
+
+
+def train(settings: DistillSettings, model: nn.Module, tokenizer, world: World,
+          replies=None) -> tuple[RunState, nn.Module]:
+    """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
+    in place, and `trained_tensors` gathers what it trained through it."""
     check_batch(settings.batch_size, settings.micro_batch, world)
     ckpt = settings.checkpoint_path()
     train, heldout = training_blocks(settings, tokenizer, replies)
@@ -283,18 +320,13 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
                          f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
                          "--seq-len")
     short_of_tokens(settings, total_steps * settings.batch_size * settings.seq_len, world)
-    model.to(world.device)
-    model.set_attn_implementation(ATTENTION)
-    optimizer = optimizer_for(model, settings)
-    cast_frozen(model, resolve_dtype(settings.dtype, world.device))
+    distiller, optimizer, step_settings = prepare(settings, model, train, world)
     identity = settings.identity()
-    state = load_checkpoint(ckpt, model, optimizer, identity) if settings.resume else RunState()
+    state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
     state.total_steps = total_steps
-    step_settings = sized_micro_batch(model, train, settings.step_settings(), settings.batch_size, world)
     state.micro_batch = step_settings.micro_batch
-    distiller = wrap(distiller_for(model, step_settings), world)
     if not state.history:
-        state.history.append({"step": 0, **evaluate(model, heldout, step_settings, world)})
+        state.history.append({"step": 0, **evaluate(model, heldout, step_settings, world, distiller)})
         log(world, f"held-out before: {json.dumps(state.history[-1])}")
     last = total_steps if settings.stop_after is None else min(total_steps, settings.stop_after)
     progress = tqdm(range(state.step, last), initial=state.step, total=total_steps, disable=not world.is_main,
@@ -314,20 +346,46 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
         progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
         state.history.append({"step": state.step, "loss": loss, "lr": lr})
         if state.step % settings.eval_every == 0 or state.step == total_steps:
-            state.history.append({"step": state.step, **evaluate(model, heldout, step_settings, world)})
+            state.history.append({"step": state.step, **evaluate(model, heldout, step_settings, world, distiller)})
             if world.is_main:
                 progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
-        if ckpt is not None and world.is_main and (state.step % settings.checkpoint_every == 0 or state.step == last):
-            save_checkpoint(ckpt, model, optimizer, state, identity)
+        if ckpt is not None and (state.step % settings.checkpoint_every == 0 or state.step == last):
+            save_checkpoint(ckpt, distiller, optimizer, state, identity, world)
     progress.close()
-    return state
+    return state, distiller
+
+
+def prepare(settings: DistillSettings, model: nn.Module, train: Blocks,
+            world: World) -> tuple[nn.Module, torch.optim.Optimizer, StepSettings]:
+    """The model on its device with its trainable set installed and frozen weights in the compute dtype;
+    the distiller as this world trains it (sharded under --fsdp, which must precede the optimizer);
+    the optimizer; the step settings with --micro-batch resolved."""
+    model.to(world.device)
+    model.set_attn_implementation(ATTENTION)
+    trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
+    compute_dtype = resolve_dtype(settings.dtype, world.device)
+    cast_frozen(model, compute_dtype)
+    step_settings = sized_micro_batch(model, train, settings.step_settings(), settings.batch_size, world)
+    if settings.activation_checkpointing:
+        sharding.checkpoint_layers(model)
+    distiller = wrap(distiller_for(model, step_settings), world, compute_dtype)
+    return distiller, optimizer_for(model, settings), step_settings
+
+
+def trained_tensors(distiller: nn.Module, world: World) -> dict[str, torch.Tensor]:
+    """What the run trained, whole and fp32, by the model's parameter name (on process 0 only under
+    --fsdp, where gathering is a collective every process calls)."""
+    if world.fsdp:
+        return sharding.full_trained_tensors(distiller)
+    return {name: p.detach().float() for name, p in trained_parameters(inner_model(distiller)).items()}
 
 
 def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
 
 
-def run_summary(settings: DistillSettings, state: RunState, device: torch.device) -> dict:
+def run_summary(settings: DistillSettings, state: RunState, device: torch.device,
+                peak_memory_mib: float | None = None) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len
@@ -343,5 +401,6 @@ def run_summary(settings: DistillSettings, state: RunState, device: torch.device
         "heldout_before": evals[0] if evals else None,
         "heldout_after": evals[-1] if evals else None,
         "final_loss": losses[-1] if losses else None,
+        "peak_memory_mib": peak_memory_mib,  # the steps' peak (before the output is written)
         "history": state.history,
     }

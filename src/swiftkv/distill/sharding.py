@@ -1,0 +1,78 @@
+"""Sharded distillation with PyTorch's FSDP2 (`fully_shard`), for models one device cannot hold.
+
+Units: each decoder layer is one; so are the embeddings when the head does not share them, and each
+AcrossKV group owner's SwiftKV K/V projections (called outside their layer's forward). The root
+unit is the distiller itself and holds what is left: the head, the final norm, norm_swiftkv (and the
+embeddings when they are tied to the head: shared weights must live in one unit). The root keeps its
+weights gathered from its forward until the backward ends (FSDP2 does not reshard the root after
+forward), which the chunked loss needs: it calls the head once per chunk of rows, a number that
+differs between processes, outside any forward hook, so no collective depends on it.
+
+Every process must make the same collective calls in the same order: each runs the same number of
+micro-batches and held-out forwards (distill/trainer.py pads the held-out split and gives a
+micro-batch without trained rows one zero-weight row).
+
+Frozen teacher weights are sharded in the compute dtype (cast before sharding); the trained ones
+keep an fp32 master shard and, with bf16 compute, are gathered in bf16 (`MixedPrecisionPolicy`),
+their gradients reduced in fp32. The trained tensors of a checkpoint or of the output folder are
+gathered through torch.distributed.checkpoint's state-dict helpers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed._composable import checkpoint as checkpoint_activations
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from .world import World
+
+ROOT_PREFIX = "model."  # the distiller's name for the model: stripped from the gathered tensors' names
+
+
+def checkpoint_layers(model: nn.Module) -> None:
+    """Each decoder layer recomputes its activations in the backward (--activation-checkpointing). The
+    composable form keeps parameter names, unlike a wrapper module, so checkpoints and the output folder
+    are the same either way; layers < N run without grad and are not affected."""
+    for layer in model.model.layers:
+        checkpoint_activations(layer)
+
+
+def shard(distiller: nn.Module, world: World, compute_dtype: torch.dtype) -> nn.Module:
+    """`distiller` (a SharedPrefixDistiller) sharded in place over the world's processes; returns it."""
+    model = distiller.model
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    policy = MixedPrecisionPolicy() if compute_dtype == torch.float32 else \
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        owned = kv_projections(layer)
+        if owned:
+            fully_shard(owned, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    if not tied_embeddings(model):
+        fully_shard(model.model.embed_tokens, mesh=mesh, mp_policy=policy)
+    fully_shard(distiller, mesh=mesh, mp_policy=policy)
+    return distiller
+
+
+def kv_projections(layer: nn.Module) -> list[nn.Module]:
+    """A group owner's SwiftKV K/V modules. The model calls them for every token before the later layers
+    run (`swiftkv_key_values`), outside the layer's own forward, so they are a unit of their own that
+    gathers when they are called."""
+    attention = layer.self_attn
+    names = ("k_proj_swiftkv", "k_norm_swiftkv", "v_proj_swiftkv")
+    return [getattr(attention, name) for name in names if hasattr(attention, name)]
+
+
+def tied_embeddings(model: nn.Module) -> bool:
+    return model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def full_trained_tensors(distiller: nn.Module) -> dict[str, torch.Tensor]:
+    """Every trained tensor whole, in fp32 on the CPU, by the model's parameter name, on process 0 (a
+    collective: every process calls it; the others get an empty dict)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    gathered = get_model_state_dict(distiller, options=options)
+    return {name.removeprefix(ROOT_PREFIX): tensor.float() for name, tensor in gathered.items()}

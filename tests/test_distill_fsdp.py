@@ -1,0 +1,117 @@
+"""Sharded distillation (`--fsdp`, FSDP2 over gloo on CPU): two processes follow the one-process run,
+a rank killed mid-run resumes to the same result (at the same or another world size), the folder it
+writes loads as any other, and what sharding cannot honour is refused."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from swiftkv.cli import main
+from tests.test_distill_cli import distill_args
+from tests.tiny import random_chats, save_tiny_folder, write_jsonl
+
+LOSS_TOLERANCE = 1e-5  # relative, per step: fp32 sums taken in another order over two processes
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    folder = save_tiny_folder(tmp_path / "student")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
+    return tmp_path, folder, data
+
+
+def torchrun(nproc: int, args: list[str], check: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "swiftkv.cli", *args]
+    if not check:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def losses(summary_path) -> list[float]:
+    return [h["loss"] for h in json.loads(open(summary_path).read())["history"] if "loss" in h]
+
+
+def assert_same_run(reference, other) -> None:
+    """Loss curves within LOSS_TOLERANCE per step; every written tensor within 1e-5."""
+    first, second = losses(f"{reference}.json"), losses(f"{other}.json")
+    assert len(first) == len(second) > 0
+    assert max(abs(a - b) / a for a, b in zip(first, second, strict=True)) < LOSS_TOLERANCE, (first, second)
+    ours, theirs = load_file(f"{reference}/model.safetensors"), load_file(f"{other}/model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert max((ours[n] - theirs[n]).abs().max().item() for n in ours) < 1e-5
+
+
+@pytest.mark.parametrize("trainable", ["swiftkv", "lora"])
+def test_two_fsdp_processes_equal_the_one_process_run(tiny_run, trainable):
+    tmp_path, folder, data = tiny_run
+    extra = ["--trainable", trainable, *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else [])]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(distill_args(folder, data, one, *extra, "--json", f"{one}.json")) == 0
+    torchrun(2, distill_args(folder, data, two, *extra, "--fsdp", "--json", f"{two}.json"))
+    assert_same_run(one, two)
+    source = load_file(folder / "model.safetensors")
+    written = load_file(two / "model.safetensors")
+    changed = {n for n in written if not torch.equal(written[n], source[n])}
+    assert any("swiftkv" in n for n in changed)
+    assert any("o_proj" in n for n in changed) == (trainable == "lora")  # the merged adapters
+    loaded = AutoModelForCausalLM.from_pretrained(two, trust_remote_code=True)
+    assert loaded.config.swiftkv is True and type(loaded).__name__ == "LlamaSwiftKVForCausalLM"
+
+
+def test_a_rank_killed_mid_run_resumes_to_the_uninterrupted_result(tiny_run):
+    """SIGKILL of one rank once a sharded checkpoint exists (wherever the run then is, a save included);
+    --resume ends exactly where the uninterrupted two-process run ends."""
+    tmp_path, folder, data = tiny_run
+    long = ["--tokens", "5120", "--checkpoint-every", "2", "--eval-every", "100", "--fsdp"]  # 40 steps
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    torchrun(2, distill_args(folder, data, whole, *long, "--json", f"{whole}.json"))
+    run = torchrun(2, distill_args(folder, data, killed, *long, "--json", f"{killed}.json"), check=False)
+    checkpoint = tmp_path / "killed.ckpt" / "checkpoint.pt"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and run.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    ranks = [p for p in psutil.Process(run.pid).children(recursive=True) if "swiftkv.cli" in p.cmdline()]
+    assert checkpoint.exists() and len(ranks) == 2, run.communicate()[0][-3000:]
+    os.kill(ranks[1].pid, signal.SIGKILL)
+    run.wait(timeout=120)
+    assert run.returncode != 0 and not killed.exists()
+    assert 2 <= torch.load(checkpoint, weights_only=False)["state"]["step"] < 40
+    torchrun(2, distill_args(folder, data, killed, *long, "--resume", "--json", f"{killed}.json"))
+    assert losses(f"{whole}.json") == losses(f"{killed}.json")
+    ours, theirs = load_file(f"{whole}/model.safetensors"), load_file(f"{killed}/model.safetensors")
+    assert all(torch.equal(ours[n], theirs[n]) for n in ours)
+
+
+def test_a_sharded_checkpoint_resumes_at_another_world_size(tiny_run):
+    tmp_path, folder, data = tiny_run
+    whole = tmp_path / "whole"
+    assert main(distill_args(folder, data, whole, "--json", f"{whole}.json")) == 0
+    sliced = tmp_path / "sliced"
+    torchrun(2, distill_args(folder, data, sliced, "--fsdp", "--stop-after", "2"))
+    assert main(distill_args(folder, data, sliced, "--fsdp", "--resume", "--json", f"{sliced}.json")) == 0
+    assert_same_run(whole, sliced)
+
+
+def test_fsdp_refuses_what_it_cannot_honour_and_another_layout(tiny_run, capsys):
+    tmp_path, folder, data = tiny_run
+    assert main(distill_args(folder, data, tmp_path / "o1", "--fsdp", "--naive")) == 2
+    assert "--fsdp with --naive" in capsys.readouterr().err
+    assert main(distill_args(folder, data, tmp_path / "plain", "--stop-after", "1")) == 0
+    capsys.readouterr()
+    assert main(distill_args(folder, data, tmp_path / "plain", "--fsdp", "--resume")) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "written without --fsdp (whole); resume it without --fsdp" in err, err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "plain").exists()
