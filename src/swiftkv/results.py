@@ -407,7 +407,7 @@ class DistillSummary(Record):
     heldout_before: HeldOut | None = None
     heldout_after: HeldOut | None = None
     final_loss: float | None = None
-    # This process's peak memory in MiB above what it held before the model loaded (CPU: resident set;
-    # CUDA: allocated), to check `swiftkv distill --plan` against
-    peak_memory_mib: float | None = None
+    # Peak memory the steps added above the model they train, MiB per process (CPU: resident set; CUDA:
+    # allocated): gradients, optimizer state and activations, to check `swiftkv distill --plan` against
+    step_memory_mib: float | None = None
     history: list[dict] | None = None  # held-out evaluations and per-step losses, in step order

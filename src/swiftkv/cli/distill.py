@@ -41,6 +41,8 @@ def register(subparsers) -> None:
                         "optimizer state, activations) for DDP and FSDP at --world-size processes, train nothing; "
                         "MODEL may be a folder holding only a SwiftKV config.json")
     parser.add_argument("--world-size", type=int, default=1, metavar="K", help="processes the --plan is for")
+    parser.add_argument("--plan-device", choices=("cuda", "cpu"), default="cuda",
+                        help="the device the --plan is for (a CPU keeps attention probabilities; default cuda)")
     parser.add_argument("--json", help="also write the run summary / measurement JSON here")
     parser.set_defaults(func=run)
 
@@ -48,7 +50,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     settings = settings_for(args.model, args.recipe, **given_values(args, DistillSettings))
     if args.plan:
-        print_plan(settings, args.world_size, args.json)
+        print_plan(settings, args.world_size, args.plan_device, args.json)
         return 0
     set_threads()
     if settings.fsdp and (args.compare_naive or args.speed or args.eval_only):

@@ -38,6 +38,9 @@ class RunState:
     elapsed: float = 0.0  # wall seconds spent training, over all resumed segments
     history: list = field(default_factory=list)  # held-out evaluations
     micro_batch: int | None = None  # blocks per forward this segment used (--micro-batch auto resolves it)
+    # Peak memory this segment's steps added above the model they train (gradients, optimizer state,
+    # activations), in MiB: what `swiftkv distill --plan` estimates beside the weights it counts
+    step_memory_mib: float | None = None
 
 
 def inner_model(distiller: nn.Module) -> nn.Module:

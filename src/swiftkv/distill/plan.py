@@ -13,10 +13,12 @@ layers keep what their backward reads: two RMSNorms (their fp32 input and output
 attention's query and output (2aH), the MLP's gate, up, activation and product (4aI); each AcrossKV group
 keeps its K and V (2a KV), and norm_swiftkv(h_N) its input and output ((4 + a) H). With activation
 checkpointing a later layer keeps only its input (aH) and one layer is recomputed at a time. The teacher
-and the early layers run without grad: one layer's intermediates at a time. The attention masks of a packed
-block (B x S x S in `a`, teacher and student), the loss's vocabulary chunk (`--chunk-rows` x V in fp32: the
-student's and the teacher's logits, their log-softmaxes and the gradient) and the final hidden rows of both
-models come on top. Worst case: every position is trained.
+and the early layers run without grad: one layer's intermediates at a time. On a CPU, masked attention takes the math path,
+which keeps each later layer's attention probabilities (heads x S per token); CUDA's kernels keep none. The
+attention masks of a packed block (B x S x S in `a`, teacher and student), the final hidden rows of both
+models and, during the loss, which runs before the model's backward, its vocabulary chunk (`--chunk-rows` x
+V in fp32: the student's and the teacher's logits, their log-softmaxes and the gradient) come on top. Worst
+case: every position is trained.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def meta_model(source: str, trainable_set: str, lora_rank: int | None):
 
 
 def memory_plan(model, world_size: int, fsdp: bool, seq_len: int, micro_batch: int, dtype: torch.dtype,
-                chunk_rows: int, activation_checkpointing: bool) -> MemoryPlan:
+                chunk_rows: int, activation_checkpointing: bool, device: str = "cuda") -> MemoryPlan:
     a = torch.finfo(dtype).bits // 8
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -87,45 +89,44 @@ def memory_plan(model, world_size: int, fsdp: bool, seq_len: int, micro_batch: i
         mode="fsdp" if fsdp else "ddp", world_size=world_size,
         weights=frozen * a / shards / GIB, gathered=gathered / GIB, trained=trained * 4 / shards / GIB,
         gradients=buckets * trained * 4 / shards / GIB, optimizer=2 * trained * 4 / shards / GIB,
-        activations=activation_bytes(model.config, seq_len * micro_batch, seq_len, micro_batch, a, chunk_rows,
-                                     activation_checkpointing) / GIB, total=0.0)
+        activations=activation_bytes(model.config, seq_len, micro_batch, a, chunk_rows, activation_checkpointing,
+                                     device) / GIB, total=0.0)
     plan.total = plan.weights + plan.gathered + plan.trained + plan.gradients + plan.optimizer + plan.activations
     return plan
 
 
-def activation_bytes(config, tokens: int, seq_len: int, micro_batch: int, a: int, chunk_rows: int,
-                     activation_checkpointing: bool) -> float:
+def activation_bytes(config, seq_len: int, micro_batch: int, a: int, chunk_rows: int,
+                     activation_checkpointing: bool, device: str) -> float:
     """See the module docstring."""
+    tokens = seq_len * micro_batch
     hidden, inner = config.hidden_size, config.intermediate_size
     head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
     kv = config.num_key_value_heads * head_dim
     later = config.num_hidden_layers - config.num_key_value_layers
     layer_saved = 2 * (4 + a) * hidden + 2 * a * hidden + 4 * a * inner
+    if device == "cpu":  # the math path of masked attention keeps each layer's probabilities
+        layer_saved += config.num_attention_heads * seq_len * a
     shared = config.num_kv_groups * 2 * a * kv + (4 + a) * hidden
-    if activation_checkpointing:
-        kept = later * a * hidden + layer_saved
-    else:
-        kept = later * layer_saved
-    no_grad_layer = (4 + 3 * a) * hidden + 3 * a * inner  # one layer's intermediates, teacher or early
+    kept = (later * a * hidden + layer_saved) if activation_checkpointing else later * layer_saved
     masks = 2 * micro_batch * seq_len * seq_len * a
     rows = tokens * 2 * a * hidden  # the final hidden rows of teacher and student
-    loss_chunk = LOSS_CHUNK_COPIES * 4 * min(chunk_rows, tokens) * config.vocab_size
-    return tokens * (kept + shared) + rows + masks + max(tokens * no_grad_layer, loss_chunk)
+    loss_chunk = LOSS_CHUNK_COPIES * 4 * min(chunk_rows, tokens) * config.vocab_size  # beside the kept activations
+    return tokens * (kept + shared) + rows + masks + loss_chunk
 
 
-def print_plan(settings, world_size: int, json_path: str | None = None) -> list[MemoryPlan]:
+def print_plan(settings, world_size: int, device: str = "cuda", json_path: str | None = None) -> list[MemoryPlan]:
     """`swiftkv distill SRC --plan`: the plan of DDP and of FSDP at `world_size` processes (or only FSDP's
-    with --fsdp), printed in GiB."""
+    with --fsdp) on `device` (cuda or cpu), printed in GiB."""
     if settings.micro_batch == "auto":
         raise ValueError("--plan needs a number for --micro-batch (auto is decided on the device)")
     dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
     model = meta_model(settings.source, settings.trainable, settings.lora_rank)
     modes = (True,) if settings.fsdp else (False, True)
     plans = [memory_plan(model, world_size, fsdp, settings.seq_len, settings.micro_batch, dtype, settings.chunk_rows,
-                         settings.activation_checkpointing) for fsdp in modes]
+                         settings.activation_checkpointing, device) for fsdp in modes]
     print(f"{settings.source}: L = {model.config.num_hidden_layers}, N = {model.config.num_key_value_layers}, "
           f"trainable {settings.trainable}, {str(dtype).removeprefix('torch.')}, seq {settings.seq_len} x micro-batch "
-          f"{settings.micro_batch}{', activation checkpointing' if settings.activation_checkpointing else ''}")
+          f"{settings.micro_batch}{', activation checkpointing' if settings.activation_checkpointing else ''}, on {device}")
     for plan in plans:
         print("\n".join(plan.lines()))
     if json_path:

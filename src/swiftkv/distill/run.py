@@ -20,7 +20,6 @@ from .checkpoint import RunState, check_start
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
-from .speed import peak_memory_mib, resident_mib
 from .trainable import STUDENT_MODULES, student_weights
 from .trainer import evaluate, finished, run_summary, train, trained_tensors
 from .world import World, barrier, close_world, init_world, log
@@ -48,11 +47,10 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
 
 
 def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
-    before_model = resident_mib()
     model, tokenizer = load_student(settings)
     started = time.time()
     state, distiller = train(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
-    summary = run_summary(settings, state, world.device, peak_memory_mib(world.device, before_model))
+    summary = run_summary(settings, state, world.device)
     done = finished(state)
     trained = trained_tensors(distiller, world) if done else {}  # a collective under --fsdp
     wrote = world.is_main and done

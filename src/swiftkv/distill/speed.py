@@ -81,18 +81,11 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     return result
 
 
-def peak_memory_mib(device: torch.device, baseline_mib: float = 0.0) -> float:
-    """This process's peak: resident memory on a CPU (model, data and steps) above `baseline_mib`,
-    allocated memory on a GPU."""
+def peak_memory_mib(device: torch.device) -> float:
+    """This process's peak: resident memory on a CPU (model, data and steps), allocated memory on a GPU."""
     if device.type == "cuda":
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - baseline_mib, 1)  # Linux: KiB
-
-
-def resident_mib() -> float:
-    """This process's resident memory now (Linux)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
 
 def device_name(device: torch.device) -> str:

@@ -27,7 +27,7 @@ from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from . import microbatch, sharding, trainable
+from . import memory, microbatch, sharding, trainable
 from .checkpoint import RunState, inner_model, load_checkpoint, save_checkpoint, trained_parameters
 from .loss import backward_distill_loss, mse_sum
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
@@ -321,6 +321,8 @@ def train(settings: DistillSettings, model: nn.Module, tokenizer, world: World,
                          "--seq-len")
     short_of_tokens(settings, total_steps * settings.batch_size * settings.seq_len, world)
     distiller, optimizer, step_settings = prepare(settings, model, train, world)
+    model_mib = memory.current_mib(world.device)
+    memory.reset_peak(world.device)
     identity = settings.identity()
     state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
     state.total_steps = total_steps
@@ -352,6 +354,7 @@ def train(settings: DistillSettings, model: nn.Module, tokenizer, world: World,
         if ckpt is not None and (state.step % settings.checkpoint_every == 0 or state.step == last):
             save_checkpoint(ckpt, distiller, optimizer, state, identity, world)
     progress.close()
+    state.step_memory_mib = round(memory.peak_mib(world.device) - model_mib, 1)
     return state, distiller
 
 
@@ -384,8 +387,7 @@ def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
 
 
-def run_summary(settings: DistillSettings, state: RunState, device: torch.device,
-                peak_memory_mib: float | None = None) -> dict:
+def run_summary(settings: DistillSettings, state: RunState, device: torch.device) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len
@@ -401,6 +403,6 @@ def run_summary(settings: DistillSettings, state: RunState, device: torch.device
         "heldout_before": evals[0] if evals else None,
         "heldout_after": evals[-1] if evals else None,
         "final_loss": losses[-1] if losses else None,
-        "peak_memory_mib": peak_memory_mib,  # the steps' peak (before the output is written)
+        "step_memory_mib": state.step_memory_mib,
         "history": state.history,
     }
