@@ -21,7 +21,9 @@ source "$(dirname "$0")/arms4.sh"
 ARM=$1; shift
 ARGS=$(arm_args "$ARM") || exit 2
 STAGES=${*:-replies n15 ship15 n22 ship22}
-TOKENS=2000896  # 2M rounded up to whole steps of 2048 tokens, as distill rounds --tokens
+# 2M rounded up to whole steps of 2048 tokens, as distill rounds --tokens. An arm with a larger step sets
+# TOKENS to whole steps of its own within the replies kept (c1r64b16: 122 x 16 x 1024 = 1,998,848).
+TOKENS=${TOKENS:-2000896}
 # The teacher's replies as token ids only (key, reply_ids, finished; no ShareGPT text), kept in the repository
 # so that a new machine skips the replies it holds: the reply cache reads such records as it reads its own.
 IDS="$(cd "$(dirname "$0")" && pwd)/final5-replies-ids.jsonl.xz"
