@@ -3,6 +3,7 @@ layouts), the fast-prefill switch, CPU environment, `swiftkv serve` command line
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -289,3 +290,60 @@ def test_vllm_engine_config_refuses_fp8_on_a_cpu_without_its_kernels(swiftkv_and
     with pytest.raises(ValueError, match="--kv-cache-dtype fp8 needs a CPU with AVX-512 or AMX .*"
                                          "use --kv-cache-dtype auto"):
         args.create_engine_config()
+
+
+@pytest.mark.parametrize(("version", "supported"), [("0.26.0", True), ("0.32.0", True), ("0.32.0+cpu", True),
+                                                     ("0.29.1rc1", True), ("0.25.2", False), ("0.33.0", False),
+                                                     ("1.0.0", False)])
+def test_vllm_outside_the_supported_range_is_one_error_naming_it(version, supported):
+    from swiftkv.vllm.versions import check_vllm_version
+
+    if supported:
+        check_vllm_version(version)
+        return
+    with pytest.raises(ValueError, match=rf"swiftkv supports vLLM 0\.26 to 0\.32\.x, and vLLM {re.escape(version)} "):
+        check_vllm_version(version)
+
+
+def test_the_plugin_and_swiftkv_serve_refuse_an_unsupported_vllm_before_any_engine(monkeypatch, tmp_path, capsys):
+    import vllm
+
+    from swiftkv.cli import main
+    from swiftkv.vllm import register
+    from tests.tiny import save_tiny_folder, tiny_student
+
+    monkeypatch.setattr(vllm, "__version__", "0.33.0")
+    with pytest.raises(ValueError, match="supports vLLM 0.26 to 0.32.x"):
+        register()  # what vLLM calls in each of its processes
+    monkeypatch.setattr("swiftkv.vllm.serve.installed_vllm_version", lambda: "0.25.0")
+    monkeypatch.setattr("os.execve", lambda *args: pytest.fail("the server started"))
+    assert main(["serve", str(save_tiny_folder(tmp_path / "m", tiny_student()))]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(errors) == 1 and "vLLM 0.25.0 is installed" in errors[0], errors
+
+
+def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkeypatch):
+    """vLLM's CUDA engine defaults to its V2 model runner from 0.27 on; the plugin's fast-prefill contract is
+    verified on V1 only, so the config hook picks V1 unless V2 was asked for, which is refused. A CPU (V1
+    only) is left alone."""
+    import os
+
+    from vllm.platforms import current_platform
+
+    from swiftkv.vllm.hooks import SwiftKVConfigHook
+    from swiftkv.vllm.versions import RUNNER_ENV, choose_model_runner
+
+    def config():
+        return SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=True, cache_dtype="auto"),
+                               speculative_config=None, model_config=SimpleNamespace(hf_config=None))
+
+    env = {}
+    assert choose_model_runner(env, on_cuda=False) is False and env == {}
+    monkeypatch.delenv(RUNNER_ENV, raising=False)
+    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
+    SwiftKVConfigHook.verify_and_update_config(config())
+    assert os.environ[RUNNER_ENV] == "0"
+    monkeypatch.setenv(RUNNER_ENV, "1")
+    with pytest.raises(ValueError, match=f"{RUNNER_ENV}=1: SwiftKV is verified on vLLM's V1 model runner only"):
+        SwiftKVConfigHook.verify_and_update_config(config())

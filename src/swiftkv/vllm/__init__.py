@@ -13,6 +13,7 @@ from __future__ import annotations
 from swiftkv.model.families import ARCHITECTURES
 
 from .guards import install_prompt_logprobs_guard
+from .versions import check_vllm_version
 
 LOGGER_NAME = "vllm.plugins.swiftkv"  # under "vllm" so vLLM's log handler (with the process name) prints it
 _registered_in_process = False
@@ -23,10 +24,11 @@ def register() -> None:
     by module path), the config hook that switches on kv_sharing_fast_prefill, and the front-end guard
     that refuses prompt-logprobs requests such an engine cannot serve (`guards`)."""
     global _registered_in_process
-    from vllm import ModelRegistry
+    from vllm import ModelRegistry, __version__
     from vllm.logger import init_logger
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
+    check_vllm_version(__version__)  # before any import that an unsupported vLLM may lack
     from .hooks import SwiftKVConfigHook  # imports vLLM
 
     supported = set(ModelRegistry.get_supported_archs())

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 from ..model.config import head_dim_of
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_method
+from .versions import RUNNER_ENV, choose_model_runner
 
 logger = init_logger("vllm.plugins.swiftkv")
 
@@ -20,6 +23,9 @@ def check_neighbours(vllm_config) -> None:
     # before vLLM has loaded any platform plugin.
     from vllm.platforms import current_platform
 
+    if choose_model_runner(os.environ, current_platform.is_cuda()):
+        logger.info("SwiftKV: vLLM's V1 model runner (%s=0), the fast-prefill path the plugin is verified on",
+                    RUNNER_ENV)
     speculative = vllm_config.speculative_config
     check_speculative_method(speculative.method if speculative is not None else None)
     kv_cache_dtype = vllm_config.cache_config.cache_dtype

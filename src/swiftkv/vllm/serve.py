@@ -20,6 +20,7 @@ from .engine import KV_CACHE_BYTES
 from .env import configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_options
+from .versions import check_vllm_version, choose_model_runner, installed_vllm_version, supported_range
 
 # Added to `vllm serve` unless the user passes the same option (or, for memory, any memory option).
 # KV memory is set explicitly because on CPU vLLM would otherwise take a share of RAM. The dtype
@@ -108,7 +109,12 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     folder = resolve_source(model)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
+    version = installed_vllm_version()
+    if version is None:
+        raise ValueError(f"swiftkv serve needs vLLM {supported_range()}; none is installed")
+    check_vllm_version(version)
     check_neighbour_options(folder, vllm_args)
+    choose_model_runner(os.environ, torch.cuda.is_available())
     configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
     print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
     command = serve_command(str(folder), model, vllm_args)
