@@ -9,6 +9,8 @@
 #     carry [".devdata/gc1"]: bash docs/bench/gpu_check.sh unpack1
 #     carry [".devdata/gc2"]: bash docs/bench/gpu_check.sh unpack2-and-run   (the check itself, ~6 min)
 #   bash docs/bench/gpu_check.sh stash | unstash   # move src/swiftkv/weights out of the tree and back
+# The box keeps /root/gc only while it is warm (30 s after a call): make the second call at once. Sizes
+# (2026-11-26): part 1 32 MB, part 2 54 MB, the tree without the shipped weights 6 MB.
 #   DRY=1 bash docs/bench/gpu_check.sh run         # this script's run stage on a CPU, with the local venv
 #
 # Part 1: vLLM's Python sources, its FlashAttention-3 library and the small packages vLLM imports that the
@@ -22,9 +24,10 @@ SITE=$W/site
 OUT=${OUT:-$W/out}
 VLLM=0.26.0
 # What vLLM 0.26 imports beyond torch and transformers (the read-only study of 2026-11-26, FACTS.md), at
-# the versions its metadata asks for (installed with --no-deps, so nothing else checks them).
+# the versions its metadata asks for where the registry has them (llguidance: 1.6.1, the newest here, for
+# its >=1.7), installed with --no-deps, so nothing else checks them.
 DEPS="pydantic>=2.12 pydantic-core annotated-types typing-inspection openai>=2 httpx sniffio openai-harmony cbor2
-      pyzmq>=25 msgspec pybase64 cachetools llguidance>=1.7,<1.8 xgrammar>=0.2.1,<1 apache-tvm-ffi==0.1.10
+      pyzmq>=25 msgspec pybase64 cachetools llguidance xgrammar>=0.2.1,<1 apache-tvm-ffi==0.1.10
       fastapi>=0.133,<0.137 starlette>=1.0.1 opentelemetry-api partial-json-parser blake3 py-cpuinfo
       prometheus-client cloudpickle einops setproctitle distro jiter anyio h11 httpcore importlib-metadata zipp
       lark==1.2.2"
