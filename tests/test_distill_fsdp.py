@@ -56,11 +56,13 @@ def assert_same_run(reference, other) -> None:
 
 @pytest.mark.parametrize("trainable", ["swiftkv", "lora"])
 def test_two_fsdp_processes_equal_the_one_process_run(tiny_run, trainable):
+    """The lora run also recomputes its layers' activations (--activation-checkpointing) on the sharded side."""
     tmp_path, folder, data = tiny_run
     extra = ["--trainable", trainable, *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else [])]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(distill_args(folder, data, one, *extra, "--json", f"{one}.json")) == 0
-    torchrun(2, distill_args(folder, data, two, *extra, "--fsdp", "--json", f"{two}.json"))
+    recompute = ["--activation-checkpointing"] if trainable == "lora" else []
+    torchrun(2, distill_args(folder, data, two, *extra, *recompute, "--fsdp", "--json", f"{two}.json"))
     assert_same_run(one, two)
     source = load_file(folder / "model.safetensors")
     written = load_file(two / "model.safetensors")
@@ -69,6 +71,21 @@ def test_two_fsdp_processes_equal_the_one_process_run(tiny_run, trainable):
     assert any("o_proj" in n for n in changed) == (trainable == "lora")  # the merged adapters
     loaded = AutoModelForCausalLM.from_pretrained(two, trust_remote_code=True)
     assert loaded.config.swiftkv is True and type(loaded).__name__ == "LlamaSwiftKVForCausalLM"
+
+
+@pytest.mark.parametrize("trainable", ["swiftkv", "lora"])
+def test_activation_checkpointing_recomputes_exactly_the_student_it_saved(tiny_run, trainable):
+    """The recomputation runs in the backward, outside the student's path block; a lora adapter must
+    still take the student's path there (it once recomputed the teacher's and the check failed)."""
+    tmp_path, folder, data = tiny_run
+    extra = ["--trainable", trainable, *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else [])]
+    plain, recomputed = tmp_path / "plain", tmp_path / "recomputed"
+    assert main(distill_args(folder, data, plain, *extra, "--json", f"{plain}.json")) == 0
+    assert main(distill_args(folder, data, recomputed, *extra, "--activation-checkpointing",
+                             "--json", f"{recomputed}.json")) == 0
+    assert losses(f"{plain}.json") == losses(f"{recomputed}.json")
+    ours, theirs = load_file(f"{plain}/model.safetensors"), load_file(f"{recomputed}/model.safetensors")
+    assert all(torch.equal(ours[n], theirs[n]) for n in ours)
 
 
 def test_a_rank_killed_mid_run_resumes_to_the_uninterrupted_result(tiny_run):

@@ -20,6 +20,8 @@ gathered through torch.distributed.checkpoint's state-dict helpers.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint as checkpoint_activations
@@ -27,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from ..model.modeling import on_student_path, student_path
 from .world import World
 
 ROOT_PREFIX = "model."  # the distiller's name for the model: stripped from the gathered tensors' names
@@ -37,7 +40,14 @@ def checkpoint_layers(model: nn.Module) -> None:
     composable form keeps parameter names, unlike a wrapper module, so checkpoints and the output folder
     are the same either way; layers < N run without grad and are not affected."""
     for layer in model.model.layers:
-        checkpoint_activations(layer)
+        checkpoint_activations(layer, context_fn=same_path_on_recompute)
+
+
+def same_path_on_recompute():
+    """(forward context, recompute context): the recomputation runs in the backward, outside the
+    student's `student_path()` block, so it re-enters it when the forward ran there; otherwise the
+    student-only weights of `--trainable lora|late` would recompute on the teacher's path."""
+    return contextlib.nullcontext(), (student_path() if on_student_path() else contextlib.nullcontext())
 
 
 def shard(distiller: nn.Module, world: World, compute_dtype: torch.dtype) -> nn.Module:
