@@ -330,8 +330,8 @@ def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkey
 
     from vllm.platforms import current_platform
 
+    from swiftkv.vllm.env import RUNNER_ENV, choose_model_runner
     from swiftkv.vllm.hooks import SwiftKVConfigHook
-    from swiftkv.vllm.versions import RUNNER_ENV, choose_model_runner
 
     def config():
         return SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=True, cache_dtype="auto"),

@@ -1,5 +1,6 @@
-"""Process environment for vLLM's CPU engine. Set before vLLM is imported or an engine started:
-the engine core is a child process that inherits it. The vLLM glue writes os.environ only here."""
+"""Process environment for vLLM's engines: the CPU engine's threads and, on CUDA, the model runner a
+SwiftKV engine runs. Set before vLLM is imported or an engine started: the engine core is a child
+process that inherits it. The vLLM glue writes os.environ only here."""
 
 from __future__ import annotations
 
@@ -57,3 +58,25 @@ def engine_core_in_process(environ: MutableMapping[str, str] | None = None) -> I
             environ.pop(key, None)
         else:
             environ[key] = previous
+
+
+# From 0.27 on, vLLM's CUDA engine defaults to its V2 model runner, which serves kv_sharing_fast_prefill
+# through other code than the V1 runner the plugin was written against (the CPU engine has only V1; what
+# was read of V2 is in docs/serving.md). Until a GPU check covers it, a SwiftKV engine on CUDA runs V1:
+# never a silent fallback to every row through the later layers, nor logits on rows the plugin did not pick.
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def choose_model_runner(environ: MutableMapping[str, str], on_cuda: bool) -> bool:
+    """On CUDA, make the engine run vLLM's V1 model runner (RUNNER_ENV=0); returns whether this call chose
+    it. A V2 runner asked for explicitly is refused. Nothing to do on a CPU (V1 only)."""
+    if not on_cuda:
+        return False
+    asked = environ.get(RUNNER_ENV, "").strip().lower()
+    if asked in ("1", "true"):
+        raise ValueError(f"{RUNNER_ENV}={environ[RUNNER_ENV]}: SwiftKV is verified on vLLM's V1 model runner only "
+                         "(its fast-prefill path is the one the plugin was written against); unset it or set it to 0")
+    if asked in ("0", "false"):
+        return False
+    environ[RUNNER_ENV] = "0"
+    return True

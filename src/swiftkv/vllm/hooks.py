@@ -8,9 +8,9 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 from ..model.config import head_dim_of
+from .env import RUNNER_ENV, choose_model_runner
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_method
-from .versions import RUNNER_ENV, choose_model_runner
 
 logger = init_logger("vllm.plugins.swiftkv")
 

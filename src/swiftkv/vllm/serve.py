@@ -17,10 +17,10 @@ from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
 from ..model.config import head_dim_of
 from ..sources import resolve_source
 from .engine import KV_CACHE_BYTES
-from .env import configure_cpu_env
+from .env import choose_model_runner, configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_options
-from .versions import check_vllm_version, choose_model_runner, installed_vllm_version, supported_range
+from .versions import check_vllm_version, installed_vllm_version, supported_range
 
 # Added to `vllm serve` unless the user passes the same option (or, for memory, any memory option).
 # KV memory is set explicitly because on CPU vLLM would otherwise take a share of RAM. The dtype

