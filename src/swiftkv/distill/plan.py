@@ -55,9 +55,11 @@ class MemoryPlan:
     total: float
 
     def lines(self) -> list[str]:
+        """One line; in MiB when the total is under 1 GiB (a small model's plan would read 0.00 GiB)."""
         parts = ("weights", "gathered", "trained", "gradients", "optimizer", "activations", "total")
-        return [f"{self.mode} x {self.world_size}: " + ", ".join(f"{name} {getattr(self, name):.2f}" for name in parts)
-                + " GiB per process"]
+        scale, unit = (1, "GiB") if self.total >= 1 else (1024, "MiB")
+        return [f"{self.mode} x {self.world_size}: " + ", ".join(f"{name} {getattr(self, name) * scale:.2f}"
+                                                                for name in parts) + f" {unit} per process"]
 
 
 def meta_model(source: str, trainable_set: str, lora_rank: int | None):
