@@ -31,6 +31,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..dtypes import DTYPE_NAMES
+from ..files import write_atomic
 from ..model.config import is_swiftkv
 from ..sources import resolve_source
 from . import trainable
@@ -132,5 +133,5 @@ def print_plan(settings, world_size: int, device: str = "cuda", json_path: str |
     for plan in plans:
         print("\n".join(plan.lines()))
     if json_path:
-        Path(json_path).write_text(json.dumps([asdict(p) for p in plans], indent=2) + "\n")
+        write_atomic(json_path, json.dumps([asdict(p) for p in plans], indent=2) + "\n")
     return plans

@@ -21,7 +21,7 @@ from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
 from .trainable import STUDENT_MODULES, student_weights
-from .trainer import evaluate, finished, run_summary, train, trained_tensors
+from .trainer import evaluate, finished, run_summary, run_training, trained_tensors
 from .world import World, barrier, close_world, init_world, log
 
 
@@ -49,7 +49,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
 def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
     model, tokenizer = load_student(settings)
     started = time.time()
-    state, distiller = train(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
+    state, distiller = run_training(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
     summary = run_summary(settings, state, world.device)
     done = finished(state)
     trained = trained_tensors(distiller, world) if done else {}  # a collective under --fsdp
@@ -87,7 +87,7 @@ def write_output(settings: DistillSettings, trained: dict[str, torch.Tensor], to
     output = load_model(settings.source, dtype=torch.float32)
     own = swiftkv_parameters(output)
     merged = student_weights(trained, output.state_dict())
-    load_trained(output, {name: tensor for name, tensor in trained.items() if name in own})
+    load_trained(output, {name: tensor for name, tensor in trained.items() if name in own}, own)
     if merged:
         load_trained(output, merged, dict(output.named_parameters()))
         output.config.swiftkv_student_trained = list(STUDENT_MODULES[settings.trainable])

@@ -70,6 +70,8 @@ class StudentCopy(nn.Module):
 
 
 STUDENT_WRAPPERS = (LowRankAdapter, StudentCopy)
+COPY = ".copy."  # StudentCopy's name for its trained module: layer.mlp.copy.up_proj.weight
+LORA_B = ".lora_b"  # an adapter's second factor; its first is ".lora_a" beside it
 
 
 def max_lora_rank(config) -> int:
@@ -148,6 +150,3 @@ def student_weights(trained: dict[str, torch.Tensor], source: dict[str, torch.Te
             weights[f"{path}.weight"] = source[f"{path}.weight"].float() + tensor.detach().float() @ factor_a
     return weights
 
-
-COPY = ".copy."  # StudentCopy's name for its trained module
-LORA_B = ".lora_b"

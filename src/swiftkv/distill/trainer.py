@@ -53,7 +53,7 @@ def optimizer_for(model: nn.Module, settings: DistillSettings) -> torch.optim.Op
     """AdamW over the run's trainable set (installed before, so that a sharded model is built first):
     the SwiftKV parameters at --lr, the student-only later-layer weights (if any) at --late-lr. Each
     group keeps its peak rate for the schedule."""
-    trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    trained = trained_parameters(model)
     own = swiftkv_parameters(model)
     groups = [{"params": [p for n, p in trained.items() if n in own], "peak_lr": settings.lr}]
     late = [p for n, p in trained.items() if n not in own]
@@ -304,11 +304,11 @@ def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
     state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
     of `--targets teacher|mixed`."""
-    return train(settings, model, tokenizer, world or World(), replies)[0]
+    return run_training(settings, model, tokenizer, world or World(), replies)[0]
 
 
-def train(settings: DistillSettings, model: nn.Module, tokenizer, world: World,
-          replies=None) -> tuple[RunState, nn.Module]:
+def run_training(settings: DistillSettings, model: nn.Module, tokenizer, world: World,
+                 replies=None) -> tuple[RunState, nn.Module]:
     """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
     in place, and `trained_tensors` gathers what it trained through it."""
     check_batch(settings.batch_size, settings.micro_batch, world)

@@ -62,12 +62,12 @@ def training_device() -> torch.device:
     return compute_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def all_reduce(tensor: torch.Tensor, world: World, op=None) -> torch.Tensor:
-    """Sum (or `op`) over processes (through the group's device: nccl only reduces CUDA tensors)."""
+def all_reduce(tensor: torch.Tensor, world: World) -> torch.Tensor:
+    """Sum over processes (through the group's device: nccl only reduces CUDA tensors)."""
     if not world.ddp:
         return tensor
     on_device = tensor.to(world.device)
-    torch.distributed.all_reduce(on_device, op=op or torch.distributed.ReduceOp.SUM)
+    torch.distributed.all_reduce(on_device)
     return on_device.to(tensor.device)
 
 
