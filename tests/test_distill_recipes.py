@@ -18,7 +18,7 @@ from swiftkv.data.tokens import (
     teacher_documents,
     turn_prompts,
 )
-from swiftkv.distill.settings import RECIPES, settings_for
+from swiftkv.distill.settings import DistillSettings, settings_for
 from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
@@ -46,10 +46,10 @@ def test_recipes_are_presets_that_explicit_options_override():
     assert (reference.mse_weight, reference.mse_hidden_index, reference.lr, reference.warmup) == (1.0, -2, 2e-4, 0.05)
     assert settings_for("m", "reference", lr=1e-3, init=None).lr == 1e-3  # None = not given
     ours = settings_for("m")  # the default: R13 of the study, lstsq init, teacher replies cut at 64 tokens
-    assert ours.recipe == "swiftkv" and ours.init == RECIPES["swiftkv"]["init"]
+    assert ours.recipe == "swiftkv" and ours == DistillSettings(source="m")  # the field defaults are the recipe
     assert (ours.init, ours.targets, ours.reply_tokens, ours.lr, ours.batch_size) == ("lstsq", "teacher", 64, 2e-3, 2)
     assert settings_for("m", reply_tokens=512).reply_tokens == 512
-    assert settings_for("m", "reference").reply_tokens == 512  # the field's default, unused by human targets
+    assert settings_for("m", "reference").reply_tokens == 512  # the reference's cap, unused by human targets
     lora = settings_for("m", "swiftkv-lora")  # R13 plus the capacity study's rank-64 adapters
     assert (lora.init, lora.targets, lora.lr, lora.trainable, lora.lora_rank, lora.late_lr) == \
         ("lstsq", "teacher", 2e-3, "lora", 64, 1e-3)

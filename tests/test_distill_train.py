@@ -140,7 +140,7 @@ def run_settings(tmp_path, **overrides) -> DistillSettings:
     data = tmp_path / "chats.jsonl"
     if not data.exists():
         write_jsonl(data, random_chats(60, seed=5))
-    values = dict(source="tiny", data=str(data), tokens=32 * 4 * 4, heldout_tokens=64, seq_len=32, batch_size=4,
+    values = dict(source="tiny", data=str(data), init="keep", targets="human", tokens=32 * 4 * 4, heldout_tokens=64, seq_len=32, batch_size=4,
                   micro_batch=2, lr=5e-3, eval_every=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
                   dtype="float32")
     return DistillSettings(**{**values, **overrides})

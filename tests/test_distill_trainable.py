@@ -168,7 +168,8 @@ def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teache
     pair = load_pair(str(out), str(source), torch.float32)
     assert pair.mode == "separate"  # never the student's own (gone) teacher path
     with pytest.raises(ValueError, match="cannot be distilled"):
-        run_distillation(DistillSettings(source=str(out), out=str(tmp_path / "again"), dtype="float32"))
+        run_distillation(DistillSettings(source=str(out), out=str(tmp_path / "again"), init="keep", targets="human",
+                                          dtype="float32"))
 
 
 def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):

@@ -16,7 +16,7 @@ from .options import add_dataclass_options, given_values
 
 
 def register(subparsers) -> None:
-    recipes = "; ".join(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+    recipes = "; ".join(f"{name}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the defaults shown")
                         for name, values in RECIPES.items())
     parser = subparsers.add_parser(
         "distill", help="distill a converted SwiftKV model (teacher = the same weights with swiftkv off)",
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--recipe", default=DEFAULT_RECIPE, metavar="NAME",
                         help=f"named preset: {' or '.join(RECIPES)} (default {DEFAULT_RECIPE}; reference = "
                         "ArcticTraining's recipe; see docs/distillation.md)")
-    add_dataclass_options(parser, DistillSettings, defaults=RECIPES[DEFAULT_RECIPE])
+    add_dataclass_options(parser, DistillSettings)
     parser.add_argument("--compare-naive", type=int, metavar="STEPS",
                         help="measure tokens/s of STEPS steps shared-prefix vs naive, print JSON, train nothing")
     parser.add_argument("--speed", type=int, metavar="STEPS",

@@ -32,18 +32,15 @@ def base_type(field: dataclasses.Field, owner: type) -> type:
     return args[0] if args else hint
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, settings_class: type, skip: tuple[str, ...] = (),
-                          defaults: dict[str, Any] | None = None) -> None:
-    """One option per field of `settings_class` (except `skip` and fields with metadata cli=False).
-    `defaults` are only shown in --help (e.g. a preset's values); the parsed value stays None when
-    the option is not given."""
-    shown = {f.name: f.default for f in dataclasses.fields(settings_class)} | (defaults or {})
+def add_dataclass_options(parser: argparse.ArgumentParser, settings_class: type, skip: tuple[str, ...] = ()) -> None:
+    """One option per field of `settings_class` (except `skip` and fields with metadata cli=False), its
+    default shown in --help; the parsed value stays None when the option is not given."""
     for field in dataclasses.fields(settings_class):
         if field.name in skip or not field.metadata.get("cli", True):
             continue
         kind = base_type(field, settings_class)
         help_text = field.metadata.get("help", "")
-        default = shown.get(field.name)
+        default = field.default
         if kind is bool:  # a switch: --NAME turns an off setting on, --no-NAME an on setting off
             action = "store_false" if field.default is True else "store_true"
             parser.add_argument(option_name(field), dest=field.name, action=action, default=None, help=help_text)

@@ -1,20 +1,19 @@
 """What a distillation run is: one dataclass, declared once. The command line is generated from it
-(`swiftkv.cli.options`), the checkpoint fingerprint is computed from it, and the two named recipes
-are partial assignments of it.
+(`swiftkv.cli.options`), the checkpoint fingerprint is computed from it, and its field defaults are the
+default recipe; the other recipes are named overrides of them.
 
 Recipes (`--recipe`):
+  swiftkv    ours (the default: the field defaults): lstsq init; the teacher's own greedy replies, cut at
+             64 tokens, as the assistant turns, so the student learns the exact distribution it is judged
+             against, with many answer starts per token; T^2 * KL at T = 2 averaged over those reply tokens
+             only, no MSE term; lr 2e-3 (5% warmup, linear decay) at steps of 2 blocks.
   reference  ArcticTraining's SwiftKV recipe, reproduced: mean init; T^2 * KL at T = 2 on assistant
              tokens, averaged over *all* positions (their `torch.mean` over the masked loss); plus
              1.0 x MSE of `hidden_states[-2]` (the residual stream entering the last layer) over all
-             positions; lr 2e-4, 5% warmup, linear decay; the human-written replies of the data.
-  swiftkv    ours (the default), the winner (R13) of the equal-budget study in docs/distillation.md:
-             lstsq init; the teacher's own greedy replies, cut at 64 tokens, as the assistant turns, so
-             the student learns the exact distribution it is judged against, with many answer starts per
-             token; T^2 * KL at T = 2 averaged over those reply tokens only, no MSE term; lr 2e-3 (5%
-             warmup, linear decay) at steps of 2 blocks.
+             positions; lr 2e-4 at steps of 16 blocks; the human-written replies of the data.
   swiftkv-lora  swiftkv plus student-only rank-64 adapters (lr 1e-3) on the later layers' o_proj and
-             MLP, the winner of study round 4 (student capacity); the written folder merges them, so
-             it serves unchanged but no longer contains its teacher.
+             MLP; the written folder merges them, so it serves unchanged but no longer contains its teacher.
+How each recipe was chosen, with the study's figures, is in docs/distillation.md and docs/history.md.
 Options given on the command line override the recipe's values.
 """
 
@@ -55,9 +54,9 @@ class DistillSettings:
     out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
     data: str = setting("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder")
     teacher: str | None = setting(None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)")
-    init: str = setting("keep", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
+    init: str = setting("lstsq", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
                     "mean (reference) or lstsq", choices=INITS)
-    targets: str = setting("human", "assistant turns to learn on: the data's own (human), the teacher's greedy "
+    targets: str = setting("teacher", "assistant turns to learn on: the data's own (human), the teacher's greedy "
                        "replies to the same first prompts (teacher; generated once with vLLM or transformers and "
                        "cached), or half of each (mixed)", choices=TARGETS)
     reply_writer: str = setting("teacher", "who writes the replies of --targets teacher|mixed: the teacher, or the "
@@ -65,7 +64,7 @@ class DistillSettings:
                                 "snapshot that shows the teacher the student's own continuations)",
                                 choices=REPLY_WRITERS)
     teacher_data: str | None = setting(None, "JSONL cache of the written replies (default: in the swiftkv cache)")
-    reply_tokens: int = setting(512, "max tokens of a written reply (the swiftkv recipe: 64)")
+    reply_tokens: int = setting(64, "max tokens of a written reply")
     long_share: float = setting(0.0, "share of the written-reply train tokens that answer long prompts (1-2k "
                                 "tokens of passages + a question, or a document + a summary request, built from "
                                 "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
@@ -87,11 +86,11 @@ class DistillSettings:
                       "of --batch-size x --seq-len, so at least this many train", parse=parse_count)
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
-    batch_size: int = setting(16, "blocks per optimizer step, over all processes")
+    batch_size: int = setting(2, "blocks per optimizer step, over all processes (the lr was tuned with it)")
     micro_batch: int | str = setting(AUTO, "blocks per forward, or auto: on CUDA the largest divisor of the "
                                      "per-process batch whose first step fits in memory (tried), on CPU 2",
                                      parse=parse_micro_batch)
-    lr: float = setting(2e-4, "peak learning rate (AdamW)")
+    lr: float = setting(2e-3, "peak learning rate (AdamW)")
     warmup: float = setting(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
     weight_decay: float = setting(0.0, "AdamW weight decay")
     temperature: float = setting(2.0, "softmax temperature of the T^2 * KL term")
@@ -232,20 +231,14 @@ class RunIdentity:
 
 MODEL_KEY = "model "  # prefix of the model's identity keys in a checkpoint's fingerprint
 
+# Each recipe is what it changes from the field defaults (which are "swiftkv"). The reference keeps
+# ArcticTraining's step of 16 blocks and lr; its 512-token reply cap matters only with --targets teacher.
 RECIPES: dict[str, dict] = {
-    "reference": {"init": "mean", "targets": "human", "temperature": 2.0, "kl_mean_over": "positions",
-                  "top1_weight": 0.0, "mse_weight": 1.0, "mse_hidden_index": -2, "lr": 2e-4, "warmup": 0.05, "weight_decay": 0.0},
-    # R13 of the study (R9 with replies cut at 64 tokens: 2.1x the answer starts, the weakest positions,
-    # per token). The lr was measured at steps of 2 blocks x 1024 tokens, so the step is part of it.
-    "swiftkv": {"init": "lstsq", "targets": "teacher", "reply_tokens": 64, "temperature": 2.0, "kl_mean_over": "targets",
-                "top1_weight": 0.0, "mse_weight": 0.0, "mse_hidden_index": -2, "lr": 2e-3, "warmup": 0.05, "weight_decay": 0.0,
-                "batch_size": 2},
+    "swiftkv": {},
+    "reference": {"init": "mean", "targets": "human", "kl_mean_over": "positions", "mse_weight": 1.0, "lr": 2e-4,
+                  "batch_size": 16, "reply_tokens": 512},
+    "swiftkv-lora": {"trainable": "lora", "lora_rank": 64, "late_lr": 1e-3},
 }
-# C1 r64 of study round 4 (docs/distillation.md): R13 plus student-only rank-64 adapters on the later
-# layers' o_proj and MLP, merged when the folder is written. At the study's equal budget it beat R13 on
-# chat KL (0.585 -> 0.568), top-1 (.684 -> .690) and first divergence (1.66 -> 1.88) with a knowledge
-# difference of +0.17 points (R13: +0.07), at the same tok/s; its folder no longer holds its teacher.
-RECIPES["swiftkv-lora"] = {**RECIPES["swiftkv"], "trainable": "lora", "lora_rank": 64, "late_lr": 1e-3}
 DEFAULT_RECIPE = "swiftkv"
 
 
