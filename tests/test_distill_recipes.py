@@ -71,7 +71,7 @@ def test_probe_is_transformers_hidden_states_minus_two():
     ids = torch.randint(3, 128, (2, 10))
     positions = torch.arange(10).expand(2, 10)
     settings = settings_for("tiny", "reference")
-    layer = probe_layer_of(settings.step_settings(), model.config)
+    layer = probe_layer_of(settings.step_settings().loss, model.config)
     assert layer == model.config.num_hidden_layers - 1
     with torch.no_grad():
         pair = model.model.forward_pair(ids, positions, None, probe_layer=layer)
@@ -82,7 +82,7 @@ def test_probe_is_transformers_hidden_states_minus_two():
     assert (pair.teacher_probe - teacher.reshape(-1, teacher.shape[-1])).abs().max().item() < 1e-5
     assert (pair.student_probe - student.reshape(-1, student.shape[-1])).abs().max().item() < 1e-5
     with pytest.raises(ValueError, match="expected the input of a later layer"):
-        probe_layer_of(settings_for("tiny", "reference", mse_hidden_index=2).step_settings(), model.config)
+        probe_layer_of(settings_for("tiny", "reference", mse_hidden_index=2).step_settings().loss, model.config)
 
 
 def test_reference_loss_is_kl_over_all_positions_plus_mse():
@@ -92,7 +92,7 @@ def test_reference_loss_is_kl_over_all_positions_plus_mse():
     docs = [Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)]
     blocks = pack(docs, 24, max_blocks=2)
     settings = settings_for("tiny", "reference", init="keep", batch_size=2, micro_batch=1, lr=0.0, dtype="float32")
-    layer = probe_layer_of(settings.step_settings(), model.config)
+    layer = probe_layer_of(settings.step_settings().loss, model.config)
     with torch.no_grad():
         rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
         pair = model.model.forward_pair(blocks.input_ids, blocks.position_ids, rows, probe_layer=layer)

@@ -5,7 +5,7 @@ import torch
 
 from swiftkv.data.packing import pack
 from swiftkv.data.tokens import Document
-from swiftkv.distill.loss import backward_distill_loss, distill_loss_sum
+from swiftkv.distill.loss import LossTerms, backward_logit_loss, logit_loss_sum
 from swiftkv.distill.settings import DistillSettings
 from swiftkv.distill.trainer import (
     BatchSizes,
@@ -34,10 +34,10 @@ def test_chunked_loss_and_gradients_equal_unchunked(top1_weight):
         projection.zero_grad()
         student = projection(inputs)
         if chunked:
-            value = backward_distill_loss(student, teacher, head, 2.0, scale=0.1, chunk_rows=8,
-                                          top1_weight=top1_weight)
+            value = backward_logit_loss(student, teacher, head, LossTerms(2.0, chunk_rows=8, top1_weight=top1_weight),
+                                        scale=0.1)
         else:
-            loss = distill_loss_sum(student, teacher, head, 2.0, top1_weight)
+            loss = logit_loss_sum(student, teacher, head, LossTerms(2.0, top1_weight=top1_weight))
             (loss * 0.1).backward()
             value = float(loss.detach())
         gradients.append((value, projection.weight.grad.clone()))
@@ -50,12 +50,12 @@ def test_chunked_loss_and_gradients_equal_unchunked(top1_weight):
 def test_kl_is_zero_for_identical_rows_and_scaled_by_t_squared():
     head = torch.nn.Linear(8, 20)
     rows = torch.randn(5, 8)
-    assert float(distill_loss_sum(rows, rows, head, 2.0)) == pytest.approx(0.0, abs=1e-6)
+    assert float(logit_loss_sum(rows, rows, head, LossTerms(2.0))) == pytest.approx(0.0, abs=1e-6)
     other = torch.randn(5, 8)
     with torch.no_grad():
         p, q = torch.log_softmax(head(rows) / 3, -1), torch.log_softmax(head(other) / 3, -1)
         expected = float((p.exp() * (p - q)).sum() * 9)
-    assert float(distill_loss_sum(other, rows, head, 3.0)) == pytest.approx(expected, rel=1e-5)
+    assert float(logit_loss_sum(other, rows, head, LossTerms(3.0))) == pytest.approx(expected, rel=1e-5)
 
 
 def test_top1_term_is_the_cross_entropy_of_the_teachers_argmax():
@@ -65,15 +65,15 @@ def test_top1_term_is_the_cross_entropy_of_the_teachers_argmax():
     with torch.no_grad():
         argmax = head(teacher).argmax(-1)
         nll = -torch.log_softmax(head(student), -1)[torch.arange(6), argmax].sum()
-        kl = distill_loss_sum(student, teacher, head, 1.0)
-    assert float(distill_loss_sum(student, teacher, head, 1.0, top1_weight=0.5)) == pytest.approx(
+        kl = logit_loss_sum(student, teacher, head, LossTerms(1.0))
+    assert float(logit_loss_sum(student, teacher, head, LossTerms(1.0, top1_weight=0.5))) == pytest.approx(
         float(kl + 0.5 * nll), rel=1e-5)
     # where the student already puts (almost) all its mass on the teacher's argmax, the term vanishes
     sharp = torch.nn.Linear(8, 20)
     with torch.no_grad():
         sharp.weight.copy_(head.weight * 1000)
         sharp.bias.copy_(head.bias * 1000)
-    assert float(distill_loss_sum(teacher, teacher, sharp, 1.0, top1_weight=1.0)) == pytest.approx(0.0, abs=1e-3)
+    assert float(logit_loss_sum(teacher, teacher, sharp, LossTerms(1.0, top1_weight=1.0))) == pytest.approx(0.0, abs=1e-3)
 
 
 def blocks_for(model, seq_len=24, count=2):
@@ -87,7 +87,7 @@ def loss_and_grads(model, blocks, naive: bool):
         p.grad = None
     rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
     pair = SharedPrefixDistiller(model, naive=naive)(blocks.input_ids, blocks.position_ids, rows)
-    value = backward_distill_loss(pair.student, pair.teacher, model.lm_head, 2.0, chunk_rows=16)
+    value = backward_logit_loss(pair.student, pair.teacher, model.lm_head, LossTerms(2.0, chunk_rows=16))
     return value, [p.grad.clone() for p in parameters]
 
 

@@ -1,18 +1,47 @@
 """Distillation loss: T^2 * KL(teacher || student) on softmax(logits / T), plus optional cross-entropy
-on the teacher's top-1 token and hidden MSE.
+on the teacher's top-1 token and hidden MSE, composed by `distill_loss` from the run's `LossTerms`.
 
 Inputs are the final hidden states (after the final norm) of the trained rows only, so the
 vocabulary projection runs only where the loss is defined. Full-vocab logits never exist for the
-whole batch: `backward_distill_loss` projects `chunk_rows` rows at a time, back-propagates each
+whole batch: `backward_logit_loss` projects `chunk_rows` rows at a time, back-propagates each
 chunk into a detached copy of the hidden states, then sends the accumulated gradient through the
 model in one call. Peak memory is one chunk of logits, and no logits are recomputed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..metrics import LogitsFn, kl_sum, top1_cross_entropy_sum
+from ..model.modeling import PairHidden
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """What the loss adds up (`--temperature`, `--kl-mean-over`, `--top1-weight`, `--mse-weight`,
+    `--mse-hidden-index`, `--chunk-rows`): the logit terms summed over the trained positions and divided by
+    them (or by every position, as the reference does); the MSE term over every position."""
+
+    temperature: float = 2.0
+    kl_mean_over: str = "targets"
+    top1_weight: float = 0.0
+    mse_weight: float = 0.0
+    mse_hidden_index: int = -2  # the transformers hidden_states entry the MSE compares
+    chunk_rows: int = 512  # positions per vocabulary chunk
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Denominators of the global batch's mean loss (the same on every process)."""
+
+    targets: int  # trained positions (assistant tokens)
+    positions: int  # every position
+
+    @classmethod
+    def of(cls, blocks) -> BatchSizes:
+        return cls(int(blocks.loss_mask.sum()), blocks.loss_mask.numel())
 
 
 def mse_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor) -> torch.Tensor:
@@ -20,23 +49,22 @@ def mse_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor) -> torch.Ten
     return (student_rows.float() - teacher_rows.float()).pow(2).mean(dim=-1).sum()
 
 
-def distill_loss_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                     temperature: float, top1_weight: float = 0.0) -> torch.Tensor:
+def logit_loss_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
+                   terms: LossTerms) -> torch.Tensor:
     """The logit terms summed over rows, unchunked (reference for tests; needs all logits at once):
     T^2 * KL, plus `top1_weight` x cross-entropy on the teacher's most likely token."""
     with torch.no_grad():
         teacher_logits = logits_fn(teacher_rows)
     student_logits = logits_fn(student_rows)
-    loss = kl_sum(student_logits, teacher_logits, temperature)
-    if top1_weight:
-        loss = loss + top1_weight * top1_cross_entropy_sum(student_logits, teacher_logits)
+    loss = kl_sum(student_logits, teacher_logits, terms.temperature)
+    if terms.top1_weight:
+        loss = loss + terms.top1_weight * top1_cross_entropy_sum(student_logits, teacher_logits)
     return loss
 
 
-def backward_distill_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                          temperature: float, scale: float = 1.0, chunk_rows: int = 256,
-                          also: torch.Tensor | None = None, top1_weight: float = 0.0) -> float:
-    """Back-propagate `scale * distill_loss_sum(...)` chunk by chunk; return the unscaled sum.
+def backward_logit_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
+                        terms: LossTerms, scale: float = 1.0, also: torch.Tensor | None = None) -> float:
+    """Back-propagate `scale * logit_loss_sum(...)` chunk by chunk; return the unscaled sum.
 
     `student_rows` must carry the graph to the trained parameters; `teacher_rows` is a constant.
     `also` is another scalar loss term (already weighted and scaled, e.g. the hidden-state MSE) whose
@@ -44,9 +72,9 @@ def backward_distill_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor
     """
     leaf = student_rows.detach().requires_grad_(True)
     total = 0.0
-    for start in range(0, leaf.shape[0], chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        loss = distill_loss_sum(leaf[rows], teacher_rows[rows], logits_fn, temperature, top1_weight)
+    for start in range(0, leaf.shape[0], terms.chunk_rows):
+        rows = slice(start, start + terms.chunk_rows)
+        loss = logit_loss_sum(leaf[rows], teacher_rows[rows], logits_fn, terms)
         (loss * scale).backward()
         total += float(loss.detach())
     outputs, grads = [], []
@@ -59,3 +87,20 @@ def backward_distill_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor
     if outputs:
         torch.autograd.backward(outputs, grads)
     return total
+
+
+def distill_loss(pair: PairHidden, logits_fn: LogitsFn, terms: LossTerms, sizes: BatchSizes, world_size: int,
+                 trained: bool = True) -> float:
+    """Every term of one micro-batch, back-propagated, each scaled so that the gradients summed over a
+    step's micro-batches and averaged over the processes are those of the global mean loss; returns this
+    micro-batch's share of that mean. `trained` False: the micro-batch has no trained position (a block
+    of user text only; `pair` then holds one stand-in row), so the logit terms add nothing."""
+    divisor = max(1, sizes.targets if terms.kl_mean_over == "targets" else sizes.positions)
+    share, mse_term = 0.0, None
+    if pair.student_probe is not None:
+        mse = mse_sum(pair.student_probe, pair.teacher_probe) / max(1, sizes.positions)
+        mse_term = terms.mse_weight * mse * world_size
+        share += float(mse_term.detach()) / world_size
+    scale = world_size / divisor if trained else 0.0
+    logit_sum = backward_logit_loss(pair.student, pair.teacher, logits_fn, terms, scale, also=mse_term)
+    return share + (logit_sum / divisor if trained else 0.0)

@@ -31,6 +31,7 @@ from ..replies import PROMPT_TURNS, RepliesSettings
 from ..replies import WRITERS as REPLY_WRITERS
 from ..settings import parse_count, setting
 from ..sources import resolve_source
+from .loss import LossTerms
 from .microbatch import AUTO, parse_micro_batch
 from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
 
@@ -129,7 +130,8 @@ class DistillSettings:
 
     def step_settings(self) -> StepSettings:
         """The part of the settings one forward + backward and a held-out evaluation read."""
-        return StepSettings(**{f.name: getattr(self, f.name) for f in fields(StepSettings)})
+        loss = LossTerms(**{f.name: getattr(self, f.name) for f in fields(LossTerms)})
+        return StepSettings(self.micro_batch, self.dtype, self.naive, self.max_grad_norm, loss)
 
     def check_parallelism(self) -> None:
         """Settings sharding cannot honour, refused before any work."""
@@ -199,13 +201,8 @@ class StepSettings:
     micro_batch: int | str  # `auto` until trainer.sized_micro_batch resolves it to a number
     dtype: str
     naive: bool
-    temperature: float
-    kl_mean_over: str
-    top1_weight: float
-    mse_weight: float
-    mse_hidden_index: int
     max_grad_norm: float
-    chunk_rows: int
+    loss: LossTerms
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from ..data.packing import load_blocks
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import distill_flops_per_token, matmul_peak
 from . import trainable
+from .loss import BatchSizes
 from .setup import load_student
 from .trainer import (
     ATTENTION,
-    BatchSizes,
     cast_frozen,
     distiller_for,
     optimizer_for,

@@ -17,7 +17,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from . import memory, microbatch, sharding, trainable
 from .checkpoint import RunState, inner_model, load_checkpoint, save_checkpoint, trained_parameters
-from .loss import backward_distill_loss, mse_sum
+from .loss import BatchSizes, LossTerms, distill_loss
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
 from .world import World, all_reduce, log
 
@@ -91,18 +91,18 @@ class SharedPrefixDistiller(nn.Module):
 
 def distiller_for(model: nn.Module, step: StepSettings) -> SharedPrefixDistiller:
     """The plain (not DDP) distiller of a run: shared prefix or naive, with the MSE's probe layer."""
-    return SharedPrefixDistiller(model, naive=step.naive, probe_layer=probe_layer_of(step, model.config))
+    return SharedPrefixDistiller(model, naive=step.naive, probe_layer=probe_layer_of(step.loss, model.config))
 
 
-def probe_layer_of(step: StepSettings, config) -> int | None:
+def probe_layer_of(terms: LossTerms, config) -> int | None:
     """The later layer whose input the MSE compares: transformers' hidden_states[k] is the input of
     layer k (k < L), so index -2 is the input of the last layer."""
-    if not step.mse_weight:
+    if not terms.mse_weight:
         return None
     layers = config.num_hidden_layers
-    layer = step.mse_hidden_index % (layers + 1)
+    layer = terms.mse_hidden_index % (layers + 1)
     if not config.num_key_value_layers < layer < layers:
-        raise ValueError(f"--mse-hidden-index {step.mse_hidden_index} is hidden_states[{layer}], the input of "
+        raise ValueError(f"--mse-hidden-index {terms.mse_hidden_index} is hidden_states[{layer}], the input of "
                          f"layer {layer}; expected the input of a later layer {config.num_key_value_layers + 1}.."
                          f"{layers - 1} (early layers are identical in teacher and student)")
     return layer
@@ -132,18 +132,6 @@ def rank_blocks(train: Blocks, step: int, batch_size: int, world: World) -> Bloc
     return train.select(slice(start, start + per_rank))
 
 
-@dataclass
-class BatchSizes:
-    """Denominators of the global batch's mean loss (the same on every process)."""
-
-    targets: int  # trained positions (assistant tokens)
-    positions: int  # every position
-
-    @classmethod
-    def of(cls, blocks: Blocks) -> BatchSizes:
-        return cls(int(blocks.loss_mask.sum()), blocks.loss_mask.numel())
-
-
 def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, blocks: Blocks,
                sizes: BatchSizes, step: StepSettings, world: World) -> float:
     """One optimizer step over this process's blocks; returns this process's share of the global
@@ -158,10 +146,8 @@ def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Op
 
 def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks, sizes: BatchSizes,
                          step: StepSettings, world: World) -> float:
-    """Forward + backward of `blocks`, --micro-batch blocks at a time. Each micro-batch is scaled so
-    the (process-averaged) gradient is that of the global mean loss; returns this process's share of it.
-    A micro-batch without trained positions (a block of user text only) adds nothing to the KL."""
-    kl_count = sizes.targets if step.kl_mean_over == "targets" else sizes.positions
+    """Forward + backward of `blocks`, --micro-batch blocks at a time; returns this process's share of
+    the step's global mean loss (`distill_loss` scales each micro-batch's gradients to it)."""
     micro_batches = [blocks.select(slice(i, i + step.micro_batch)) for i in range(0, len(blocks), step.micro_batch)]
     total, device = 0.0, device_of(model)
     dtype = resolve_dtype(step.dtype, device)
@@ -170,15 +156,7 @@ def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks,
             micro = micro.to(device)
             rows, trained = rows_of(micro)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
-            mse_term = None
-            if pair.student_probe is not None:
-                mse = mse_sum(pair.student_probe, pair.teacher_probe) / max(1, sizes.positions)
-                mse_term = step.mse_weight * mse * world.size
-                total += float(mse_term.detach()) / world.size
-            scale = world.size / max(1, kl_count) if trained else 0.0
-            kl = backward_distill_loss(pair.student, pair.teacher, model.lm_head, step.temperature, scale,
-                                       step.chunk_rows, also=mse_term, top1_weight=step.top1_weight)
-            total += kl / max(1, kl_count) if trained else 0.0
+            total += distill_loss(pair, model.lm_head, step.loss, sizes, world.size, trained)
     return total
 
 
@@ -216,7 +194,7 @@ def evaluate(model: nn.Module, heldout: Blocks, step: StepSettings, world: World
         with autocast(resolve_dtype(step.dtype, device), device):
             rows, trained = rows_of(micro)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
-            stats = agreement_stats(pair.student, pair.teacher, model.lm_head, step.chunk_rows)
+            stats = agreement_stats(pair.student, pair.teacher, model.lm_head, step.loss.chunk_rows)
             if counted and trained:
                 totals += torch.tensor(stats, dtype=torch.float64)
     all_reduce(totals, world)
