@@ -39,7 +39,8 @@ run: install
 	$(BIN)/swiftkv demo
 
 lint: install
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff format src tests docs
+	$(BIN)/ruff check src tests docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

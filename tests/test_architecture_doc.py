@@ -29,11 +29,18 @@ def documented_modules() -> set[str]:
 
 
 def package_modules() -> set[str]:
-    return {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-            if p.name != "__init__.py" or p.parent.name == "vllm"}
+    return {
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__init__.py" or p.parent.name == "vllm"
+    }
 
 
 def test_the_architecture_tree_lists_exactly_the_package_modules():
     documented, present = documented_modules(), package_modules()
-    assert not present - documented, f"modules missing from docs/architecture.md's tree: {sorted(present - documented)}"
-    assert not documented - present, f"docs/architecture.md's tree names modules that do not exist: {sorted(documented - present)}"
+    assert not present - documented, (
+        f"modules missing from docs/architecture.md's tree: {sorted(present - documented)}"
+    )
+    assert not documented - present, (
+        f"docs/architecture.md's tree names modules that do not exist: {sorted(documented - present)}"
+    )

@@ -88,15 +88,20 @@ def test_a_failed_request_breaks_the_slo_and_counts_in_no_metric():
     assert not row["meets_slo"]
 
 
-@pytest.mark.parametrize(("meets", "expected"), [
-    ([True, True, True, True], 4.0),
-    ([True, True, False, False], 2.0),
-    ([True, False, True, True], 1.0),  # a pass above a failure is noise, not capacity
-    ([False, True, True, True], None),
-])
+@pytest.mark.parametrize(
+    ("meets", "expected"),
+    [
+        ([True, True, True, True], 4.0),
+        ([True, True, False, False], 2.0),
+        ([True, False, True, True], 1.0),  # a pass above a failure is noise, not capacity
+        ([False, True, True, True], None),
+    ],
+)
 def test_max_sustained_rate(meets, expected):
     assert max_sustained_rate([1.0, 2.0, 3.0, 4.0], meets) == expected
-    assert max_sustained_rate([4.0, 3.0, 2.0, 1.0], meets[::-1]) == expected  # order of the input is irrelevant
+    assert (
+        max_sustained_rate([4.0, 3.0, 2.0, 1.0], meets[::-1]) == expected
+    )  # order of the input is irrelevant
 
 
 def test_poisson_arrivals_are_seeded_with_mean_gap_one_over_rate():
@@ -179,15 +184,23 @@ def test_json_ready_turns_non_finite_numbers_into_null():
     from swiftkv.bench.online import json_ready
 
     report = {"a": [1.0, math.nan], "b": {"c": math.inf, "d": "x"}, "e": (2, 3)}
-    assert json.loads(json.dumps(json_ready(report), allow_nan=False)) == {"a": [1.0, None], "b": {"c": None, "d": "x"},
-                                                                            "e": [2, 3]}
+    assert json.loads(json.dumps(json_ready(report), allow_nan=False)) == {
+        "a": [1.0, None],
+        "b": {"c": None, "d": "x"},
+        "e": [2, 3],
+    }
 
 
 # -- servers ---------------------------------------------------------------------------------------
 
 
-ENGINE = {"dtype": "float32", "max_model_len": 1024, "kv_cache_memory_bytes": 2**28, "enable_prefix_caching": False,
-          "enforce_eager": True}
+ENGINE = {
+    "dtype": "float32",
+    "max_model_len": 1024,
+    "kv_cache_memory_bytes": 2**28,
+    "enable_prefix_caching": False,
+    "enforce_eager": True,
+}
 
 
 def test_server_commands_differ_only_in_fast_prefill():
@@ -222,8 +235,10 @@ def test_a_server_that_exits_early_fails_with_its_log(tmp_path):
     from swiftkv.bench.online_server import free_port, running_server
 
     command = [sys.executable, "-c", "print('no such model'); raise SystemExit(3)"]
-    with pytest.raises(RuntimeError, match="(?s)code 3.*no such model"), \
-            running_server(command, dict(os.environ), f"http://127.0.0.1:{free_port()}", tmp_path / "s.log", 60):
+    with (
+        pytest.raises(RuntimeError, match="(?s)code 3.*no such model"),
+        running_server(command, dict(os.environ), f"http://127.0.0.1:{free_port()}", tmp_path / "s.log", 60),
+    ):
         pass
 
 
@@ -332,12 +347,20 @@ def synthetic_report() -> dict:
     slo = SLO(1.0, 0.1, "p99 TTFT <= 1 s; p99 TPOT <= 0.1 s")
     rates, rows = [1.0, 2.0], {}
     for model, slowdown in (("baseline", 2.0), ("swiftkv", 1.0)):
-        rows[model] = [{"rate": r, **summarize([request(0.3 * slowdown * r, 0.04 * slowdown)] * 4, 5.0, slo)}
-                       for r in rates]
-    return {"model": "out/skv", "baseline_model": "teacher", "rates": rates, "slo": {"ttft_s": 1.0, "how": slo.how},
-            "workload": {"prompt_len": 2000, "output_len": 200}, "results": rows,
-            "idle": {"baseline": {"ttft_s": 0.3}, "swiftkv": {"ttft_s": 0.15}},
-            "summary": compare(rates, rows["baseline"], rows["swiftkv"])}
+        rows[model] = [
+            {"rate": r, **summarize([request(0.3 * slowdown * r, 0.04 * slowdown)] * 4, 5.0, slo)}
+            for r in rates
+        ]
+    return {
+        "model": "out/skv",
+        "baseline_model": "teacher",
+        "rates": rates,
+        "slo": {"ttft_s": 1.0, "how": slo.how},
+        "workload": {"prompt_len": 2000, "output_len": 200},
+        "results": rows,
+        "idle": {"baseline": {"ttft_s": 0.3}, "swiftkv": {"ttft_s": 0.15}},
+        "summary": compare(rates, rows["baseline"], rows["swiftkv"]),
+    }
 
 
 def test_report_table_and_plot(tmp_path):
@@ -367,8 +390,23 @@ def test_quick_online_bench_end_to_end(tmp_path):
     skv, teacher, out = tmp_path / "skv", tmp_path / "teacher", tmp_path / "out"
     tiny_checkpoint(skv, "llama", group_size=2)
     save_plain_teacher(skv, teacher)
-    command = [sys.executable, "-m", "swiftkv.cli", "bench", str(skv), "--baseline", str(teacher), "--online",
-               "--quick", "--out", str(out), "--max-model-len", "512", "--kv-cache-memory", "256M"]
+    command = [
+        sys.executable,
+        "-m",
+        "swiftkv.cli",
+        "bench",
+        str(skv),
+        "--baseline",
+        str(teacher),
+        "--online",
+        "--quick",
+        "--out",
+        str(out),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory",
+        "256M",
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=1700)
     assert finished.returncode == 0, finished.stderr[-6000:]
     report = json.loads((out / "online.json").read_text())
@@ -378,16 +416,29 @@ def test_quick_online_bench_end_to_end(tmp_path):
         assert report["idle"][model]["ttft_s"] > 0
         for rate, result in zip(report["rates"], report["results"][model], strict=True):
             assert result["rate"] == rate and result["completed"] == 6 and result["failed"] == 0, result
-            for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "itl_p50_s", "itl_p99_s",
-                        "output_throughput", "request_throughput", "goodput"):
+            for key in (
+                "ttft_p50_s",
+                "ttft_p99_s",
+                "tpot_p50_s",
+                "tpot_p99_s",
+                "itl_p50_s",
+                "itl_p99_s",
+                "output_throughput",
+                "request_throughput",
+                "goodput",
+            ):
                 assert isinstance(result[key], float) and math.isfinite(result[key]), (model, key, result)
     assert len(report["summary"]["per_rate"]) == 2
     assert (out / "online.png").stat().st_size > 0
     assert "highest rate within the SLO" in finished.stdout
-    for session in report["sessions"]:  # each log starts with the command line; `swiftkv serve` prints its own
+    for session in report[
+        "sessions"
+    ]:  # each log starts with the command line; `swiftkv serve` prints its own
         lines = Path(session["log"]).read_text().splitlines()
         if session["model"] == "swiftkv":
-            assert any(line.startswith("swiftkv serve: ") and "--kv-sharing-fast-prefill" in line for line in lines)
+            assert any(
+                line.startswith("swiftkv serve: ") and "--kv-sharing-fast-prefill" in line for line in lines
+            )
         else:
             assert "--kv-sharing-fast-prefill" not in lines[0]
 
@@ -405,8 +456,24 @@ def test_quick_profile_of_one_mixed_step(tmp_path):
     skv, teacher, out = tmp_path / "skv", tmp_path / "teacher", tmp_path / "out"
     tiny_checkpoint(skv, "llama", group_size=2)
     save_plain_teacher(skv, teacher)
-    command = [sys.executable, "-m", "swiftkv.cli", "bench", str(skv), "--baseline", str(teacher), "--profile",
-               "--quick", "--out", str(out), "--max-model-len", "512", "--kv-cache-memory", "256M", "--enforce-eager"]
+    command = [
+        sys.executable,
+        "-m",
+        "swiftkv.cli",
+        "bench",
+        str(skv),
+        "--baseline",
+        str(teacher),
+        "--profile",
+        "--quick",
+        "--out",
+        str(out),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory",
+        "256M",
+        "--enforce-eager",
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=1100)
     assert finished.returncode == 0, finished.stderr[-6000:]
     report = json.loads((out / "profile.json").read_text())
@@ -420,7 +487,10 @@ def test_quick_profile_of_one_mixed_step(tmp_path):
     swift = report["swiftkv"]["regions"]
     assert set(SWIFTKV_REGIONS) <= set(swift)  # a mixed step gathers the logits rows
     assert sum(swift[name] for name in SWIFTKV_REGIONS) <= swift[MODEL] * 1.01
-    assert "ours (kv-write + rows)" in finished.stdout and "top operators by self time, SwiftKV" in finished.stdout
+    assert (
+        "ours (kv-write + rows)" in finished.stdout
+        and "top operators by self time, SwiftKV" in finished.stdout
+    )
 
 
 def test_profile_and_online_are_separate_runs(capsys):

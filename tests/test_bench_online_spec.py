@@ -29,8 +29,15 @@ def test_speculative_config_goes_to_the_sides_asked_for(speculate, baseline_conf
     from swiftkv.bench.online import OnlineSettings, online_settings, speculative_configs
     from swiftkv.cli.options import given_values
 
-    args = parse("--online", "--workload", "extractive", "--speculative-config", json.dumps(NGRAM),
-                 "--speculate", speculate)
+    args = parse(
+        "--online",
+        "--workload",
+        "extractive",
+        "--speculative-config",
+        json.dumps(NGRAM),
+        "--speculate",
+        speculate,
+    )
     given = given_values(args, OnlineSettings)
     assert given == {"workload": "extractive", "speculative_config": NGRAM, "speculate": speculate}
     assert speculative_configs(online_settings(given)) == {"baseline": baseline_config, "swiftkv": NGRAM}
@@ -42,18 +49,23 @@ def test_speculating_servers_get_vllms_json_option():
     from swiftkv.vllm.speculative import speculative_options
 
     args = speculative_args(NGRAM)
-    assert args[0] == "--speculative-config" and speculative_options(args) == NGRAM  # what `swiftkv serve` reads
+    assert (
+        args[0] == "--speculative-config" and speculative_options(args) == NGRAM
+    )  # what `swiftkv serve` reads
     assert speculative_args(None) == []
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('{"method": "eagle", "model": "x", "num_speculative_tokens": 2}', "'eagle' cannot run with SwiftKV"),
-    ('{"method": "draft_model", "model": "x"}', "'draft_model' cannot run with SwiftKV"),
-    ('{"method": "nonsense"}', "not one vLLM 0.32 knows"),
-    ("{method: ngram}", "is not JSON"),
-    ("[1, 2]", "is not a JSON object"),
-    ("{}", "names no speculative method"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"method": "eagle", "model": "x", "num_speculative_tokens": 2}', "'eagle' cannot run with SwiftKV"),
+        ('{"method": "draft_model", "model": "x"}', "'draft_model' cannot run with SwiftKV"),
+        ('{"method": "nonsense"}', "not one vLLM 0.32 knows"),
+        ("{method: ngram}", "is not JSON"),
+        ("[1, 2]", "is not a JSON object"),
+        ("{}", "names no speculative method"),
+    ],
+)
 def test_a_bad_speculative_config_is_one_error_at_parsing(text, message, capsys):
     """argparse refuses it, so no prompt is built and no server starts; the message names what works."""
     with pytest.raises(SystemExit) as exit_info:
@@ -83,7 +95,10 @@ def test_speculate_without_a_config_and_modes_together_are_errors(capsys):
     from swiftkv.cli import main
 
     assert main(["bench", "skv", "--baseline", "teacher", "--online", "--speculate", "swiftkv"]) == 2
-    assert "--speculate says which servers get --speculative-config; give the config too" in capsys.readouterr().err
+    assert (
+        "--speculate says which servers get --speculative-config; give the config too"
+        in capsys.readouterr().err
+    )
     assert main(["bench", "skv", "--baseline", "teacher", "--decode-steps", "--profile"]) == 2
     assert "--profile and --decode-steps are separate runs" in capsys.readouterr().err
     assert main(["bench", "skv", "--baseline", "teacher", "--decode-steps", "--workload", "extractive"]) == 2
@@ -130,7 +145,11 @@ vllm:num_requests_running{engine="0",model_name="m"} 0.0
 def test_spec_decode_counters_sum_the_engines_and_skip_created_and_per_position():
     from swiftkv.bench.online_metrics import spec_decode_counters
 
-    assert spec_decode_counters(PROMETHEUS_SAMPLE) == {"drafts": 3.0, "draft_tokens": 9.0, "accepted_tokens": 5.0}
+    assert spec_decode_counters(PROMETHEUS_SAMPLE) == {
+        "drafts": 3.0,
+        "draft_tokens": 9.0,
+        "accepted_tokens": 5.0,
+    }
     without = "\n".join(line for line in PROMETHEUS_SAMPLE.splitlines() if "spec_decode" not in line) + "\n"
     assert spec_decode_counters(without) is None  # a server that does not speculate
 
@@ -169,7 +188,11 @@ print(prometheus_client.generate_latest().decode())
     assert finished.returncode == 0, finished.stderr[-3000:]
     from swiftkv.bench.online_metrics import spec_decode_counters
 
-    assert spec_decode_counters(finished.stdout) == {"drafts": 2.0, "draft_tokens": 6.0, "accepted_tokens": 2.0}
+    assert spec_decode_counters(finished.stdout) == {
+        "drafts": 2.0,
+        "draft_tokens": 6.0,
+        "accepted_tokens": 2.0,
+    }
 
 
 # -- extractive prompts ----------------------------------------------------------------------------
@@ -177,9 +200,16 @@ print(prometheus_client.generate_latest().decode())
 
 def conversations(count: int = 120) -> list[list[dict]]:
     """Chats whose first reply is 40..~120 tokens and names its conversation (answer{i})."""
-    return [[{"role": "user", "content": f"What is item number {i}?"},
-             {"role": "assistant", "content": f"answer{i} is " + "a small red box with a lid. " * (6 + i % 11)}]
-            for i in range(count)]
+    return [
+        [
+            {"role": "user", "content": f"What is item number {i}?"},
+            {
+                "role": "assistant",
+                "content": f"answer{i} is " + "a small red box with a lid. " * (6 + i % 11),
+            },
+        ]
+        for i in range(count)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +226,9 @@ def test_extractive_prompts_are_templated_passages_plus_question_or_document_plu
     prompts = extractive_prompts(tokenizer, 6, 512, conversations=conversations)
     assert len(prompts) == 6
     assert prompts == extractive_prompts(tokenizer, 6, 512, conversations=conversations)  # deterministic
-    assert extractive_prompts(tokenizer, 3, 512, conversations=conversations) == prompts[:3]  # more keeps the first
+    assert (
+        extractive_prompts(tokenizer, 3, 512, conversations=conversations) == prompts[:3]
+    )  # more keeps the first
     for k, ids in enumerate(prompts):
         assert 256 <= len(ids) <= 512
         text = tokenizer.decode(ids)
@@ -255,12 +287,20 @@ def test_decode_steps_table_and_plot(tmp_path):
 
     def result(step_ms):
         times = [step_ms / 1e3] * 5
-        return {"step_s": times, "median_step_s": times[0], "mean_step_s": times[0],
-                "every_step_decoded_the_whole_batch": True}
+        return {
+            "step_s": times,
+            "median_step_s": times[0],
+            "mean_step_s": times[0],
+            "every_step_decoded_the_whole_batch": True,
+        }
 
-    report = {"scenario": {"batch": 8, "context_len": 2000, "steps": 5, "warmup_steps": 1},
-              "settings": {"dtype": "float32"}, "baseline": result(40.0), "swiftkv": result(30.0),
-              "median_step_ratio": 0.75}
+    report = {
+        "scenario": {"batch": 8, "context_len": 2000, "steps": 5, "warmup_steps": 1},
+        "settings": {"dtype": "float32"},
+        "baseline": result(40.0),
+        "swiftkv": result(30.0),
+        "median_step_ratio": 0.75,
+    }
     table = format_decode_steps(report)
     assert "median step" in table and "0.750" in table and "warning" not in table
     plot_decode_steps(report, tmp_path / "d.png")
@@ -288,10 +328,33 @@ def test_quick_online_bench_extractive_with_ngram_on_swiftkv_only(tmp_path):
     speculator's counters, the plain baseline's report none."""
     skv, teacher = tiny_pair(tmp_path)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "swiftkv.cli", "bench", str(skv), "--baseline", str(teacher), "--online",
-               "--quick", "--out", str(out), "--max-model-len", "512", "--kv-cache-memory", "256M",
-               "--workload", "extractive", "--prompt-len", "256", "--output-len", "16",
-               "--speculative-config", json.dumps(NGRAM), "--speculate", "swiftkv"]
+    command = [
+        sys.executable,
+        "-m",
+        "swiftkv.cli",
+        "bench",
+        str(skv),
+        "--baseline",
+        str(teacher),
+        "--online",
+        "--quick",
+        "--out",
+        str(out),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory",
+        "256M",
+        "--workload",
+        "extractive",
+        "--prompt-len",
+        "256",
+        "--output-len",
+        "16",
+        "--speculative-config",
+        json.dumps(NGRAM),
+        "--speculate",
+        "swiftkv",
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=2300)
     assert finished.returncode == 0, finished.stderr[-6000:]
     report = json.loads((out / "online.json").read_text())
@@ -300,14 +363,18 @@ def test_quick_online_bench_extractive_with_ngram_on_swiftkv_only(tmp_path):
     for model in ("baseline", "swiftkv"):
         for result in report["results"][model]:
             assert result["completed"] == 6 and result["failed"] == 0, result
-            assert all(math.isfinite(result[k]) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"))
+            assert all(
+                math.isfinite(result[k]) for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
+            )
     for result in report["results"]["baseline"]:
         assert result["speculative"] is None
     for result in report["results"]["swiftkv"]:
         spec = result["speculative"]
         assert spec["drafts"] >= 0 and spec["accepted_tokens"] <= spec["draft_tokens"]
         assert spec["acceptance_rate"] is None or 0 <= spec["acceptance_rate"] <= 1
-    assert "SwiftKV: --speculative-config" in finished.stdout and "baseline: no speculation" in finished.stdout
+    assert (
+        "SwiftKV: --speculative-config" in finished.stdout and "baseline: no speculation" in finished.stdout
+    )
     logs = {s["model"]: Path(s["log"]).read_text().splitlines()[0] for s in report["sessions"]}
     assert "--speculative-config" in logs["swiftkv"] and "--speculative-config" not in logs["baseline"]
 
@@ -319,8 +386,24 @@ def test_quick_decode_steps(tmp_path):
     """`swiftkv bench --decode-steps --quick`: every timed step decoded the whole batch, both models."""
     skv, teacher = tiny_pair(tmp_path)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "swiftkv.cli", "bench", str(skv), "--baseline", str(teacher), "--decode-steps",
-               "--quick", "--out", str(out), "--max-model-len", "512", "--kv-cache-memory", "256M", "--enforce-eager"]
+    command = [
+        sys.executable,
+        "-m",
+        "swiftkv.cli",
+        "bench",
+        str(skv),
+        "--baseline",
+        str(teacher),
+        "--decode-steps",
+        "--quick",
+        "--out",
+        str(out),
+        "--max-model-len",
+        "512",
+        "--kv-cache-memory",
+        "256M",
+        "--enforce-eager",
+    ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=1100)
     assert finished.returncode == 0, finished.stderr[-6000:]
     report = json.loads((out / "decode-steps.json").read_text())

@@ -14,8 +14,14 @@ from swiftkv.convert import convert
 from swiftkv.model.config import add_legacy_rope_keys
 from tests.tiny import WORDS, random_student, save_tiny_teacher
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+}
 
 
 def legacy_inv_freq(config: dict) -> torch.Tensor:
@@ -27,12 +33,21 @@ def legacy_inv_freq(config: dict) -> torch.Tensor:
 
 
 def test_converted_folder_carries_the_rope_base_for_legacy_readers(tmp_path):
-    teacher = save_tiny_teacher(tmp_path / "teacher", "llama", rope_parameters={"rope_type": "default",
-                                                                                "rope_theta": 100000.0})
+    teacher = save_tiny_teacher(
+        tmp_path / "teacher", "llama", rope_parameters={"rope_type": "default", "rope_theta": 100000.0}
+    )
     calib = tmp_path / "calib.txt"
     calib.write_text(" ".join(WORDS[i % len(WORDS)] for i in range(3000)))
-    convert(str(teacher), tmp_path / "skv", num_key_value_layers=3, key_value_group_size=1, init="copy",
-            calib_data=str(calib), calib_tokens=512, eval_tokens=256)
+    convert(
+        str(teacher),
+        tmp_path / "skv",
+        num_key_value_layers=3,
+        key_value_group_size=1,
+        init="copy",
+        calib_data=str(calib),
+        calib_tokens=512,
+        eval_tokens=256,
+    )
     config = json.loads((tmp_path / "skv" / "config.json").read_text())
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0
     assert "rope_scaling" not in config or config["rope_scaling"] is None

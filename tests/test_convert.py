@@ -45,6 +45,7 @@ def llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def no_loading(monkeypatch):
     """Proves a check ran before any model was loaded: loading fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad input was reported")
 
@@ -52,8 +53,14 @@ def no_loading(monkeypatch):
 
 
 def run_convert(teacher_dir, dst, calib_text, **kwargs):
-    options = dict(num_key_value_layers=N, key_value_group_size=G, init="lstsq", calib_data=str(calib_text),
-                   calib_tokens=1024, eval_tokens=512)
+    options = dict(
+        num_key_value_layers=N,
+        key_value_group_size=G,
+        init="lstsq",
+        calib_data=str(calib_text),
+        calib_tokens=1024,
+        eval_tokens=512,
+    )
     return convert(str(teacher_dir), dst, **{**options, **kwargs})
 
 
@@ -66,10 +73,14 @@ def test_copy_and_mean_init_follow_the_reference(teacher_dir, tmp_path, calib_te
     for init in ("copy", "mean"):
         run_convert(teacher_dir, tmp_path / init, calib_text, init=init)
         out = weights(tmp_path / init)
-        assert torch.equal(out["model.norm_swiftkv.weight"], teacher[f"model.layers.{N}.input_layernorm.weight"])
+        assert torch.equal(
+            out["model.norm_swiftkv.weight"], teacher[f"model.layers.{N}.input_layernorm.weight"]
+        )
         for i in range(N, 6):
-            assert torch.equal(out[f"model.layers.{i}.self_attn.q_proj_swiftkv.weight"],
-                               teacher[f"model.layers.{i}.self_attn.q_proj.weight"])
+            assert torch.equal(
+                out[f"model.layers.{i}.self_attn.q_proj_swiftkv.weight"],
+                teacher[f"model.layers.{i}.self_attn.q_proj.weight"],
+            )
         for owner in range(N, 6, G):
             group = [teacher[f"model.layers.{j}.self_attn.k_proj.weight"] for j in range(owner, owner + G)]
             expected = group[0] if init == "copy" else torch.stack(group).mean(0)
@@ -77,12 +88,17 @@ def test_copy_and_mean_init_follow_the_reference(teacher_dir, tmp_path, calib_te
             assert f"model.layers.{owner + 1}.self_attn.k_proj_swiftkv.weight" not in out  # not an owner
         if "model.layers.0.self_attn.q_norm.weight" in teacher:  # Qwen3: the reference's norm inits
             for i in range(N, 6):
-                assert torch.equal(out[f"model.layers.{i}.self_attn.q_norm_swiftkv.weight"],
-                                   teacher[f"model.layers.{i}.self_attn.q_norm.weight"])
+                assert torch.equal(
+                    out[f"model.layers.{i}.self_attn.q_norm_swiftkv.weight"],
+                    teacher[f"model.layers.{i}.self_attn.q_norm.weight"],
+                )
             for owner in range(N, 6, G):
-                norms = [teacher[f"model.layers.{j}.self_attn.k_norm.weight"] for j in range(owner, owner + G)]
-                assert torch.allclose(out[f"model.layers.{owner}.self_attn.k_norm_swiftkv.weight"],
-                                      torch.stack(norms).mean(0))
+                norms = [
+                    teacher[f"model.layers.{j}.self_attn.k_norm.weight"] for j in range(owner, owner + G)
+                ]
+                assert torch.allclose(
+                    out[f"model.layers.{owner}.self_attn.k_norm_swiftkv.weight"], torch.stack(norms).mean(0)
+                )
                 assert f"model.layers.{owner + 1}.self_attn.k_norm_swiftkv.weight" not in out
 
 
@@ -110,7 +126,12 @@ def test_round_trip_trim_and_student_logits(teacher_dir, tmp_path, calib_text):
     trimmed = AutoModelForCausalLM.from_pretrained(tmp_path / "trim").eval()
     assert type(full).__name__.endswith("SwiftKVForCausalLM") and full.config.swiftkv
     trimmed_keys = weights(tmp_path / "trim").keys()
-    for name in ("q_proj", "k_proj", "v_proj", *(("q_norm", "k_norm") if full.model.layers[0].self_attn.qk_norm else ())):
+    for name in (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        *(("q_norm", "k_norm") if full.model.layers[0].self_attn.qk_norm else ()),
+    ):
         assert f"model.layers.{N}.self_attn.{name}.weight" not in trimmed_keys
         assert f"model.layers.{N - 1}.self_attn.{name}.weight" in trimmed_keys
     x = torch.randint(4, 60, (1, 12))
@@ -130,8 +151,13 @@ def test_snowflake_format_checkpoint_loads(tmp_path, teacher_dir):
     base_type = config["model_type"]
     if base_type not in ("llama", "qwen2"):
         pytest.skip("Qwen3's branch layout: test_families; a Mistral source converts into llama_swiftkv")
-    config.update(model_type=f"{base_type}_swiftkv", swiftkv=True, num_key_value_layers=N, key_value_group_size=G,
-                  architectures=[f"{'Llama' if base_type == 'llama' else 'Qwen2'}SwiftKVForCausalLM"])
+    config.update(
+        model_type=f"{base_type}_swiftkv",
+        swiftkv=True,
+        num_key_value_layers=N,
+        key_value_group_size=G,
+        architectures=[f"{'Llama' if base_type == 'llama' else 'Qwen2'}SwiftKVForCausalLM"],
+    )
     tensors = dict(weights(teacher_dir))
     hidden, kv = config["hidden_size"], tensors["model.layers.0.self_attn.k_proj.weight"].shape[0]
     torch.manual_seed(3)
@@ -170,7 +196,18 @@ def one_error_line(capsys) -> str:
 
 
 def convert_copy(src: Path, dst: Path, *extra: str) -> int:
-    return cli("convert", src, dst, "--num-key-value-layers", N, "--key-value-group-size", G, "--init", "copy", *extra)
+    return cli(
+        "convert",
+        src,
+        dst,
+        "--num-key-value-layers",
+        N,
+        "--key-value-group-size",
+        G,
+        "--init",
+        "copy",
+        *extra,
+    )
 
 
 def assert_no_partial_output(dst: Path):
@@ -178,12 +215,15 @@ def assert_no_partial_output(dst: Path):
     assert not [p for p in dst.parent.iterdir() if p.name.startswith(f".{dst.name}")]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--num-key-value-layers", "0"], "out of range"),
-    (["--num-key-value-layers", "6"], "out of range"),
-    (["--num-key-value-layers", "2", "--key-value-group-size", "3"], "does not divide"),
-    (["--swiftkv-fraction", "1.5"], "out of range"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num-key-value-layers", "0"], "out of range"),
+        (["--num-key-value-layers", "6"], "out of range"),
+        (["--num-key-value-layers", "2", "--key-value-group-size", "3"], "does not divide"),
+        (["--swiftkv-fraction", "1.5"], "out of range"),
+    ],
+)
 def test_bad_geometry_gives_one_error(teacher_dir, tmp_path, calib_text, capsys, no_loading, args, message):
     dst = tmp_path / "out"
     assert cli("convert", teacher_dir, dst, *args, "--calib-data", calib_text) == 2
@@ -247,11 +287,16 @@ def test_loading_without_import_asks_for_swiftkv_code(teacher_dir, tmp_path, cal
     """Without `import swiftkv`, transformers refuses with a pointer to the checkpoint's code; with
     trust_remote_code=True the folder's shim loads the swiftkv classes."""
     run_convert(teacher_dir, tmp_path / "out", calib_text)
-    load = f"from transformers import AutoModelForCausalLM as A; m = A.from_pretrained({str(tmp_path / 'out')!r}"
+    load = (
+        f"from transformers import AutoModelForCausalLM as A; m = A.from_pretrained({str(tmp_path / 'out')!r}"
+    )
     refused = subprocess.run([sys.executable, "-c", load + ")"], capture_output=True, text=True)
     assert refused.returncode != 0 and "trust_remote_code=True" in refused.stderr
-    loaded = subprocess.run([sys.executable, "-c", load + ", trust_remote_code=True); print(type(m).__name__)"],
-                            capture_output=True, text=True)
+    loaded = subprocess.run(
+        [sys.executable, "-c", load + ", trust_remote_code=True); print(type(m).__name__)"],
+        capture_output=True,
+        text=True,
+    )
     assert loaded.returncode == 0 and loaded.stdout.strip().endswith("SwiftKVForCausalLM")
 
 
@@ -266,7 +311,9 @@ def test_generate_command_streams_the_greedy_answer(tmp_path, calib_text, capsys
     assert cli("generate", out, "the capital of france", "--max-new-tokens", "6", "--dtype", "float32") == 0
     streamed = capsys.readouterr().out
     tokenizer = load_tokenizer(out)
-    expected = generate_text(load_model(out), tokenizer, chat_input_ids(tokenizer, "the capital of france"), 6)
+    expected = generate_text(
+        load_model(out), tokenizer, chat_input_ids(tokenizer, "the capital of france"), 6
+    )
     assert streamed.strip() == expected.strip() and expected.strip()
 
 
@@ -275,8 +322,10 @@ def test_trimmed_folder_tells_readers_it_is_student_only(llama_dir, tmp_path):
     assert json.loads((tmp_path / "trim" / "config.json").read_text())["swiftkv_trimmed"] is True
     readme = (tmp_path / "trim" / "README.md").read_text()
     assert "Student-only" in readme and "ArcticTraining" in readme and "random weights" in readme
-    assert f"swiftkv convert {llama_dir} DST --num-key-value-layers {N} --key-value-group-size {G} --init copy`" \
+    assert (
+        f"swiftkv convert {llama_dir} DST --num-key-value-layers {N} --key-value-group-size {G} --init copy`"
         in readme
+    )
     assert convert_copy(llama_dir, tmp_path / "full", "--no-measure") == 0
     assert not (tmp_path / "full" / "README.md").exists()
 
@@ -304,10 +353,13 @@ def test_copy_init_needs_no_tokenizer_or_calibration_data(tmp_path, capsys):
         assert torch.equal(written(x).logits, expected(x).logits)
 
 
-@pytest.mark.parametrize("args, note", [
-    (["--no-measure"], "--no-measure was given"),
-    (["--calib-data", "/nowhere/calib.jsonl"], "/nowhere/calib.jsonl"),
-])
+@pytest.mark.parametrize(
+    "args, note",
+    [
+        (["--no-measure"], "--no-measure was given"),
+        (["--calib-data", "/nowhere/calib.jsonl"], "/nowhere/calib.jsonl"),
+    ],
+)
 def test_copy_init_skips_calibration_with_one_note(llama_dir, tmp_path, capsys, args, note):
     assert convert_copy(llama_dir, tmp_path / "out", *args) == 0
     out = capsys.readouterr().out
@@ -315,11 +367,20 @@ def test_copy_init_skips_calibration_with_one_note(llama_dir, tmp_path, capsys, 
     assert json.loads((tmp_path / "out" / "swiftkv_conversion.json").read_text())["unmeasured"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--dtype", "float33"], "--dtype 'float33' is unknown; expected one of"),
-    (["--init", "lstsq", "--no-measure"], "--init lstsq is fitted on calibration tokens, but --no-measure was given"),
-    (["--init", "lstsq", "--calib-data", "/nowhere/calib.jsonl"], "--calib-data '/nowhere/calib.jsonl': no such file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dtype", "float33"], "--dtype 'float33' is unknown; expected one of"),
+        (
+            ["--init", "lstsq", "--no-measure"],
+            "--init lstsq is fitted on calibration tokens, but --no-measure was given",
+        ),
+        (
+            ["--init", "lstsq", "--calib-data", "/nowhere/calib.jsonl"],
+            "--calib-data '/nowhere/calib.jsonl': no such file",
+        ),
+    ],
+)
 def test_bad_settings_fail_before_loading(llama_dir, tmp_path, capsys, no_loading, args, message):
     assert cli("convert", llama_dir, tmp_path / "out", "--num-key-value-layers", N, *args) == 2
     assert message in one_error_line(capsys)

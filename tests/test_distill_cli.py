@@ -13,11 +13,35 @@ from swiftkv.cli import main
 from swiftkv.model import swiftkv_parameters
 from tests.tiny import random_chats, save_tiny_folder, tiny_student, write_jsonl
 
-TRAIN_ARGS = ["--tokens", "512", "--heldout-tokens", "64", "--seq-len", "32", "--batch-size", "4",
-              "--micro-batch", "1", "--lr", "5e-3", "--eval-every", "2", "--checkpoint-every", "2",
-              # the settings of the plain recipe these tests were written for (no vLLM, exact in fp32)
-              "--init", "keep", "--targets", "human", "--mse-weight", "0", "--kl-mean-over", "targets",
-              "--dtype", "float32"]
+TRAIN_ARGS = [
+    "--tokens",
+    "512",
+    "--heldout-tokens",
+    "64",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--micro-batch",
+    "1",
+    "--lr",
+    "5e-3",
+    "--eval-every",
+    "2",
+    "--checkpoint-every",
+    "2",
+    # the settings of the plain recipe these tests were written for (no vLLM, exact in fp32)
+    "--init",
+    "keep",
+    "--targets",
+    "human",
+    "--mse-weight",
+    "0",
+    "--kl-mean-over",
+    "targets",
+    "--dtype",
+    "float32",
+]
 
 
 @pytest.fixture
@@ -46,8 +70,21 @@ def test_cli_writes_a_swiftkv_folder_where_only_swiftkv_weights_changed(tiny_run
     assert summary["compute_dtype"] == "float32"  # what the steps ran in, beside the setting as given
     assert summary["heldout_after"]["kl"] < summary["heldout_before"]["kl"]
     # --eval-only on the written folder reproduces the run's final held-out numbers (same split).
-    assert main(["distill", str(tmp_path / "out"), "--data", str(data), *TRAIN_ARGS, "--eval-only",
-                 "--json", str(tmp_path / "eval.json")]) == 0
+    assert (
+        main(
+            [
+                "distill",
+                str(tmp_path / "out"),
+                "--data",
+                str(data),
+                *TRAIN_ARGS,
+                "--eval-only",
+                "--json",
+                str(tmp_path / "eval.json"),
+            ]
+        )
+        == 0
+    )
     evaluated = json.loads((tmp_path / "eval.json").read_text())
     assert abs(evaluated["kl"] - summary["heldout_after"]["kl"]) < 1e-6
     assert evaluated["top1"] == summary["heldout_after"]["top1"]
@@ -61,10 +98,16 @@ def test_cli_bad_input_is_one_error_and_overwrites_nothing(tiny_run, capsys):
     latin1.write_bytes(data.read_bytes() + b'{"text": "caf\xe9"}\n')
     cases = [
         (distill_args(folder, data, tmp_path / "taken"), "already exists"),
-        (distill_args(folder, data, tmp_path / "o1", "--seq-len", "512"), "exceeds the model's max_position_embeddings 256"),
+        (
+            distill_args(folder, data, tmp_path / "o1", "--seq-len", "512"),
+            "exceeds the model's max_position_embeddings 256",
+        ),
         (distill_args(folder, tmp_path / "missing.jsonl", tmp_path / "o2"), "missing.jsonl"),
         (distill_args(folder, data, tmp_path / "o3", "--resume"), "no checkpoint"),
-        (distill_args(folder, data, tmp_path / "o4", "--batch-size", "3", "--micro-batch", "2"), "--batch-size 3"),
+        (
+            distill_args(folder, data, tmp_path / "o4", "--batch-size", "3", "--micro-batch", "2"),
+            "--batch-size 3",
+        ),
         (distill_args(folder, latin1, tmp_path / "o5"), f"{latin1}:61: invalid UTF-8 (byte 0xe9"),
     ]
     for args, message in cases:
@@ -80,13 +123,23 @@ def test_cli_refuses_a_teacher_the_student_was_not_converted_from(tiny_run, caps
     other = save_tiny_folder(tmp_path / "other", tiny_student(seed=9))
     assert main(distill_args(folder, data, tmp_path / "o", "--teacher", str(other))) == 2
     assert "differs from the student's copy" in capsys.readouterr().err
-    assert main(distill_args(folder, data, tmp_path / "o", "--teacher", str(folder), "--stop-after", "1")) == 0
+    assert (
+        main(distill_args(folder, data, tmp_path / "o", "--teacher", str(folder), "--stop-after", "1")) == 0
+    )
 
 
 def run_torchrun(nproc: int, folder, data, out) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "swiftkv.cli", *distill_args(folder, data, out, "--json", f"{out}.json")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "swiftkv.cli",
+        *distill_args(folder, data, out, "--json", f"{out}.json"),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(open(f"{out}.json").read())
@@ -116,7 +169,9 @@ def test_resume_knows_the_model_by_content_not_by_path(tiny_run, capsys, monkeyp
 
     save_tiny_folder(folder, tiny_student(num_key_value_layers=2))  # replaced: another N
     capsys.readouterr()
-    monkeypatch.setattr("swiftkv.distill.run.load_student", lambda settings: pytest.fail("loaded before the check"))
+    monkeypatch.setattr(
+        "swiftkv.distill.run.load_student", lambda settings: pytest.fail("loaded before the check")
+    )
     assert main(distill_args(folder, data, out, "--resume")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is from another model or run configuration" in err, err
@@ -133,7 +188,9 @@ def test_resume_accepts_a_checkpoint_written_before_model_identities(tiny_run, c
     path = tmp_path / "out.ckpt" / "checkpoint.pt"
     payload = torch.load(path, weights_only=False)
     # the old format: the training settings and the source as given, no "model ..." keys
-    old = {k: v for k, v in payload["fingerprint"].items() if not k.startswith("model ") and k != "top1_weight"}
+    old = {
+        k: v for k, v in payload["fingerprint"].items() if not k.startswith("model ") and k != "top1_weight"
+    }
     torch.save(payload | {"fingerprint": old | {"source": str(folder)}}, path)
     assert main(distill_args(folder, data, out, "--resume", "--top1-weight", "1", "--stop-after", "3")) == 2
     assert "top1_weight: checkpoint 0.0 vs now 1.0" in capsys.readouterr().err
@@ -162,8 +219,11 @@ def test_a_distill_killed_mid_checkpoint_resumes_to_the_same_weights(tiny_run):
     continues from it, nothing half-written remains, and the result equals an uninterrupted run."""
     tmp_path, folder, data = tiny_run
     out = tmp_path / "out"
-    killed = subprocess.run([sys.executable, "-c", KILL_AT_SECOND_CHECKPOINT, *distill_args(folder, data, out)],
-                            capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_AT_SECOND_CHECKPOINT, *distill_args(folder, data, out)],
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert not out.exists()
     checkpoints = tmp_path / "out.ckpt"
@@ -181,8 +241,26 @@ def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_r
     """--compare-naive / --speed run on the training device (the CPU here) with --micro-batch auto
     resolved, and put the step's FLOPs against the measured matmul peak in the compute dtype."""
     tmp_path, folder, data = tiny_run
-    args = ["distill", str(folder), "--data", str(data), "--seq-len", "32", "--batch-size", "2", "--dtype", "float32",
-            "--targets", "human", "--init", "keep", "--compare-naive", "1", "--json", str(tmp_path / "speed.json")]
+    args = [
+        "distill",
+        str(folder),
+        "--data",
+        str(data),
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--dtype",
+        "float32",
+        "--targets",
+        "human",
+        "--init",
+        "keep",
+        "--compare-naive",
+        "1",
+        "--json",
+        str(tmp_path / "speed.json"),
+    ]
     assert main(args) == 0
     result = json.loads((tmp_path / "speed.json").read_text())
     assert result["device"] == "cpu" and result["dtype"] == "float32" and result["micro_batch"] == 2

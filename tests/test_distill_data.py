@@ -17,8 +17,18 @@ def test_assistant_mask_is_shifted_onto_the_predicting_positions():
     messages = [{"role": "user", "content": "w1 w2"}, {"role": "assistant", "content": "w3 w4"}]
     document = tokenize(tokenizer, messages)
     words = tokenizer.convert_ids_to_tokens(document.ids)
-    assert words == ["<|im_start|>", "user", "w1", "w2", "<|im_end|>",
-                     "<|im_start|>", "assistant", "w3", "w4", "<|im_end|>"]
+    assert words == [
+        "<|im_start|>",
+        "user",
+        "w1",
+        "w2",
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant",
+        "w3",
+        "w4",
+        "<|im_end|>",
+    ]
     # The assistant's content and its end-of-turn token are targets; the role header is not.
     assert document.is_target == [False] * 7 + [True] * 3
     blocks = pack([document], seq_len=10)
@@ -29,11 +39,19 @@ def test_assistant_mask_is_shifted_onto_the_predicting_positions():
 
 def test_only_assistant_turns_are_targets_in_a_multi_turn_chat():
     tokenizer = tiny_tokenizer()
-    messages = [{"role": "system", "content": "w9"}, {"role": "user", "content": "w1"},
-                {"role": "assistant", "content": "w2"}, {"role": "user", "content": "w3"},
-                {"role": "assistant", "content": "w4 w5"}]
+    messages = [
+        {"role": "system", "content": "w9"},
+        {"role": "user", "content": "w1"},
+        {"role": "assistant", "content": "w2"},
+        {"role": "user", "content": "w3"},
+        {"role": "assistant", "content": "w4 w5"},
+    ]
     document = tokenize(tokenizer, messages)
-    targets = [t for t, flag in zip(tokenizer.convert_ids_to_tokens(document.ids), document.is_target, strict=True) if flag]
+    targets = [
+        t
+        for t, flag in zip(tokenizer.convert_ids_to_tokens(document.ids), document.is_target, strict=True)
+        if flag
+    ]
     assert targets == ["w2", "<|im_end|>", "w4", "w5", "<|im_end|>"]
 
 
@@ -53,7 +71,9 @@ def test_packed_block_logits_equal_each_document_alone():
     a, b = torch.randint(0, 128, (1, 7)), torch.randint(0, 128, (1, 9))
     blocks = pack([Document(a[0].tolist(), [True] * 7), Document(b[0].tolist(), [True] * 9)], seq_len=16)
     with torch.no_grad():
-        packed = model(input_ids=blocks.input_ids, position_ids=blocks.position_ids, use_cache=False).logits[0]
+        packed = model(input_ids=blocks.input_ids, position_ids=blocks.position_ids, use_cache=False).logits[
+            0
+        ]
         alone = torch.cat([model(input_ids=a).logits[0], model(input_ids=b).logits[0]])
     assert (packed - alone).abs().max().item() < 1e-5
 
@@ -64,7 +84,9 @@ def test_split_is_deterministic_and_disjoint(tmp_path):
     first = load_blocks(str(data), tokenizer, seq_len=32, train_tokens=640, heldout_tokens=128, seed=3)
     again = load_blocks(str(data), tokenizer, seq_len=32, train_tokens=640, heldout_tokens=128, seed=3)
     other = load_blocks(str(data), tokenizer, seq_len=32, train_tokens=640, heldout_tokens=128, seed=4)
-    assert torch.equal(first[0].input_ids, again[0].input_ids) and torch.equal(first[1].input_ids, again[1].input_ids)
+    assert torch.equal(first[0].input_ids, again[0].input_ids) and torch.equal(
+        first[1].input_ids, again[1].input_ids
+    )
     assert not torch.equal(first[0].input_ids, other[0].input_ids)
     train_rows = {tuple(r) for r in first[0].input_ids.tolist()}
     assert not train_rows & {tuple(r) for r in first[1].input_ids.tolist()}
@@ -72,8 +94,10 @@ def test_split_is_deterministic_and_disjoint(tmp_path):
 
 
 def test_truncated_json_array_yields_the_complete_records(tmp_path):
-    records = [{"conversations": [{"from": "human", "value": f"w{i}"}, {"from": "gpt", "value": "w5"}]}
-               for i in range(3)]
+    records = [
+        {"conversations": [{"from": "human", "value": f"w{i}"}, {"from": "gpt", "value": "w5"}]}
+        for i in range(3)
+    ]
     text = json.dumps(records)
     path = tmp_path / "cut.json"
     path.write_text(text[: text.rindex("{") + 10])  # the last record is cut mid-way
@@ -92,11 +116,14 @@ def test_text_folder_and_saved_dataset_are_read(tmp_path):
     assert len(examples) == 2 and examples[0][1]["role"] == "assistant"
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "no usable examples"),
-    (json.dumps({"messages": [{"role": "user", "content": "w1"}]}) + "\n", "no usable examples"),
-    ("not json\n", "not a JSON line"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "no usable examples"),
+        (json.dumps({"messages": [{"role": "user", "content": "w1"}]}) + "\n", "no usable examples"),
+        ("not json\n", "not a JSON line"),
+    ],
+)
 def test_bad_data_is_one_clear_error(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -109,14 +136,16 @@ def test_missing_data_names_the_path():
         list(read_source("/nowhere.jsonl"))
 
 
-
 LATIN1 = b'{"text": "caf\xe9"}'  # é in Latin-1: not UTF-8
 
 
-@pytest.mark.parametrize("name, data", [
-    ("bad.jsonl", json.dumps(random_chats(1)[0]).encode() + b"\n" + LATIN1 + b"\n"),
-    ("bad.json", b"[" + json.dumps(random_chats(1)[0]).encode() + b",\n" + LATIN1 + b"]"),
-])
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("bad.jsonl", json.dumps(random_chats(1)[0]).encode() + b"\n" + LATIN1 + b"\n"),
+        ("bad.json", b"[" + json.dumps(random_chats(1)[0]).encode() + b",\n" + LATIN1 + b"]"),
+    ],
+)
 def test_invalid_utf8_names_file_line_and_byte(tmp_path, name, data):
     path = tmp_path / name
     path.write_bytes(data)

@@ -29,10 +29,20 @@ def tiny_run(tmp_path):
     return tmp_path, folder, data
 
 
-def torchrun(nproc: int, args: list[str], check: bool = True) -> subprocess.Popen | subprocess.CompletedProcess:
+def torchrun(
+    nproc: int, args: list[str], check: bool = True
+) -> subprocess.Popen | subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "swiftkv.cli", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "swiftkv.cli",
+        *args,
+    ]
     if not check:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
@@ -58,7 +68,11 @@ def assert_same_run(reference, other) -> None:
 def test_two_fsdp_processes_equal_the_one_process_run(tiny_run, trainable):
     """The lora run also recomputes its layers' activations (--activation-checkpointing) on the sharded side."""
     tmp_path, folder, data = tiny_run
-    extra = ["--trainable", trainable, *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else [])]
+    extra = [
+        "--trainable",
+        trainable,
+        *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else []),
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(distill_args(folder, data, one, *extra, "--json", f"{one}.json")) == 0
     recompute = ["--activation-checkpointing"] if trainable == "lora" else []
@@ -78,11 +92,21 @@ def test_activation_checkpointing_recomputes_exactly_the_student_it_saved(tiny_r
     """The recomputation runs in the backward, outside the student's path block; a lora adapter must
     still take the student's path there (it once recomputed the teacher's and the check failed)."""
     tmp_path, folder, data = tiny_run
-    extra = ["--trainable", trainable, *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else [])]
+    extra = [
+        "--trainable",
+        trainable,
+        *(["--lora-rank", "4", "--late-lr", "5e-3"] if trainable == "lora" else []),
+    ]
     plain, recomputed = tmp_path / "plain", tmp_path / "recomputed"
     assert main(distill_args(folder, data, plain, *extra, "--json", f"{plain}.json")) == 0
-    assert main(distill_args(folder, data, recomputed, *extra, "--activation-checkpointing",
-                             "--json", f"{recomputed}.json")) == 0
+    assert (
+        main(
+            distill_args(
+                folder, data, recomputed, *extra, "--activation-checkpointing", "--json", f"{recomputed}.json"
+            )
+        )
+        == 0
+    )
     assert losses(f"{plain}.json") == losses(f"{recomputed}.json")
     ours, theirs = load_file(f"{plain}/model.safetensors"), load_file(f"{recomputed}/model.safetensors")
     assert all(torch.equal(ours[n], theirs[n]) for n in ours)

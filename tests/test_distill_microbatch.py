@@ -15,7 +15,9 @@ from tests.tiny import tiny_student, tiny_tokenizer
 def test_parse_takes_auto_or_a_positive_count():
     assert microbatch.parse_micro_batch("auto") == "auto" and microbatch.parse_micro_batch("3") == 3
     for bad in ("0", "-2", "two", ""):
-        with pytest.raises(argparse.ArgumentTypeError, match=f"--micro-batch '{bad}': expected a positive number"):
+        with pytest.raises(
+            argparse.ArgumentTypeError, match=f"--micro-batch '{bad}': expected a positive number"
+        ):
             microbatch.parse_micro_batch(bad)
 
 
@@ -45,7 +47,13 @@ def test_auto_on_cpu_is_two_blocks_and_never_probes():
         raise AssertionError("the CPU has no memory probe")
 
     cpu = torch.device("cpu")
-    assert [microbatch.resolve_micro_batch("auto", n, cpu, probe) for n in (1, 2, 3, 4, 16)] == [1, 2, 1, 2, 2]
+    assert [microbatch.resolve_micro_batch("auto", n, cpu, probe) for n in (1, 2, 3, 4, 16)] == [
+        1,
+        2,
+        1,
+        2,
+        2,
+    ]
     assert microbatch.resolve_micro_batch(4, 16, cpu, probe) == 4  # a number is taken as given
 
 
@@ -54,15 +62,20 @@ def test_an_auto_run_trains_exactly_as_the_size_it_chose(tmp_path):
     while the checkpoint keeps `auto`, so a resume with auto is the same run."""
     tokenizer = tiny_tokenizer()
     auto, fixed = tiny_student(), tiny_student()
-    state = distill(run_settings(tmp_path, micro_batch="auto", checkpoint_dir=str(tmp_path / "a")), auto, tokenizer)
+    state = distill(
+        run_settings(tmp_path, micro_batch="auto", checkpoint_dir=str(tmp_path / "a")), auto, tokenizer
+    )
     distill(run_settings(tmp_path, micro_batch=2, checkpoint_dir=str(tmp_path / "b")), fixed, tokenizer)
     assert state.micro_batch == 2
     for name, parameter in swiftkv_parameters(auto).items():
         assert torch.equal(parameter, swiftkv_parameters(fixed)[name]), name
     saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
     assert saved["fingerprint"]["micro_batch"] == "auto"
-    resumed = distill(run_settings(tmp_path, micro_batch="auto", checkpoint_dir=str(tmp_path / "a"), resume=True),
-                      tiny_student(), tokenizer)
+    resumed = distill(
+        run_settings(tmp_path, micro_batch="auto", checkpoint_dir=str(tmp_path / "a"), resume=True),
+        tiny_student(),
+        tokenizer,
+    )
     assert resumed.step == state.step
 
 

@@ -14,8 +14,21 @@ def test_plan_needs_only_the_config_and_shards_what_fsdp_shards(tmp_path, capsys
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     shutil.copy(folder / "config.json", config_only / "config.json")
-    args = ["distill", str(config_only), "--plan", "--world-size", "4", "--seq-len", "64", "--micro-batch", "2",
-            "--dtype", "float32", "--json", str(tmp_path / "plan.json")]
+    args = [
+        "distill",
+        str(config_only),
+        "--plan",
+        "--world-size",
+        "4",
+        "--seq-len",
+        "64",
+        "--micro-batch",
+        "2",
+        "--dtype",
+        "float32",
+        "--json",
+        str(tmp_path / "plan.json"),
+    ]
     assert main(args) == 0
     assert "fsdp x 4" in capsys.readouterr().out
     ddp, fsdp = json.loads((tmp_path / "plan.json").read_text())

@@ -41,19 +41,45 @@ from tests.tiny import (
 
 def test_recipes_are_presets_that_explicit_options_override():
     reference = settings_for("m", "reference")
-    assert (reference.init, reference.targets, reference.temperature, reference.kl_mean_over) == \
-        ("mean", "human", 2.0, "positions")
-    assert (reference.mse_weight, reference.mse_hidden_index, reference.lr, reference.warmup) == (1.0, -2, 2e-4, 0.05)
+    assert (reference.init, reference.targets, reference.temperature, reference.kl_mean_over) == (
+        "mean",
+        "human",
+        2.0,
+        "positions",
+    )
+    assert (reference.mse_weight, reference.mse_hidden_index, reference.lr, reference.warmup) == (
+        1.0,
+        -2,
+        2e-4,
+        0.05,
+    )
     assert settings_for("m", "reference", lr=1e-3, init=None).lr == 1e-3  # None = not given
     ours = settings_for("m")  # the default: R13 of the study, lstsq init, teacher replies cut at 64 tokens
-    assert ours.recipe == "swiftkv" and ours == DistillSettings(source="m")  # the field defaults are the recipe
-    assert (ours.init, ours.targets, ours.reply_tokens, ours.lr, ours.batch_size) == ("lstsq", "teacher", 64, 2e-3, 2)
+    assert ours.recipe == "swiftkv" and ours == DistillSettings(
+        source="m"
+    )  # the field defaults are the recipe
+    assert (ours.init, ours.targets, ours.reply_tokens, ours.lr, ours.batch_size) == (
+        "lstsq",
+        "teacher",
+        64,
+        2e-3,
+        2,
+    )
     assert settings_for("m", reply_tokens=512).reply_tokens == 512
     assert settings_for("m", "reference").reply_tokens == 512  # the reference's cap, unused by human targets
     lora = settings_for("m", "swiftkv-lora")  # R13 plus the capacity study's rank-64 adapters
-    assert (lora.init, lora.targets, lora.lr, lora.trainable, lora.lora_rank, lora.late_lr) == \
-        ("lstsq", "teacher", 2e-3, "lora", 64, 1e-3)
-    with pytest.raises(ValueError, match=r"--recipe 'nope' is unknown; expected one of \['reference', 'swiftkv', 'swiftkv-lora'\]"):
+    assert (lora.init, lora.targets, lora.lr, lora.trainable, lora.lora_rank, lora.late_lr) == (
+        "lstsq",
+        "teacher",
+        2e-3,
+        "lora",
+        64,
+        1e-3,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"--recipe 'nope' is unknown; expected one of \['reference', 'swiftkv', 'swiftkv-lora'\]",
+    ):
         settings_for("m", "nope")
 
 
@@ -82,16 +108,22 @@ def test_probe_is_transformers_hidden_states_minus_two():
     assert (pair.teacher_probe - teacher.reshape(-1, teacher.shape[-1])).abs().max().item() < 1e-5
     assert (pair.student_probe - student.reshape(-1, student.shape[-1])).abs().max().item() < 1e-5
     with pytest.raises(ValueError, match="expected the input of a later layer"):
-        probe_layer_of(settings_for("tiny", "reference", mse_hidden_index=2).step_settings().loss, model.config)
+        probe_layer_of(
+            settings_for("tiny", "reference", mse_hidden_index=2).step_settings().loss, model.config
+        )
 
 
 def test_reference_loss_is_kl_over_all_positions_plus_mse():
     """train_step's reported loss = T^2 * sum(KL on targets) / all positions + mean squared error."""
     torch.manual_seed(1)
     model = tiny_student()
-    docs = [Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)]
+    docs = [
+        Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)
+    ]
     blocks = pack(docs, 24, max_blocks=2)
-    settings = settings_for("tiny", "reference", init="keep", batch_size=2, micro_batch=1, lr=0.0, dtype="float32")
+    settings = settings_for(
+        "tiny", "reference", init="keep", batch_size=2, micro_batch=1, lr=0.0, dtype="float32"
+    )
     layer = probe_layer_of(settings.step_settings().loss, model.config)
     with torch.no_grad():
         rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
@@ -101,7 +133,9 @@ def test_reference_loss_is_kl_over_all_positions_plus_mse():
     expected = float(kl) / blocks.loss_mask.numel() + float(mse)
     optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)
     distiller = SharedPrefixDistiller(model, probe_layer=layer)
-    loss = train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World())
+    loss = train_step(
+        distiller, model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World()
+    )
     assert loss == pytest.approx(expected, rel=1e-5)
     assert float(mse) > 1e-4  # the MSE term is really there
 
@@ -110,10 +144,13 @@ def test_top1_term_joins_the_kl_divided_by_the_trained_positions():
     """train_step with --top1-weight w reports (T^2 * KL + w * CE on the teacher's argmax) / targets."""
     torch.manual_seed(2)
     model = tiny_student()
-    docs = [Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)]
+    docs = [
+        Document(torch.randint(3, 128, (n,)).tolist(), [i % 3 != 0 for i in range(n)]) for n in (13, 20, 15)
+    ]
     blocks = pack(docs, 24, max_blocks=2)
-    settings = settings_for("tiny", "swiftkv", init="keep", top1_weight=0.5, batch_size=2, micro_batch=1, lr=0.0,
-                            dtype="float32")
+    settings = settings_for(
+        "tiny", "swiftkv", init="keep", top1_weight=0.5, batch_size=2, micro_batch=1, lr=0.0, dtype="float32"
+    )
     with torch.no_grad():
         rows = blocks.loss_mask.reshape(-1).nonzero().squeeze(1)
         pair = model.model.forward_pair(blocks.input_ids, blocks.position_ids, rows)
@@ -121,7 +158,15 @@ def test_top1_term_joins_the_kl_divided_by_the_trained_positions():
         ce = torch.nn.functional.cross_entropy(student, teacher.argmax(-1), reduction="sum")
         expected = (float(kl_sum(student, teacher, 2.0)) + 0.5 * float(ce)) / len(rows)
     optimizer = torch.optim.AdamW(freeze_all_but_swiftkv(model), lr=0.0)
-    loss = train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World())
+    loss = train_step(
+        SharedPrefixDistiller(model),
+        model,
+        optimizer,
+        blocks,
+        BatchSizes.of(blocks),
+        settings.step_settings(),
+        World(),
+    )
     assert loss == pytest.approx(expected, rel=1e-5)
     assert float(ce) > float(kl_sum(student, teacher, 2.0))  # the term is really there, and not small
 
@@ -145,8 +190,8 @@ def test_teacher_documents_train_only_on_the_reply_and_resume_without_duplicates
     first = teacher_documents(iter(chats), tokenizer, 200, ReplyCache(path, fake_teacher(calls)), batch=4)
     assert sum(calls) == len(read_replies(path)) >= len(first) > 0
     prompt = prompt_ids_of(tokenizer, chats[0])
-    assert first[0].ids[:len(prompt)] == prompt and not any(first[0].is_target[:len(prompt)])
-    assert all(first[0].is_target[len(prompt):]) and first[0].ids[-1] == tokenizer.eos_token_id
+    assert first[0].ids[: len(prompt)] == prompt and not any(first[0].is_target[: len(prompt)])
+    assert all(first[0].is_target[len(prompt) :]) and first[0].ids[-1] == tokenizer.eos_token_id
     # A kill mid-write leaves a torn last line: it is cut off, the rest reused, nothing duplicated.
     with path.open("a") as handle:
         handle.write('{"key": "abc", "reply_ids": [4, 5')
@@ -156,15 +201,20 @@ def test_teacher_documents_train_only_on_the_reply_and_resume_without_duplicates
     again = teacher_documents(iter(chats), tokenizer, 400, ReplyCache(path, fake_teacher(calls)), batch=4)
     keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == done + sum(calls)
-    assert [d.ids for d in again[:len(first)]] == [d.ids for d in first]
+    assert [d.ids for d in again[: len(first)]] == [d.ids for d in first]
 
 
 def test_every_turn_prompts_are_each_user_turn_with_its_context():
     tokenizer = tiny_tokenizer()
-    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"},
-            {"role": "assistant", "content": "three"}, {"role": "user", "content": "four"},
-            {"role": "assistant", "content": "five six"}, {"role": "user", "content": " "},
-            {"role": "assistant", "content": "seven"}]
+    chat = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "one two"},
+        {"role": "assistant", "content": "three"},
+        {"role": "user", "content": "four"},
+        {"role": "assistant", "content": "five six"},
+        {"role": "user", "content": " "},
+        {"role": "assistant", "content": "seven"},
+    ]
     every = turn_prompts(tokenizer, chat, every_turn=True)
     assert [messages for messages, _ in every] == [chat[:2], chat[:4]]  # an empty user turn is no prompt
     assert every[0] == first_prompt(tokenizer, chat) and turn_prompts(tokenizer, chat) == every[:1]
@@ -177,21 +227,32 @@ def test_every_turn_documents_answer_the_later_turns_too(tmp_path):
     tokenizer = tiny_tokenizer()
     chats = [c["messages"] for c in random_chats(12, seed=5)]
     calls = []
-    first = teacher_documents(iter(chats), tokenizer, 10**6, ReplyCache(tmp_path / "a.jsonl", fake_teacher(calls)))
-    every = teacher_documents(iter(chats), tokenizer, 10**6, ReplyCache(tmp_path / "b.jsonl", fake_teacher(calls)),
-                              every_turn=True)
+    first = teacher_documents(
+        iter(chats), tokenizer, 10**6, ReplyCache(tmp_path / "a.jsonl", fake_teacher(calls))
+    )
+    every = teacher_documents(
+        iter(chats), tokenizer, 10**6, ReplyCache(tmp_path / "b.jsonl", fake_teacher(calls)), every_turn=True
+    )
     turns = sum(len(turn_prompts(tokenizer, c, every_turn=True)) for c in chats)
     assert len(first) == len(chats) < len(every) == turns
     assert {tuple(d.ids) for d in first} <= {tuple(d.ids) for d in every}
 
 
-@pytest.mark.parametrize(("message", "expected"), [
-    ({"content": "hi"}, "messages[1] has role None; expected one of ['system', 'user', 'assistant']"),
-    ({"role": "assistant", "content": None}, "messages[1] (assistant) has content None; expected a string"),
-])
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ({"content": "hi"}, "messages[1] has role None; expected one of ['system', 'user', 'assistant']"),
+        (
+            {"role": "assistant", "content": None},
+            "messages[1] (assistant) has content None; expected a string",
+        ),
+    ],
+)
 def test_bad_chat_record_names_file_and_line(tmp_path, message, expected):
-    path = write_jsonl(tmp_path / "chats.jsonl", [random_chats(1)[0],
-                                                  {"messages": [{"role": "user", "content": "a"}, message]}])
+    path = write_jsonl(
+        tmp_path / "chats.jsonl",
+        [random_chats(1)[0], {"messages": [{"role": "user", "content": "a"}, message]}],
+    )
     with pytest.raises(ValueError, match=rf"chats.jsonl:2: {re.escape(expected)}"):
         list(read_source(str(path)))
 
@@ -211,8 +272,14 @@ def test_hf_replies_batched_equal_greedy_one_by_one(tmp_path):
     for prompt, reply in zip(prompts, replies, strict=True):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                                   eos_token_id=eos, pad_token_id=eos)[0, len(prompt):].tolist()
+            alone = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=12,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )[0, len(prompt) :].tolist()
         stop = alone.index(eos) + 1 if eos in alone else len(alone)
         assert reply.ids == alone[:stop]
         assert reply.finished == (eos in alone)
@@ -230,7 +297,9 @@ def test_load_blocks_with_teacher_and_mixed_targets(tmp_path):
     human = load_blocks(data, tokenizer, 64, 1024, 256, seed=0)
     taught = load_blocks(data, tokenizer, 64, 1024, 256, seed=0, replies=cache)
     mixed = load_blocks(data, tokenizer, 64, 1024, 256, seed=0, replies=cache, human_share=0.5)
-    assert torch.equal(human[1].input_ids, taught[1].input_ids) and torch.equal(human[1].input_ids, mixed[1].input_ids)
+    assert torch.equal(human[1].input_ids, taught[1].input_ids) and torch.equal(
+        human[1].input_ids, mixed[1].input_ids
+    )
     replies = {tuple(r.ids) for r in read_replies(tmp_path / "replies.jsonl").values()}
     assert len(replies) > 0
     for blocks in (taught, mixed):
@@ -253,28 +322,45 @@ def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp
     prompts = [[5, 9, 14, 3, 7], [11, 4], [7, 7, 30, 31, 2, 8]]
     written = {}
     for writer in ("student", "teacher"):
-        settings = settings_for(str(folder), targets="teacher", reply_writer=writer, reply_engine="hf",
-                                reply_tokens=6, dtype="float32")
+        settings = settings_for(
+            str(folder),
+            targets="teacher",
+            reply_writer=writer,
+            reply_engine="hf",
+            reply_tokens=6,
+            dtype="float32",
+        )
         cache = reply_cache(settings.replies_settings(), tokenizer)
         assert cache.path.name.startswith(f"{writer}-replies-")
         written[writer] = [r.ids for r in cache.get(prompts)]
         for prompt, reply in zip(prompts, written[writer], strict=True):
             ids = torch.tensor([prompt])
             with torch.no_grad():
-                alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                                       eos_token_id=eos, pad_token_id=eos,
-                                       swiftkv=writer == "student")[0, len(prompt):].tolist()
-            assert reply == (alone[:alone.index(eos) + 1] if eos in alone else alone)
+                alone = model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=6,
+                    do_sample=False,
+                    eos_token_id=eos,
+                    pad_token_id=eos,
+                    swiftkv=writer == "student",
+                )[0, len(prompt) :].tolist()
+            assert reply == (alone[: alone.index(eos) + 1] if eos in alone else alone)
     assert written["student"] != written["teacher"]
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ({"targets": "human"}, "--targets human trains on the data's own replies"),
-    ({"init": "mean"}, "--init mean replaces them before training"),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({"targets": "human"}, "--targets human trains on the data's own replies"),
+        ({"init": "mean"}, "--init mean replaces them before training"),
+    ],
+)
 def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
     from swiftkv.distill.setup import load_student
 
-    settings = settings_for(str(tmp_path / "nowhere"), reply_writer="student", out=str(tmp_path / "out"), **given)
+    settings = settings_for(
+        str(tmp_path / "nowhere"), reply_writer="student", out=str(tmp_path / "out"), **given
+    )
     with pytest.raises(ValueError, match=re.escape(expected)):
         load_student(settings)

@@ -34,8 +34,9 @@ def test_chunked_loss_and_gradients_equal_unchunked(top1_weight):
         projection.zero_grad()
         student = projection(inputs)
         if chunked:
-            value = backward_logit_loss(student, teacher, head, LossTerms(2.0, chunk_rows=8, top1_weight=top1_weight),
-                                        scale=0.1)
+            value = backward_logit_loss(
+                student, teacher, head, LossTerms(2.0, chunk_rows=8, top1_weight=top1_weight), scale=0.1
+            )
         else:
             loss = logit_loss_sum(student, teacher, head, LossTerms(2.0, top1_weight=top1_weight))
             (loss * 0.1).backward()
@@ -67,13 +68,16 @@ def test_top1_term_is_the_cross_entropy_of_the_teachers_argmax():
         nll = -torch.log_softmax(head(student), -1)[torch.arange(6), argmax].sum()
         kl = logit_loss_sum(student, teacher, head, LossTerms(1.0))
     assert float(logit_loss_sum(student, teacher, head, LossTerms(1.0, top1_weight=0.5))) == pytest.approx(
-        float(kl + 0.5 * nll), rel=1e-5)
+        float(kl + 0.5 * nll), rel=1e-5
+    )
     # where the student already puts (almost) all its mass on the teacher's argmax, the term vanishes
     sharp = torch.nn.Linear(8, 20)
     with torch.no_grad():
         sharp.weight.copy_(head.weight * 1000)
         sharp.bias.copy_(head.bias * 1000)
-    assert float(logit_loss_sum(teacher, teacher, sharp, LossTerms(1.0, top1_weight=1.0))) == pytest.approx(0.0, abs=1e-3)
+    assert float(logit_loss_sum(teacher, teacher, sharp, LossTerms(1.0, top1_weight=1.0))) == pytest.approx(
+        0.0, abs=1e-3
+    )
 
 
 def blocks_for(model, seq_len=24, count=2):
@@ -124,7 +128,15 @@ def test_one_step_changes_only_the_swiftkv_parameters():
     parameters = freeze_all_but_swiftkv(model)
     optimizer = torch.optim.AdamW(parameters, lr=1e-2)
     blocks = blocks_for(model)
-    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World())
+    train_step(
+        SharedPrefixDistiller(model),
+        model,
+        optimizer,
+        blocks,
+        BatchSizes.of(blocks),
+        settings.step_settings(),
+        World(),
+    )
     changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
     assert changed == set(swiftkv_parameters(model))
     assert len(changed) == 3 * 3 + 1  # q/k/v_proj_swiftkv of layers 3..5 and norm_swiftkv
@@ -133,16 +145,31 @@ def test_one_step_changes_only_the_swiftkv_parameters():
 def test_lr_schedule_warms_up_then_decays_to_zero():
     rates = [lr_at(s, 20, 1.0, 0.1) for s in range(20)]
     assert rates[0] == 0.5 and rates[1] == 1.0
-    assert all(a >= b for a, b in zip(rates[1:], rates[2:], strict=False)) and rates[-1] == pytest.approx(1 / 18)
+    assert all(a >= b for a, b in zip(rates[1:], rates[2:], strict=False)) and rates[-1] == pytest.approx(
+        1 / 18
+    )
 
 
 def run_settings(tmp_path, **overrides) -> DistillSettings:
     data = tmp_path / "chats.jsonl"
     if not data.exists():
         write_jsonl(data, random_chats(60, seed=5))
-    values = dict(source="tiny", data=str(data), init="keep", targets="human", tokens=32 * 4 * 4, heldout_tokens=64, seq_len=32, batch_size=4,
-                  micro_batch=2, lr=5e-3, eval_every=2, checkpoint_every=1, checkpoint_dir=str(tmp_path / "ckpt"),
-                  dtype="float32")
+    values = dict(
+        source="tiny",
+        data=str(data),
+        init="keep",
+        targets="human",
+        tokens=32 * 4 * 4,
+        heldout_tokens=64,
+        seq_len=32,
+        batch_size=4,
+        micro_batch=2,
+        lr=5e-3,
+        eval_every=2,
+        checkpoint_every=1,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        dtype="float32",
+    )
     return DistillSettings(**{**values, **overrides})
 
 
@@ -168,7 +195,11 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="lr: checkpoint 0.005 vs now 0.001"):
         distill(run_settings(tmp_path, resume=True, lr=1e-3), tiny_student(), tokenizer)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        distill(run_settings(tmp_path, resume=True, checkpoint_dir=str(tmp_path / "none")), tiny_student(), tokenizer)
+        distill(
+            run_settings(tmp_path, resume=True, checkpoint_dir=str(tmp_path / "none")),
+            tiny_student(),
+            tokenizer,
+        )
 
 
 def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):
@@ -240,17 +271,37 @@ def test_a_micro_batch_without_trained_positions_adds_nothing_and_the_run_goes_o
     def loss_and_grads(which):
         for p in parameters:
             p.grad = None
-        loss = accumulate_gradients(SharedPrefixDistiller(model), model, which, BatchSizes.of(blocks), step, World())
+        loss = accumulate_gradients(
+            SharedPrefixDistiller(model), model, which, BatchSizes.of(blocks), step, World()
+        )
         return loss, [p.grad.clone() for p in parameters]
 
-    (both, both_grads), (first, first_grads) = loss_and_grads(blocks), loss_and_grads(blocks.select(slice(0, 1)))
+    (both, both_grads), (first, first_grads) = (
+        loss_and_grads(blocks),
+        loss_and_grads(blocks.select(slice(0, 1))),
+    )
     assert both == first > 0 and all(torch.equal(a, b) for a, b in zip(both_grads, first_grads, strict=True))
-    measured, alone = evaluate(model, blocks, step, World()), evaluate(model, blocks.select(slice(0, 1)), step, World())
+    measured, alone = (
+        evaluate(model, blocks, step, World()),
+        evaluate(model, blocks.select(slice(0, 1)), step, World()),
+    )
     assert measured == alone and measured["positions"] == int(blocks.loss_mask[0].sum())
     # End to end, as a new user met it: long user turns, short replies, one block per forward.
-    chats = [{"messages": [{"role": "user", "content": " ".join(["word"] * 120)},
-                           {"role": "assistant", "content": "ok"}]} for _ in range(40)]
-    settings = run_settings(tmp_path, data=str(write_jsonl(tmp_path / "long-questions.jsonl", chats)),
-                            targets="human", micro_batch=1, tokens=32 * 4 * 2)
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": " ".join(["word"] * 120)},
+                {"role": "assistant", "content": "ok"},
+            ]
+        }
+        for _ in range(40)
+    ]
+    settings = run_settings(
+        tmp_path,
+        data=str(write_jsonl(tmp_path / "long-questions.jsonl", chats)),
+        targets="human",
+        micro_batch=1,
+        tokens=32 * 4 * 2,
+    )
     state = distill(settings, tiny_student(), tiny_tokenizer())
     assert state.step == 2 and all(h["loss"] >= 0 for h in state.history if "loss" in h)

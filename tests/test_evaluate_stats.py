@@ -52,7 +52,9 @@ def test_first_divergence_pads_finished_answers_with_eos():
 
 def test_parse_tasks_names_the_unknown_and_lists_the_available():
     assert parse_tasks("arc_easy, mmlu_anatomy") == ["arc_easy", "mmlu_anatomy"]
-    with pytest.raises(ValueError, match=r"unknown task\(s\) \['arc_hard'\]; available: arc_easy, arc_challenge"):
+    with pytest.raises(
+        ValueError, match=r"unknown task\(s\) \['arc_hard'\]; available: arc_easy, arc_challenge"
+    ):
         parse_tasks("arc_easy,arc_hard")
     tasks = available_tasks()
     assert tasks[:6] == ["arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu"]
@@ -63,7 +65,11 @@ def test_parse_limits_global_and_per_task():
     tasks = ["arc_easy", "hellaswag", "mmlu"]
     assert parse_limits(None, tasks) == {"arc_easy": None, "hellaswag": None, "mmlu": None}
     assert parse_limits("7", tasks) == {"arc_easy": 7, "hellaswag": 7, "mmlu": 7}
-    assert parse_limits("hellaswag=2000,mmlu=2000", tasks) == {"arc_easy": None, "hellaswag": 2000, "mmlu": 2000}
+    assert parse_limits("hellaswag=2000,mmlu=2000", tasks) == {
+        "arc_easy": None,
+        "hellaswag": 2000,
+        "mmlu": 2000,
+    }
     with pytest.raises(ValueError, match="'piqa', which is not in --tasks"):
         parse_limits("piqa=5", tasks)
     with pytest.raises(ValueError, match="not a positive integer"):

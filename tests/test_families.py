@@ -26,23 +26,40 @@ def branch_layout_names(n: int, g: int, layers: int = LAYERS) -> set[str]:
     and q_norm_swiftkv on every later layer, k/v_proj_swiftkv and k_norm_swiftkv on group owners only."""
     names = {"model.norm_swiftkv.weight"}
     for i in range(n, layers):
-        names |= {f"model.layers.{i}.self_attn.q_proj_swiftkv.weight", f"model.layers.{i}.self_attn.q_norm_swiftkv.weight"}
+        names |= {
+            f"model.layers.{i}.self_attn.q_proj_swiftkv.weight",
+            f"model.layers.{i}.self_attn.q_norm_swiftkv.weight",
+        }
         if (i - n) % g == 0:
-            names |= {f"model.layers.{i}.self_attn.{m}.weight"
-                      for m in ("k_proj_swiftkv", "k_norm_swiftkv", "v_proj_swiftkv")}
+            names |= {
+                f"model.layers.{i}.self_attn.{m}.weight"
+                for m in ("k_proj_swiftkv", "k_norm_swiftkv", "v_proj_swiftkv")
+            }
     return names
 
 
 def write_qwen3_swiftkv_folder(folder, g: int, extra_config: dict | None = None):
     """A qwen3_swiftkv folder written by hand (config.json + safetensors), not by our model class."""
     teacher = random_teacher("qwen3")
-    config = {**teacher.config.to_dict(), "model_type": "qwen3_swiftkv", "architectures": ["Qwen3SwiftKVForCausalLM"],
-              "swiftkv": True, "num_key_value_layers": N, "key_value_group_size": g, **(extra_config or {})}
+    config = {
+        **teacher.config.to_dict(),
+        "model_type": "qwen3_swiftkv",
+        "architectures": ["Qwen3SwiftKVForCausalLM"],
+        "swiftkv": True,
+        "num_key_value_layers": N,
+        "key_value_group_size": g,
+        **(extra_config or {}),
+    }
     tensors = {k: v.contiguous() for k, v in teacher.state_dict().items()}
     hidden, head_dim, heads, kv_heads = 64, 24, 4, 2
-    shapes = {"q_proj_swiftkv": (heads * head_dim, hidden), "k_proj_swiftkv": (kv_heads * head_dim, hidden),
-              "v_proj_swiftkv": (kv_heads * head_dim, hidden), "q_norm_swiftkv": (head_dim,),
-              "k_norm_swiftkv": (head_dim,), "norm_swiftkv": (hidden,)}
+    shapes = {
+        "q_proj_swiftkv": (heads * head_dim, hidden),
+        "k_proj_swiftkv": (kv_heads * head_dim, hidden),
+        "v_proj_swiftkv": (kv_heads * head_dim, hidden),
+        "q_norm_swiftkv": (head_dim,),
+        "k_norm_swiftkv": (head_dim,),
+        "norm_swiftkv": (hidden,),
+    }
     for name in branch_layout_names(N, g):
         tensors[name] = torch.randn(shapes[name.split(".")[-2]])
     folder.mkdir(parents=True, exist_ok=True)
@@ -79,10 +96,14 @@ def test_mistral_converts_into_the_llama_family_with_its_head_dim():
     assert family_of("mistral") is FAMILIES["llama"]
 
 
-@pytest.mark.parametrize("config", [
-    MistralConfig(**tiny_base_kwargs(), head_dim=24, sliding_window=64),  # window < context (512)
-    Qwen2Config(**tiny_base_kwargs(), use_sliding_window=True, sliding_window=64, max_window_layers=0),
-], ids=["mistral", "qwen2"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        MistralConfig(**tiny_base_kwargs(), head_dim=24, sliding_window=64),  # window < context (512)
+        Qwen2Config(**tiny_base_kwargs(), use_sliding_window=True, sliding_window=64, max_window_layers=0),
+    ],
+    ids=["mistral", "qwen2"],
+)
 def test_sliding_window_sources_are_refused(config):
     with pytest.raises(ValueError, match="sliding-window attention.*sliding_window=64"):
         swiftkv_config(config, N, 1)
@@ -109,12 +130,16 @@ def test_unsupported_model_type_names_the_families():
         family_of("gemma")
 
 
-@pytest.mark.parametrize("arch, name, family, shape", [
-    # transformers' GGUF loader gives Qwen3 its config default head_dim (128): the file must agree
-    ("qwen3", "tiny-qwen3", "qwen3", {"head_dim": 128}),
-    # llama.cpp writes Mistral as architecture `llama`: it loads as Llama, with the file's head_dim (24)
-    ("mistral", "Mistral-tiny-v0.3", "llama", {}),
-], ids=["qwen3", "mistral"])
+@pytest.mark.parametrize(
+    "arch, name, family, shape",
+    [
+        # transformers' GGUF loader gives Qwen3 its config default head_dim (128): the file must agree
+        ("qwen3", "tiny-qwen3", "qwen3", {"head_dim": 128}),
+        # llama.cpp writes Mistral as architecture `llama`: it loads as Llama, with the file's head_dim (24)
+        ("mistral", "Mistral-tiny-v0.3", "llama", {}),
+    ],
+    ids=["qwen3", "mistral"],
+)
 def test_gguf_sources_load_exactly_and_convert(tmp_path, arch, name, family, shape):
     from swiftkv.sources import load_model, load_tokenizer, resolve_source
 

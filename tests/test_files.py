@@ -48,7 +48,19 @@ def mode(path: Path) -> int:
 
 
 def convert_copy(src: Path, dst: Path, *extra: str) -> int:
-    return main(["convert", str(src), str(dst), "--num-key-value-layers", "2", "--init", "copy", "--no-measure", *extra])
+    return main(
+        [
+            "convert",
+            str(src),
+            str(dst),
+            "--num-key-value-layers",
+            "2",
+            "--init",
+            "copy",
+            "--no-measure",
+            *extra,
+        ]
+    )
 
 
 def test_convert_removes_the_temps_of_killed_writers(llama_dir, tmp_path):
@@ -123,7 +135,9 @@ def test_export_removes_the_temps_of_killed_writers(llama_dir, tmp_path):
         export(str(llama_dir), tmp_path / "exported")
     assert not killed.exists() and mode(tmp_path / "exported") == 0o755
     assert mode(tmp_path / "exported" / "model.safetensors") == 0o644
-    assert (tmp_path / "exported" / "model.safetensors").read_bytes() == (llama_dir / "model.safetensors").read_bytes()
+    assert (tmp_path / "exported" / "model.safetensors").read_bytes() == (
+        llama_dir / "model.safetensors"
+    ).read_bytes()
 
 
 KILL_AFTER = """
@@ -142,13 +156,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("command, module, function", [
-    (["convert", "SRC", "DST", "--num-key-value-layers", "3", "--init", "copy", "--no-measure"],
-     "transformers", "PreTrainedModel.save_pretrained"),
-    (["export", "SRC", "DST"], "shutil", "copytree"),
-])
-def test_a_writer_killed_mid_write_leaves_no_output_and_a_rerun_cleans_up(llama_dir, tmp_path, command, module,
-                                                                          function):
+@pytest.mark.parametrize(
+    "command, module, function",
+    [
+        (
+            ["convert", "SRC", "DST", "--num-key-value-layers", "3", "--init", "copy", "--no-measure"],
+            "transformers",
+            "PreTrainedModel.save_pretrained",
+        ),
+        (["export", "SRC", "DST"], "shutil", "copytree"),
+    ],
+)
+def test_a_writer_killed_mid_write_leaves_no_output_and_a_rerun_cleans_up(
+    llama_dir, tmp_path, command, module, function
+):
     """A real SIGKILL of `swiftkv convert` / `swiftkv export` after its files reach the temp folder:
     no DST appears, and the next run of the same command succeeds and leaves no temp data behind."""
     import sys

@@ -31,8 +31,26 @@ def test_convert_distill_and_export_outputs_load_with_trust_remote_code(tmp_path
     calib = tmp_path / "text.txt"
     calib.write_text(" ".join(WORDS[(7 * i) % len(WORDS)] for i in range(3000)))
     converted, distilled = tmp_path / "converted", tmp_path / "distilled"
-    assert main(["convert", str(teacher), str(converted), "--num-key-value-layers", "3", "--init", "copy",
-                 "--calib-data", str(calib), "--calib-tokens", "512", "--eval-tokens", "256"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(teacher),
+                str(converted),
+                "--num-key-value-layers",
+                "3",
+                "--init",
+                "copy",
+                "--calib-data",
+                str(calib),
+                "--calib-tokens",
+                "512",
+                "--eval-tokens",
+                "256",
+            ]
+        )
+        == 0
+    )
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
     assert main(["distill", str(converted), "--data", str(data), "--out", str(distilled), *TRAIN_ARGS]) == 0
     assert (distilled / "swiftkv_auto.py").is_file()
@@ -57,11 +75,31 @@ def test_every_family_converts_into_a_folder_that_loads_with_trust_remote_code(t
     (the latter a llama_swiftkv folder) open in a fresh process too."""
     calib = tmp_path / "text.txt"
     calib.write_text(" ".join(WORDS[(7 * i) % len(WORDS)] for i in range(3000)))
-    expected = {"qwen2": "Qwen2SwiftKVForCausalLM", "qwen3": "Qwen3SwiftKVForCausalLM",
-                "mistral": "LlamaSwiftKVForCausalLM"}
+    expected = {
+        "qwen2": "Qwen2SwiftKVForCausalLM",
+        "qwen3": "Qwen3SwiftKVForCausalLM",
+        "mistral": "LlamaSwiftKVForCausalLM",
+    }
     for arch, name in expected.items():
         out = tmp_path / f"{arch}-converted"
-        assert main(["convert", str(save_tiny_teacher(tmp_path / arch, arch)), str(out), "--num-key-value-layers",
-                     "3", "--init", "copy", "--calib-data", str(calib), "--calib-tokens", "512",
-                     "--eval-tokens", "256"]) == 0
+        assert (
+            main(
+                [
+                    "convert",
+                    str(save_tiny_teacher(tmp_path / arch, arch)),
+                    str(out),
+                    "--num-key-value-layers",
+                    "3",
+                    "--init",
+                    "copy",
+                    "--calib-data",
+                    str(calib),
+                    "--calib-tokens",
+                    "512",
+                    "--eval-tokens",
+                    "256",
+                ]
+            )
+            == 0
+        )
         assert load_in_fresh_process(out) == name, arch

@@ -14,35 +14,61 @@ SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "gpu_check.py"
 
 
 def test_dry_run_serves_every_case_as_the_hf_model_and_reports_capacity(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path)], capture_output=True,
-                            text=True, timeout=1100)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1100,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     cases = {case["case"]: case for case in report["cases"]}
-    assert set(cases) == {"llama-g1 default eager", "llama-g2 default eager", "qwen3-g1 default eager",
-                          "llama-g1 fp8 kv", "llama-g1 ngram"}
+    assert set(cases) == {
+        "llama-g1 default eager",
+        "llama-g2 default eager",
+        "qwen3-g1 default eager",
+        "llama-g1 fp8 kv",
+        "llama-g1 ngram",
+    }
     for case in cases.values():
         assert case["error"] is None and case["prompts"] == 8, case
-        assert case["identical"] or not case["exact"], case  # fp8 reports its kept tokens; the rest must equal HF
+        assert case["identical"] or not case["exact"], (
+            case
+        )  # fp8 reports its kept tokens; the rest must equal HF
         assert case["cached_tokens"] >= 256  # the shared prefix came from the prefix cache
     # 2 early + 4 later layers: 6 caches at G = 1, 4 at G = 2 (block rounding aside)
     assert 1.45 < report["capacity_g2_vs_g1"]["ratio"] < 1.6
-    assert cases["llama-g1 fp8 kv"]["kv_cache_tokens"] > 3.5 * cases["llama-g1 default eager"]["kv_cache_tokens"]
+    assert (
+        cases["llama-g1 fp8 kv"]["kv_cache_tokens"] > 3.5 * cases["llama-g1 default eager"]["kv_cache_tokens"]
+    )
     table = (tmp_path / "gpu-check.md").read_text()
     assert table.count("\n") == 2 + len(cases) and "| llama-g1 ngram | yes |" in table
 
 
 def test_without_a_gpu_the_check_asks_for_the_dry_run(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 2 and "no GPU here; pass --dry-run" in result.stderr
 
 
 def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_them(tmp_path):
     script = SCRIPT.with_name("gpu_check.sh")
-    for stage, missing in (("unpack1", ".devdata/gc1/vllm-py.tar.xz"), ("unpack2-and-run", ".devdata/gc2/c.so.xz")):
-        result = subprocess.run(["bash", str(script), stage], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                                env={"PATH": "/usr/bin:/bin", "W": str(tmp_path / "box")})
+    for stage, missing in (
+        ("unpack1", ".devdata/gc1/vllm-py.tar.xz"),
+        ("unpack2-and-run", ".devdata/gc2/c.so.xz"),
+    ):
+        result = subprocess.run(
+            ["bash", str(script), stage],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "W": str(tmp_path / "box")},
+        )
         assert result.returncode == 2, result.stderr
-        assert result.stderr.strip() == f"gpu_check.sh: {missing} is missing; it is written by 'gpu_check.sh stage " \
+        assert (
+            result.stderr.strip()
+            == f"gpu_check.sh: {missing} is missing; it is written by 'gpu_check.sh stage "
             f"(carried by the {'first' if stage == 'unpack1' else 'second'} call)'"
+        )

@@ -18,10 +18,22 @@ import swiftkv
 PACKAGE = Path(swiftkv.__file__).parent
 
 RULES = {
-    "swiftkv.data": ("swiftkv.distill", "swiftkv.replies", "swiftkv.evaluate", "swiftkv.vllm", "swiftkv.bench",
-                     "swiftkv.cli"),
-    "swiftkv.vllm": ("swiftkv.bench", "swiftkv.data", "swiftkv.distill", "swiftkv.replies", "swiftkv.evaluate",
-                     "swiftkv.cli"),
+    "swiftkv.data": (
+        "swiftkv.distill",
+        "swiftkv.replies",
+        "swiftkv.evaluate",
+        "swiftkv.vllm",
+        "swiftkv.bench",
+        "swiftkv.cli",
+    ),
+    "swiftkv.vllm": (
+        "swiftkv.bench",
+        "swiftkv.data",
+        "swiftkv.distill",
+        "swiftkv.replies",
+        "swiftkv.evaluate",
+        "swiftkv.cli",
+    ),
 }
 
 
@@ -52,9 +64,12 @@ def test_layer_imports_nothing_above_it(layer):
     folder = PACKAGE / layer.split(".", 1)[1]
     files = sorted(folder.rglob("*.py"))
     assert files
-    broken = {f"{module_name(path)} imports {name}"
-              for path in files for name in imports_of(path)
-              if any(name == banned or name.startswith(banned + ".") for banned in RULES[layer])}
+    broken = {
+        f"{module_name(path)} imports {name}"
+        for path in files
+        for name in imports_of(path)
+        if any(name == banned or name.startswith(banned + ".") for banned in RULES[layer])
+    }
     assert not broken, sorted(broken)
 
 
@@ -78,6 +93,8 @@ for name in names:
 swiftkv.cli.build_parser()
 print(len(names), *[m for m in {HEAVY_OPTIONAL!r} if m in sys.modules])
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert int(out[0]) > 70, out  # every module was imported
     assert out[1:] == [], f"module-level imports load {out[1:]}"

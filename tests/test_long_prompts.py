@@ -9,9 +9,14 @@ def words(text: str) -> int:
 
 def chats(count: int) -> list[list[dict]]:
     """Conversations whose first reply has 50..149 words and names its conversation."""
-    return [[{"role": "system", "content": "be brief"},
-             {"role": "user", "content": f"question number {i}?"},
-             {"role": "assistant", "content": f"answer{i} " + "word " * (50 + 37 * i % 100)}] for i in range(count)]
+    return [
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": f"question number {i}?"},
+            {"role": "assistant", "content": f"answer{i} " + "word " * (50 + 37 * i % 100)},
+        ]
+        for i in range(count)
+    ]
 
 
 def test_prompts_alternate_kinds_stay_in_bounds_and_hold_the_answer_to_their_question():

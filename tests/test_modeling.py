@@ -36,7 +36,9 @@ def test_teacher_path_equals_transformers(arch):
     assert max_diff(student(x).logits, teacher(x).logits) <= 1e-5
     mask = torch.ones_like(x)
     mask[0, :5] = 0  # left padding
-    assert max_diff(student(x, attention_mask=mask).logits[1], teacher(x, attention_mask=mask).logits[1]) <= 1e-5
+    assert (
+        max_diff(student(x, attention_mask=mask).logits[1], teacher(x, attention_mask=mask).logits[1]) <= 1e-5
+    )
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -75,7 +77,7 @@ def test_incremental_decoding_equals_full_forward(arch, g):
     out = student(x[:, :10], use_cache=True)
     steps, cache = [out.logits], out.past_key_values
     for t in range(10, 16):
-        out = student(x[:, t:t + 1], past_key_values=cache, use_cache=True)
+        out = student(x[:, t : t + 1], past_key_values=cache, use_cache=True)
         steps.append(out.logits)
     assert max_diff(torch.cat(steps, 1), full) <= 1e-5
 
@@ -113,8 +115,9 @@ def test_prefill_skip_with_padding_matches_full_student():
 def test_generate_equals_greedy_full_forwards(arch):
     _, student = random_student(arch, N, 2)
     x = ids(1, 8)
-    generated = student.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False,
-                                 pad_token_id=0)
+    generated = student.generate(
+        x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False, pad_token_id=0
+    )
     expected = x
     for _ in range(8):  # no cache, no skip: the slow reference loop
         next_id = student(expected).logits[:, -1].argmax(-1, keepdim=True)
@@ -147,8 +150,9 @@ def test_set_swiftkv_refuses_a_model_without_swiftkv_layers():
         model.set_swiftkv(True)
 
 
-@pytest.mark.parametrize("n, g, message", [(0, 1, "out of range"), (6, 1, "out of range"),
-                                            (2, 3, "does not divide")])
+@pytest.mark.parametrize(
+    "n, g, message", [(0, 1, "out of range"), (6, 1, "out of range"), (2, 3, "does not divide")]
+)
 def test_bad_geometry_is_refused(n, g, message):
     from swiftkv import SwiftKVConfigError
 

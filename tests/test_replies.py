@@ -21,6 +21,7 @@ from tests.tiny import random_chats, save_tiny_folder, tiny_tokenizer, write_jso
 
 def fake_writer(calls: list, batch: int | None = None):
     """A deterministic stand-in for the model that writes the replies (real ones: test_distill_recipes, vLLM)."""
+
     def generate(prompts):
         calls.append(len(prompts))
         return [Reply([3 + (sum(p) + k) % 50 for k in range(5)] + [2], True) for p in prompts]
@@ -34,18 +35,27 @@ def digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.numpy().tobytes()).hexdigest()[:16]
 
 
-@pytest.mark.parametrize(("share", "heldout", "train", "mask"), [
-    (None, "c023954765c96811", "19a09eb87173e620", "93f2e6996b741add"),
-    (0.0, "c023954765c96811", "ef442c6d7881ffd6", "b77197c92ccc4950"),
-    (0.5, "c023954765c96811", "5bcd2ac32cba4a50", "1953b857da1d8983"),
-])
+@pytest.mark.parametrize(
+    ("share", "heldout", "train", "mask"),
+    [
+        (None, "c023954765c96811", "19a09eb87173e620", "93f2e6996b741add"),
+        (0.0, "c023954765c96811", "ef442c6d7881ffd6", "b77197c92ccc4950"),
+        (0.5, "c023954765c96811", "5bcd2ac32cba4a50", "1953b857da1d8983"),
+    ],
+)
 def test_the_split_is_unchanged(tmp_path, share, heldout, train, mask):
     """The blocks of human, teacher and mixed targets are byte for byte those the code gave before the
     split moved to `data/split.py` (digests taken at commit dbf2db2): same held-out ids, same train ids."""
     data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=5)))
     replies = None if share is None else ReplyCache(tmp_path / "replies.jsonl", fake_writer([]))
-    blocks, held = load_blocks(data, tiny_tokenizer(), 64, 1024, 256, seed=0, replies=replies, human_share=share or 0.0)
-    assert (digest(held.input_ids), digest(blocks.input_ids), digest(blocks.loss_mask)) == (heldout, train, mask)
+    blocks, held = load_blocks(
+        data, tiny_tokenizer(), 64, 1024, 256, seed=0, replies=replies, human_share=share or 0.0
+    )
+    assert (digest(held.input_ids), digest(blocks.input_ids), digest(blocks.loss_mask)) == (
+        heldout,
+        train,
+        mask,
+    )
 
 
 def test_stage_resumes_without_duplicates_and_writes_chat_records(tmp_path, monkeypatch):
@@ -65,7 +75,9 @@ def test_stage_resumes_without_duplicates_and_writes_chat_records(tmp_path, monk
     keys = [json.loads(line)["key"] for line in out.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == first.generated + again.generated
     calls.clear()
-    assert write_replies(RepliesSettings(**{**vars(settings), "tokens": 400}), tiny_tokenizer()).generated == 0
+    assert (
+        write_replies(RepliesSettings(**{**vars(settings), "tokens": 400}), tiny_tokenizer()).generated == 0
+    )
     assert calls == []
     # Each line is a chat record: the prompt, then the reply as text.
     chats = list(read_source(str(out)))
@@ -82,8 +94,29 @@ def test_distill_trains_on_the_replies_the_stage_wrote(tmp_path, monkeypatch, ca
     folder = save_tiny_folder(tmp_path / "student")
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
     out = tmp_path / "replies.jsonl"
-    assert main(["replies", str(folder), "--data", str(data), "--out", str(out), "--tokens", "512",
-                 "--heldout-tokens", "64", "--reply-tokens", "6", "--engine", "hf", "--dtype", "float32"]) == 0
+    assert (
+        main(
+            [
+                "replies",
+                str(folder),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--tokens",
+                "512",
+                "--heldout-tokens",
+                "64",
+                "--reply-tokens",
+                "6",
+                "--engine",
+                "hf",
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
     assert f"wrote {out}" in capsys.readouterr().out and read_replies(out)
 
     def refuse(prompts):
@@ -91,8 +124,24 @@ def test_distill_trains_on_the_replies_the_stage_wrote(tmp_path, monkeypatch, ca
 
     monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: refuse)
     args = [a if a != "human" else "teacher" for a in TRAIN_ARGS]
-    assert main(["distill", str(folder), "--data", str(data), "--out", str(tmp_path / "out"), *args,
-                 "--teacher-data", str(out), "--reply-tokens", "6"]) == 0
+    assert (
+        main(
+            [
+                "distill",
+                str(folder),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "out"),
+                *args,
+                "--teacher-data",
+                str(out),
+                "--reply-tokens",
+                "6",
+            ]
+        )
+        == 0
+    )
     assert "(0 generated now)" in capsys.readouterr().out
 
 
@@ -102,14 +151,26 @@ def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, 
 
     monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: fake_writer([]))
     data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(80, seed=4, turns=3)))
-    run = settings_for("tiny", targets="teacher", prompt_turns="every", data=data, tokens=6000, heldout_tokens=600,
-                       seq_len=200, batch_size=1, teacher_data=str(tmp_path / "replies.jsonl"))
+    run = settings_for(
+        "tiny",
+        targets="teacher",
+        prompt_turns="every",
+        data=data,
+        tokens=6000,
+        heldout_tokens=600,
+        seq_len=200,
+        batch_size=1,
+        teacher_data=str(tmp_path / "replies.jsonl"),
+    )
     tokenizer = tiny_tokenizer()
     written = write_replies(run.replies_settings(), tokenizer)
-    first_turns = RepliesSettings(source="tiny", out=str(tmp_path / "first.jsonl"), data=data, tokens=6000,
-                                  heldout_tokens=600)
+    first_turns = RepliesSettings(
+        source="tiny", out=str(tmp_path / "first.jsonl"), data=data, tokens=6000, heldout_tokens=600
+    )
     assert written.generated > write_replies(first_turns, tokenizer).generated  # ~3 prompts per 3-turn chat
-    reader = reply_cache(run.replies_settings(), tokenizer, may_generate=False)  # refuses anything not written
+    reader = reply_cache(
+        run.replies_settings(), tokenizer, may_generate=False
+    )  # refuses anything not written
     train, _ = training_blocks(run, tokenizer, reader)
     assert train.num_tokens >= 6000
 

@@ -16,8 +16,9 @@ def test_vllm_replies_equal_hf_greedy(tmp_path):
     from swiftkv.vllm.engine import in_process_engine
 
     # head_dim 64: vLLM's CPU attention kernels have no head_dim-16 variant (the kit's default)
-    folder = save_tiny_teacher(tmp_path / "teacher", "llama", hidden_size=128, num_attention_heads=2,
-                               num_key_value_heads=1)
+    folder = save_tiny_teacher(
+        tmp_path / "teacher", "llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1
+    )
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = [[5, 9, 14, 3, 7], [11, 4, 4, 20]]
     eos = model.config.eos_token_id
@@ -28,7 +29,13 @@ def test_vllm_replies_equal_hf_greedy(tmp_path):
     for prompt, reply in zip(prompts, replies, strict=True):
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                      eos_token_id=eos, pad_token_id=eos)[0, len(prompt):].tolist()
+            expected = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=8,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )[0, len(prompt) :].tolist()
         assert reply.ids == expected
         assert reply.finished == (expected[-1] == eos)

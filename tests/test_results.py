@@ -33,8 +33,12 @@ def schema_of(path: Path):
         return EvalResults
     if name.endswith("-distill.json"):
         return DistillSummary
-    return {"bench.json": BenchResults, "online.json": OnlineResults, "profile.json": ProfileResults,
-            "decode-steps.json": DecodeStepsResults}.get(name)
+    return {
+        "bench.json": BenchResults,
+        "online.json": OnlineResults,
+        "profile.json": ProfileResults,
+        "decode-steps.json": DecodeStepsResults,
+    }.get(name)
 
 
 COMMITTED = sorted(p for p in DOCS.rglob("*.json") if schema_of(p) is not None)
@@ -42,8 +46,14 @@ COMMITTED = sorted(p for p in DOCS.rglob("*.json") if schema_of(p) is not None)
 
 def test_every_kind_of_result_is_committed():
     kinds = {schema_of(p).__name__ for p in COMMITTED}
-    assert kinds == {"EvalResults", "DistillSummary", "BenchResults", "OnlineResults", "ProfileResults",
-                     "DecodeStepsResults"}
+    assert kinds == {
+        "EvalResults",
+        "DistillSummary",
+        "BenchResults",
+        "OnlineResults",
+        "ProfileResults",
+        "DecodeStepsResults",
+    }
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
@@ -64,7 +74,9 @@ def test_records_are_read_by_attribute():
     assert student.teacher_forced.kl_mean == data["students"][0]["teacher_forced"]["kl_mean"]
     assert student.pair.student == data["students"][0]["pair"]["student"]
     assert results.floor is None and student.long_prompt is None  # written as null / not written
-    full = EvalResults.from_json(json.loads((DOCS / "distill-study" / "final64-n15-fulleval.json").read_text()))
+    full = EvalResults.from_json(
+        json.loads((DOCS / "distill-study" / "final64-n15-fulleval.json").read_text())
+    )
     assert isinstance(full.students[0].tasks["arc_easy"].paired["acc"], Paired)
     online = OnlineResults.from_json(json.loads((DOCS / "bench" / "online" / "online.json").read_text()))
     assert online.results["baseline"][0].ttft_p99_s > 0 and online.idle["swiftkv"].ttft_s > 0
@@ -94,19 +106,34 @@ def full_eval_results() -> dict:
     generation examples), built from committed results: finals-eval.json's students, final64-n15's
     paired task comparisons, teacher metrics made from them."""
     results = json.loads((DOCS / "distill-study" / "finals-eval.json").read_text())
-    tasks = json.loads((DOCS / "distill-study" / "final64-n15-fulleval.json").read_text())["students"][0]["tasks"]
+    tasks = json.loads((DOCS / "distill-study" / "final64-n15-fulleval.json").read_text())["students"][0][
+        "tasks"
+    ]
     results["tasks"] = list(tasks)
     for student in results["students"]:
         student["tasks"] = {}
         for name, task in tasks.items():
             paired = task["paired"]["acc"]
             student["tasks"][name] = {
-                "items": paired["n"], "limit": None,
-                "metrics": {"teacher": {"acc": paired["teacher"], "acc_stderr": 0.01},
-                            "student": {"acc": paired["student"], "acc_stderr": 0.011}},
-                "paired": copy.deepcopy(task["paired"]), "item_ids": [], "answers": {}}
-        student["long_prompt"] = {"prompts": 4, "new_tokens": 16, "prompt_tokens_mean": 1500.4, "kl_mean": 0.25,
-                                  "top1_agreement": 0.81, "identical_fraction": 0.5, "mean_first_divergence": 7.25}
+                "items": paired["n"],
+                "limit": None,
+                "metrics": {
+                    "teacher": {"acc": paired["teacher"], "acc_stderr": 0.01},
+                    "student": {"acc": paired["student"], "acc_stderr": 0.011},
+                },
+                "paired": copy.deepcopy(task["paired"]),
+                "item_ids": [],
+                "answers": {},
+            }
+        student["long_prompt"] = {
+            "prompts": 4,
+            "new_tokens": 16,
+            "prompt_tokens_mean": 1500.4,
+            "kl_mean": 0.25,
+            "top1_agreement": 0.81,
+            "identical_fraction": 0.5,
+            "mean_first_divergence": 7.25,
+        }
     floor = copy.deepcopy(results["students"][0])
     for key in ("tasks", "prefill_compute_saving"):
         floor.pop(key)
@@ -134,21 +161,38 @@ def renderings() -> dict[str, str]:
         "finals-eval.report.md": report.markdown(finals),
         "full-eval.report.md": report.markdown(full),
         "finals-eval.sweep.md": sweep.tradeoff_table(finals),
-        "full-eval.plot-data.txt": repr([report.accuracy_series(full["students"], full["tasks"]),
-                                         [report.agreement_values(s, full["tasks"]) for s in full["students"]],
-                                         [sweep.quality(s) for s in full["students"]]]),
-        "online.table.txt": online_report.format_table(json.loads((DOCS / "bench" / "online" / "online.json").read_text())),
+        "full-eval.plot-data.txt": repr(
+            [
+                report.accuracy_series(full["students"], full["tasks"]),
+                [report.agreement_values(s, full["tasks"]) for s in full["students"]],
+                [sweep.quality(s) for s in full["students"]],
+            ]
+        ),
+        "online.table.txt": online_report.format_table(
+            json.loads((DOCS / "bench" / "online" / "online.json").read_text())
+        ),
     }
-    out["profile.table.txt"] = profile.format_table(json.loads((DOCS / "bench" / "profile" / "profile.json").read_text()))
+    out["profile.table.txt"] = profile.format_table(
+        json.loads((DOCS / "bench" / "profile" / "profile.json").read_text())
+    )
     decode_steps = DOCS / "bench" / "online-spec" / "decode-steps" / "decode-steps.json"
     out["decode-steps.table.txt"] = profile.format_decode_steps(json.loads(decode_steps.read_text()))
     for name in ("auto", "bfloat16"):
-        out[f"bench-{name}.table.txt"] = offline.format_table(json.loads((DOCS / "bench" / name / "bench.json").read_text()))
+        out[f"bench-{name}.table.txt"] = offline.format_table(
+            json.loads((DOCS / "bench" / name / "bench.json").read_text())
+        )
     card = load_card()
     out["card-swiftkv50.md"] = card.card(
-        "final64", "smollm2-135m-instruct-swiftkv50", 15, json.loads((study / "final64-n15-distill.json").read_text()),
-        json.loads((study / "final64-n15-fulleval.json").read_text()), "12.5", "The capital of France is Paris.",
-        1000, "Shared CPU.")
+        "final64",
+        "smollm2-135m-instruct-swiftkv50",
+        15,
+        json.loads((study / "final64-n15-distill.json").read_text()),
+        json.loads((study / "final64-n15-fulleval.json").read_text()),
+        "12.5",
+        "The capital of France is Paris.",
+        1000,
+        "Shared CPU.",
+    )
     return out
 
 

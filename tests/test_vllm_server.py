@@ -89,10 +89,30 @@ def served(tmp_path_factory):
     path = tmp_path_factory.mktemp("skv_smollm2")
     model, tokenizer = build_smollm2_swiftkv(path)
     port = free_port()
-    command = [sys.executable, "-m", "swiftkv.cli", "serve", str(path), "--port", str(port), "--host", "127.0.0.1",
-               "--api-key", API_KEY, "--served-model-name", NAME, "--dtype", "float32",
-               "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(256 * 2**20),
-               "--enforce-eager", "--max-num-seqs", "8"]
+    command = [
+        sys.executable,
+        "-m",
+        "swiftkv.cli",
+        "serve",
+        str(path),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--api-key",
+        API_KEY,
+        "--served-model-name",
+        NAME,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--kv-cache-memory-bytes",
+        str(256 * 2**20),
+        "--enforce-eager",
+        "--max-num-seqs",
+        "8",
+    ]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     log = open(path / "server.log", "w")  # noqa: SIM115 - closed at teardown
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -115,8 +135,10 @@ def served(tmp_path_factory):
 def hf_greedy_text(model, tokenizer, prompt: str, new_tokens: int) -> str:
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids.shape[1]:])
+        out = model.generate(
+            ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.eos_token_id
+        )
+    return tokenizer.decode(out[0, ids.shape[1] :])
 
 
 def test_engine_core_loaded_the_plugin(served):
@@ -148,8 +170,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Water boils a
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_completion_equals_hf_greedy(served, prompt):
     server, model, tokenizer, _ = served
-    status, body = server.request("/v1/completions", {"model": NAME, "prompt": prompt, "max_tokens": 20,
-                                                      "temperature": 0, "ignore_eos": True})
+    status, body = server.request(
+        "/v1/completions",
+        {"model": NAME, "prompt": prompt, "max_tokens": 20, "temperature": 0, "ignore_eos": True},
+    )
     assert status == 200, body
     assert body["choices"][0]["text"] == hf_greedy_text(model, tokenizer, prompt, 20)
     assert body["usage"]["completion_tokens"] == 20
@@ -165,7 +189,12 @@ def test_completion_streaming_equals_non_streaming(served):
 
 
 def chat(question: str) -> dict:
-    return {"model": NAME, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0}
+    return {
+        "model": NAME,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": 24,
+        "temperature": 0,
+    }
 
 
 def test_chat_completion_and_streaming_agree(served):
@@ -181,8 +210,10 @@ def test_chat_completion_and_streaming_agree(served):
 
 BAD_REQUESTS = {
     "malformed_json": ("/v1/completions", b'{"model": "skv-smollm2", "prompt": "hi", '),
-    "prompt_longer_than_context": ("/v1/completions", {"model": NAME, "prompt": "hello " * (MAX_MODEL_LEN + 50),
-                                                       "max_tokens": 4}),
+    "prompt_longer_than_context": (
+        "/v1/completions",
+        {"model": NAME, "prompt": "hello " * (MAX_MODEL_LEN + 50), "max_tokens": 4},
+    ),
     "negative_max_tokens": ("/v1/completions", {"model": NAME, "prompt": "hi", "max_tokens": -5}),
     "chat_negative_max_tokens": ("/v1/chat/completions", {**chat("hi"), "max_tokens": -1}),
     "unknown_model": ("/v1/completions", {"model": "no-such-model", "prompt": "hi", "max_tokens": 4}),
@@ -203,18 +234,28 @@ def test_bad_request_gets_4xx_and_server_stays_healthy(served, case):
 # Every form of prompt logprobs: a fast-prefill engine cannot compute them, and vLLM 0.32's own check
 # lets 0 and echo+logprobs through to an assertion that kills the engine core and the server.
 PROMPT_LOGPROB_REQUESTS = {
-    "completion_prompt_logprobs_0": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 4,
-                                                         "prompt_logprobs": 0}),
-    "completion_prompt_logprobs_2": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 4,
-                                                         "prompt_logprobs": 2}),
-    "completion_echo_logprobs_0": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 4,
-                                                       "echo": True, "logprobs": 0}),
-    "completion_echo_only_prompt": ("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 0,
-                                                        "echo": True, "logprobs": 1}),
+    "completion_prompt_logprobs_0": (
+        "/v1/completions",
+        {"model": NAME, "prompt": "Hi", "max_tokens": 4, "prompt_logprobs": 0},
+    ),
+    "completion_prompt_logprobs_2": (
+        "/v1/completions",
+        {"model": NAME, "prompt": "Hi", "max_tokens": 4, "prompt_logprobs": 2},
+    ),
+    "completion_echo_logprobs_0": (
+        "/v1/completions",
+        {"model": NAME, "prompt": "Hi", "max_tokens": 4, "echo": True, "logprobs": 0},
+    ),
+    "completion_echo_only_prompt": (
+        "/v1/completions",
+        {"model": NAME, "prompt": "Hi", "max_tokens": 0, "echo": True, "logprobs": 1},
+    ),
     "chat_prompt_logprobs_0": ("/v1/chat/completions", {**chat("hi"), "prompt_logprobs": 0}),
     "chat_echo_logprobs": ("/v1/chat/completions", {**chat("hi"), "echo": True, "logprobs": True}),
-    "chat_echo_top_logprobs": ("/v1/chat/completions", {**chat("hi"), "echo": True, "logprobs": True,
-                                                        "top_logprobs": 3}),
+    "chat_echo_top_logprobs": (
+        "/v1/chat/completions",
+        {**chat("hi"), "echo": True, "logprobs": True, "top_logprobs": 3},
+    ),
 }
 
 
@@ -224,17 +265,22 @@ def test_prompt_logprobs_in_any_form_get_400_while_another_stream_finishes(serve
     server, *_ = served
     streamed = {}
     request = {"model": NAME, "prompt": PROMPTS[1], "max_tokens": 48, "temperature": 0, "ignore_eos": True}
-    thread = threading.Thread(target=lambda: streamed.update(chunks=server.stream("/v1/completions", request)))
+    thread = threading.Thread(
+        target=lambda: streamed.update(chunks=server.stream("/v1/completions", request))
+    )
     thread.start()
     for case, (path, body) in PROMPT_LOGPROB_REQUESTS.items():
         status, answer = server.request(path, body)
         assert status == 400, f"{case}: status {status}: {answer}"
         assert "kv-sharing-fast-prefill" in answer["error"]["message"], f"{case}: {answer}"  # says why
     thread.join(timeout=300)
-    assert sum(len(c["choices"][0]["text"]) > 0 for c in streamed["chunks"]) > 1  # ended with [DONE], status 200
+    assert (
+        sum(len(c["choices"][0]["text"]) > 0 for c in streamed["chunks"]) > 1
+    )  # ended with [DONE], status 200
     assert server.healthy()
-    status, body = server.request("/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2,
-                                                      "logprobs": 1})
+    status, body = server.request(
+        "/v1/completions", {"model": NAME, "prompt": "Hi", "max_tokens": 2, "logprobs": 1}
+    )
     assert status == 200 and len(body["choices"][0]["logprobs"]["tokens"]) == 2  # output logprobs still work
 
 
@@ -244,8 +290,16 @@ def test_64_concurrent_streams_all_complete(served):
     server, *_ = served
 
     def one(i: int) -> str:
-        chunks = server.stream("/v1/completions", {"model": NAME, "prompt": f"{PROMPTS[i % 3]} {i}", "max_tokens": 8,
-                                                   "temperature": 0, "ignore_eos": True})
+        chunks = server.stream(
+            "/v1/completions",
+            {
+                "model": NAME,
+                "prompt": f"{PROMPTS[i % 3]} {i}",
+                "max_tokens": 8,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        )
         return "".join(c["choices"][0]["text"] for c in chunks)
 
     with ThreadPoolExecutor(64) as pool:

@@ -34,14 +34,26 @@ def small_vocab_checkpoint(path, arch: str, group_size: int, kv_heads: int = 2):
         Qwen2SwiftKVForCausalLM,
     )
 
-    config_class, model_class = {"llama": (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
-                                 "qwen2": (Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM)}[arch]
+    config_class, model_class = {
+        "llama": (LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
+        "qwen2": (Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
+    }[arch]
     torch.manual_seed(group_size)
     config = config_class(
-        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=2048,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True, swiftkv=True,
-        num_key_value_layers=N, key_value_group_size=group_size, bos_token_id=1, eos_token_id=0,
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        swiftkv=True,
+        num_key_value_layers=N,
+        key_value_group_size=group_size,
+        bos_token_id=1,
+        eos_token_id=0,
     )
     model = model_class(config).eval()
     with torch.no_grad():
@@ -59,9 +71,17 @@ def speculating_engine(path, speculative_config: dict, compiled: bool = False, *
 
     from swiftkv.vllm.engine import engine_kwargs
 
-    return LLM(**engine_kwargs(str(path), dtype="float32"), speculative_config=speculative_config,
-               skip_tokenizer_init=True, max_model_len=1024, kv_cache_memory_bytes=64 * 2**20,
-               max_num_batched_tokens=CHUNK, enforce_eager=not compiled, disable_log_stats=False, **kwargs)
+    return LLM(
+        **engine_kwargs(str(path), dtype="float32"),
+        speculative_config=speculative_config,
+        skip_tokenizer_init=True,
+        max_model_len=1024,
+        kv_cache_memory_bytes=64 * 2**20,
+        max_num_batched_tokens=CHUNK,
+        enforce_eager=not compiled,
+        disable_log_stats=False,
+        **kwargs,
+    )
 
 
 def prompts_with_repeats(count: int, seed: int) -> list[list[int]]:
@@ -77,9 +97,14 @@ def prompts_with_repeats(count: int, seed: int) -> list[list[int]]:
 
 def hf_greedy(model, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                             eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def vllm_greedy(llm, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> list[list[int]]:
@@ -129,8 +154,13 @@ def install_step_recorder(model) -> None:
         if isinstance(metadata, dict) and early_attn in metadata:
             early = metadata[early_attn]
             tokens = int(early.num_actual_tokens)
-            steps.append({"tokens": tokens, "requests": int(early.query_start_loc.numel()) - 1,
-                          "late_rows": tokens if num_rows is None else int(num_rows)})
+            steps.append(
+                {
+                    "tokens": tokens,
+                    "requests": int(early.query_start_loc.numel()) - 1,
+                    "late_rows": tokens if num_rows is None else int(num_rows),
+                }
+            )
         return rows, num_rows
 
     swiftkv.logits_rows = recording_rows
@@ -223,8 +253,9 @@ def test_tp2_ngram_greedy_equals_hf(tmp_path):
         patch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
         configure_cpu_env(ranks=2)
         assert "|" in os.environ["VLLM_CPU_OMP_THREADS_BIND"]
-        llm = speculating_engine(tmp_path, NGRAM, tensor_parallel_size=2, distributed_executor_backend="mp",
-                                 max_num_seqs=3)
+        llm = speculating_engine(
+            tmp_path, NGRAM, tensor_parallel_size=2, distributed_executor_backend="mp", max_num_seqs=3
+        )
         try:
             assert llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
             counts = assert_greedy_equals_hf(llm, model, prompts_with_repeats(6, seed=3))

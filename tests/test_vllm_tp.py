@@ -31,9 +31,16 @@ def served_tp2(request, tmp_path_factory):
 
         configure_cpu_env(ranks=2)
         assert "|" in os.environ["VLLM_CPU_OMP_THREADS_BIND"]
-        llm = LLM(**engine_kwargs(str(path), dtype="float32"), tensor_parallel_size=2,
-                  distributed_executor_backend="mp", max_model_len=1024, kv_cache_memory_bytes=64 * 2**20,
-                  max_num_batched_tokens=CHUNK, max_num_seqs=8, enforce_eager=True)
+        llm = LLM(
+            **engine_kwargs(str(path), dtype="float32"),
+            tensor_parallel_size=2,
+            distributed_executor_backend="mp",
+            max_model_len=1024,
+            kv_cache_memory_bytes=64 * 2**20,
+            max_num_batched_tokens=CHUNK,
+            max_num_seqs=8,
+            enforce_eager=True,
+        )
         yield llm, model, tokenizer
         llm.llm_engine.engine_core.shutdown()
         del llm

@@ -18,46 +18,59 @@ SKIP_ROUTE = "skip"
 def config():
     from tests.tiny import tiny_swiftkv_config
 
-    return tiny_swiftkv_config(vocab_size=64, num_key_value_layers=2, key_value_group_size=2,
-                               tie_word_embeddings=True, swiftkv=True)
+    return tiny_swiftkv_config(
+        vocab_size=64, num_key_value_layers=2, key_value_group_size=2, tie_word_embeddings=True, swiftkv=True
+    )
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("model.embed_tokens.weight", ("model.early.embed_tokens.weight", None)),
-    ("model.norm_swiftkv.weight", ("model.early.norm_swiftkv.weight", None)),
-    ("model.norm.weight", ("model.late.norm.weight", None)),
-    ("model.layers.1.self_attn.k_proj.weight", ("model.early.layers.1.self_attn.qkv_proj.weight", "k")),
-    ("model.layers.0.mlp.up_proj.weight", ("model.early.layers.0.mlp.gate_up_proj.weight", 1)),
-    ("model.layers.2.self_attn.q_proj_swiftkv.weight", ("model.late.layers.0.self_attn.q_proj_swiftkv.weight", None)),
-    ("model.layers.5.mlp.gate_proj.weight", ("model.late.layers.3.mlp.gate_up_proj.weight", 0)),
-    # group 0 is owned by layer 2, group 1 by layer 4: K shards first, then V shards
-    ("model.layers.2.self_attn.k_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 0)),
-    ("model.layers.4.self_attn.k_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 1)),
-    ("model.layers.4.self_attn.v_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 3)),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("model.embed_tokens.weight", ("model.early.embed_tokens.weight", None)),
+        ("model.norm_swiftkv.weight", ("model.early.norm_swiftkv.weight", None)),
+        ("model.norm.weight", ("model.late.norm.weight", None)),
+        ("model.layers.1.self_attn.k_proj.weight", ("model.early.layers.1.self_attn.qkv_proj.weight", "k")),
+        ("model.layers.0.mlp.up_proj.weight", ("model.early.layers.0.mlp.gate_up_proj.weight", 1)),
+        (
+            "model.layers.2.self_attn.q_proj_swiftkv.weight",
+            ("model.late.layers.0.self_attn.q_proj_swiftkv.weight", None),
+        ),
+        ("model.layers.5.mlp.gate_proj.weight", ("model.late.layers.3.mlp.gate_up_proj.weight", 0)),
+        # group 0 is owned by layer 2, group 1 by layer 4: K shards first, then V shards
+        ("model.layers.2.self_attn.k_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 0)),
+        ("model.layers.4.self_attn.k_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 1)),
+        ("model.layers.4.self_attn.v_proj_swiftkv.weight", ("model.early.kv_proj_swiftkv.weight", 3)),
+    ],
+)
 def test_checkpoint_names_route_to_vllm_parameters(config, name, expected):
     from swiftkv.vllm.weights import route
 
     assert route(config, name) == expected
 
 
-@pytest.mark.parametrize("name", [
-    "model.layers.3.self_attn.q_proj.weight",  # a later layer's original q/k/v: dead weight, not allocated
-    "model.layers.4.self_attn.v_proj.weight",
-    "lm_head.weight",  # tied to the embedding
-    "model.layers.1.self_attn.rotary_emb.inv_freq",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.layers.3.self_attn.q_proj.weight",  # a later layer's original q/k/v: dead weight, not allocated
+        "model.layers.4.self_attn.v_proj.weight",
+        "lm_head.weight",  # tied to the embedding
+        "model.layers.1.self_attn.rotary_emb.inv_freq",
+    ],
+)
 def test_dead_and_tied_tensors_are_skipped(config, name):
     from swiftkv.vllm.weights import SKIP, route
 
     assert route(config, name) is SKIP
 
 
-@pytest.mark.parametrize("name, message", [
-    ("model.layers.3.self_attn.k_proj_swiftkv.weight", "does not own"),
-    ("model.layers.9.mlp.up_proj.weight", "names layer 9"),
-    ("encoder.weight", "unexpected tensor"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("model.layers.3.self_attn.k_proj_swiftkv.weight", "does not own"),
+        ("model.layers.9.mlp.up_proj.weight", "names layer 9"),
+        ("encoder.weight", "unexpected tensor"),
+    ],
+)
 def test_inconsistent_checkpoint_is_refused(config, name, message):
     from swiftkv.vllm.weights import route
 
@@ -65,14 +78,20 @@ def test_inconsistent_checkpoint_is_refused(config, name, message):
         route(config, name)
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("model.layers.1.self_attn.q_norm.weight", ("model.early.layers.1.self_attn.q_norm.weight", None)),
-    ("model.layers.3.self_attn.q_norm_swiftkv.weight", ("model.late.layers.1.self_attn.q_norm_swiftkv.weight", None)),
-    ("model.layers.2.self_attn.k_norm_swiftkv.weight", ("model.early.k_norm_swiftkv.weight", 0)),
-    ("model.layers.4.self_attn.k_norm_swiftkv.weight", ("model.early.k_norm_swiftkv.weight", 1)),
-    ("model.layers.4.self_attn.k_norm.weight", SKIP_ROUTE),  # a later layer's teacher-only norms
-    ("model.layers.5.self_attn.q_norm.weight", SKIP_ROUTE),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("model.layers.1.self_attn.q_norm.weight", ("model.early.layers.1.self_attn.q_norm.weight", None)),
+        (
+            "model.layers.3.self_attn.q_norm_swiftkv.weight",
+            ("model.late.layers.1.self_attn.q_norm_swiftkv.weight", None),
+        ),
+        ("model.layers.2.self_attn.k_norm_swiftkv.weight", ("model.early.k_norm_swiftkv.weight", 0)),
+        ("model.layers.4.self_attn.k_norm_swiftkv.weight", ("model.early.k_norm_swiftkv.weight", 1)),
+        ("model.layers.4.self_attn.k_norm.weight", SKIP_ROUTE),  # a later layer's teacher-only norms
+        ("model.layers.5.self_attn.q_norm.weight", SKIP_ROUTE),
+    ],
+)
 def test_qwen3_norms_route_to_vllm_parameters(name, expected):
     from swiftkv.vllm.weights import SKIP, route
     from tests.tiny import tiny_swiftkv_config
@@ -95,8 +114,11 @@ def test_model_refuses_to_build_without_fast_prefill_and_hook_switches_it_on():
     from swiftkv.vllm.hooks import SwiftKVConfigHook
     from swiftkv.vllm.model import require_fast_prefill
 
-    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=False, cache_dtype="auto"),
-                                  speculative_config=None, model_config=SimpleNamespace(hf_config=None))
+    vllm_config = SimpleNamespace(
+        cache_config=SimpleNamespace(kv_sharing_fast_prefill=False, cache_dtype="auto"),
+        speculative_config=None,
+        model_config=SimpleNamespace(hf_config=None),
+    )
     with pytest.raises(ValueError, match="kv-sharing-fast-prefill"):
         require_fast_prefill(vllm_config)
     SwiftKVConfigHook.verify_and_update_config(vllm_config)
@@ -155,8 +177,14 @@ def test_prefill_flops_per_token_of_smollm2_shape():
 
     from swiftkv.metrics import prefill_flops_per_token
 
-    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                         num_key_value_heads=3, head_dim=64)
+    config = LlamaConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+    )
     per_layer_weights = 576 * (2 * 576 + 2 * 192) + 3 * 576 * 1536  # q,o + k,v + gate,up,down
     attention = 2 * 2 * 576 * 1000.5  # QK^T and AV over (2000 + 1) / 2 keys on average (causal)
     assert prefill_flops_per_token(config, 2000) == pytest.approx(30 * (2 * per_layer_weights + attention))
@@ -173,8 +201,11 @@ def test_bench_workloads_subset_runs_and_reports_only_those():
 
         def run(self, name):
             self.ran.append(name)
-            return {"warmup": {"warmup_s": 1.0}, "prefill": {"prefill_tok_s": 100.0 * self.speed},
-                    "ttft": {"ttft_s": 2.0 / self.speed}}[name]
+            return {
+                "warmup": {"warmup_s": 1.0},
+                "prefill": {"prefill_tok_s": 100.0 * self.speed},
+                "ttft": {"ttft_s": 2.0 / self.speed},
+            }[name]
 
     names = parse_workloads("ttft, prefill")
     assert names == ("prefill", "ttft")
@@ -182,8 +213,14 @@ def test_bench_workloads_subset_runs_and_reports_only_those():
     base, swift = run_interleaved(workers, Workloads(ttft_repeats=3), names)
     assert workers[0].ran == ["warmup", "prefill", "ttft", "ttft", "ttft"]
     assert "tpot_s" not in base and swift["ttft_s"] == 1.0
-    report = {"baseline": base, "swiftkv": swift, "ratio": compare(base, swift), "settings": {"dtype": "float32"},
-              "peak_flops": 1e9, "flops_per_token": 1e6}
+    report = {
+        "baseline": base,
+        "swiftkv": swift,
+        "ratio": compare(base, swift),
+        "settings": {"dtype": "float32"},
+        "peak_flops": 1e9,
+        "flops_per_token": 1e6,
+    }
     assert report["ratio"] == {"prefill_tok_s": 2.0, "ttft_s": 0.5, "kv_cache_tokens": 1.0}
     table = format_table(report)
     assert "prefill throughput" in table and "TPOT" not in table and "10:1" not in table
@@ -195,8 +232,10 @@ def test_bench_rejects_unknown_workloads(text, capsys):
 
     with pytest.raises(SystemExit) as exited:
         main(["bench", "m", "--baseline", "b", "--workloads", text])
-    assert exited.value.code == 2 and "expected a comma-separated subset of prefill,ttft,tpot,e2e" in \
-        capsys.readouterr().err
+    assert (
+        exited.value.code == 2
+        and "expected a comma-separated subset of prefill,ttft,tpot,e2e" in capsys.readouterr().err
+    )
 
 
 def test_bench_workloads_do_not_apply_online(capsys):
@@ -234,24 +273,44 @@ def swiftkv_and_draft_folders(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("spec_configs")
     tokenizer = tiny_tokenizer()
-    shape = dict(vocab_size=max(128, len(tokenizer)), hidden_size=128)  # head_dim 32: fp8 on CPU needs 32 | head_dim
+    shape = dict(
+        vocab_size=max(128, len(tokenizer)), hidden_size=128
+    )  # head_dim 32: fp8 on CPU needs 32 | head_dim
     _, model = random_student("llama", n=2, g=2, **shape)
     student = save_tiny_folder(root / "student", model, tokenizer)
     draft = save_tiny_teacher(root / "draft", hidden_size=128, num_hidden_layers=2)
     return student, draft
 
 
-@pytest.mark.parametrize(("speculative", "kv_cache_dtype", "message"), [
-    ({"method": "draft_model", "model": "DRAFT", "num_speculative_tokens": 2}, "auto",
-     "speculative method 'draft_model' cannot run with SwiftKV: vLLM registers the draft model's attention layers"),
-    ({"model": "DRAFT", "num_speculative_tokens": 2}, "auto", "speculative method 'draft_model' cannot run"),
-    ({"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 2}, "auto",
-     "speculative method 'eagle3' cannot run with SwiftKV: it drafts from the target model's hidden states"),
-    (None, "fp8_inc", "--kv-cache-dtype 'fp8_inc' is not supported by vLLM's CPU attention; expected one of auto, "
-                      "fp8, fp8_e4m3, fp8_e5m2"),
-])
-def test_vllm_engine_config_of_a_swiftkv_model_refuses_what_cannot_run(swiftkv_and_draft_folders, speculative,
-                                                                        kv_cache_dtype, message):
+@pytest.mark.parametrize(
+    ("speculative", "kv_cache_dtype", "message"),
+    [
+        (
+            {"method": "draft_model", "model": "DRAFT", "num_speculative_tokens": 2},
+            "auto",
+            "speculative method 'draft_model' cannot run with SwiftKV: vLLM registers the draft model's attention layers",
+        ),
+        (
+            {"model": "DRAFT", "num_speculative_tokens": 2},
+            "auto",
+            "speculative method 'draft_model' cannot run",
+        ),
+        (
+            {"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 2},
+            "auto",
+            "speculative method 'eagle3' cannot run with SwiftKV: it drafts from the target model's hidden states",
+        ),
+        (
+            None,
+            "fp8_inc",
+            "--kv-cache-dtype 'fp8_inc' is not supported by vLLM's CPU attention; expected one of auto, "
+            "fp8, fp8_e4m3, fp8_e5m2",
+        ),
+    ],
+)
+def test_vllm_engine_config_of_a_swiftkv_model_refuses_what_cannot_run(
+    swiftkv_and_draft_folders, speculative, kv_cache_dtype, message
+):
     """What `vllm.LLM(model=FOLDER, speculative_config=...)` builds first: the plugin's config hook refuses
     with the same error as `swiftkv serve`, before any engine starts."""
     import re
@@ -261,8 +320,9 @@ def test_vllm_engine_config_of_a_swiftkv_model_refuses_what_cannot_run(swiftkv_a
     student, draft = swiftkv_and_draft_folders
     if speculative is not None:
         speculative = {key: str(draft) if value == "DRAFT" else value for key, value in speculative.items()}
-    args = EngineArgs(model=str(student), speculative_config=speculative, kv_cache_dtype=kv_cache_dtype,
-                      max_model_len=256)
+    args = EngineArgs(
+        model=str(student), speculative_config=speculative, kv_cache_dtype=kv_cache_dtype, max_model_len=256
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         args.create_engine_config()
 
@@ -273,8 +333,12 @@ def test_vllm_engine_config_of_a_swiftkv_model_accepts_ngram_and_fp8(swiftkv_and
 
     student, _ = swiftkv_and_draft_folders
     kv_cache_dtype = "fp8" if kv_dtype.cpu_has_fp8_kernels() else "auto"
-    config = EngineArgs(model=str(student), kv_cache_dtype=kv_cache_dtype, max_model_len=256, speculative_config={
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}).create_engine_config()
+    config = EngineArgs(
+        model=str(student),
+        kv_cache_dtype=kv_cache_dtype,
+        max_model_len=256,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+    ).create_engine_config()
     assert config.speculative_config.method == "ngram" and config.cache_config.cache_dtype == kv_cache_dtype
     assert config.cache_config.kv_sharing_fast_prefill is True
 
@@ -287,25 +351,39 @@ def test_vllm_engine_config_refuses_fp8_on_a_cpu_without_its_kernels(swiftkv_and
     monkeypatch.setattr(kv_dtype, "cpu_has_fp8_kernels", lambda: False)
     student, _ = swiftkv_and_draft_folders
     args = EngineArgs(model=str(student), kv_cache_dtype="fp8", max_model_len=256)
-    with pytest.raises(ValueError, match="--kv-cache-dtype fp8 needs a CPU with AVX-512 or AMX .*"
-                                         "use --kv-cache-dtype auto"):
+    with pytest.raises(
+        ValueError, match="--kv-cache-dtype fp8 needs a CPU with AVX-512 or AMX .*use --kv-cache-dtype auto"
+    ):
         args.create_engine_config()
 
 
-@pytest.mark.parametrize(("version", "supported"), [("0.26.0", True), ("0.32.0", True), ("0.32.0+cpu", True),
-                                                     ("0.29.1rc1", True), ("0.25.2", False), ("0.33.0", False),
-                                                     ("1.0.0", False)])
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [
+        ("0.26.0", True),
+        ("0.32.0", True),
+        ("0.32.0+cpu", True),
+        ("0.29.1rc1", True),
+        ("0.25.2", False),
+        ("0.33.0", False),
+        ("1.0.0", False),
+    ],
+)
 def test_vllm_outside_the_supported_range_is_one_error_naming_it(version, supported):
     from swiftkv.vllm.versions import check_vllm_version
 
     if supported:
         check_vllm_version(version)
         return
-    with pytest.raises(ValueError, match=rf"swiftkv supports vLLM 0\.26 to 0\.32\.x, and vLLM {re.escape(version)} "):
+    with pytest.raises(
+        ValueError, match=rf"swiftkv supports vLLM 0\.26 to 0\.32\.x, and vLLM {re.escape(version)} "
+    ):
         check_vllm_version(version)
 
 
-def test_the_plugin_and_swiftkv_serve_refuse_an_unsupported_vllm_before_any_engine(monkeypatch, tmp_path, capsys):
+def test_the_plugin_and_swiftkv_serve_refuse_an_unsupported_vllm_before_any_engine(
+    monkeypatch, tmp_path, capsys
+):
     import vllm
 
     from swiftkv.cli import main
@@ -334,8 +412,11 @@ def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkey
     from swiftkv.vllm.hooks import SwiftKVConfigHook
 
     def config():
-        return SimpleNamespace(cache_config=SimpleNamespace(kv_sharing_fast_prefill=True, cache_dtype="auto"),
-                               speculative_config=None, model_config=SimpleNamespace(hf_config=None))
+        return SimpleNamespace(
+            cache_config=SimpleNamespace(kv_sharing_fast_prefill=True, cache_dtype="auto"),
+            speculative_config=None,
+            model_config=SimpleNamespace(hf_config=None),
+        )
 
     env = {}
     assert choose_model_runner(env, on_cuda=False) is False and env == {}
@@ -345,5 +426,7 @@ def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkey
     SwiftKVConfigHook.verify_and_update_config(config())
     assert os.environ[RUNNER_ENV] == "0"
     monkeypatch.setenv(RUNNER_ENV, "1")
-    with pytest.raises(ValueError, match=f"{RUNNER_ENV}=1: SwiftKV is verified on vLLM's V1 model runner only"):
+    with pytest.raises(
+        ValueError, match=f"{RUNNER_ENV}=1: SwiftKV is verified on vLLM's V1 model runner only"
+    ):
         SwiftKVConfigHook.verify_and_update_config(config())

@@ -59,9 +59,20 @@ RANDOM_NORMS = ("qwen3", "mistral")
 
 
 def tiny_base_kwargs(vocab_size: int = 128, layers: int = 6) -> dict:
-    return dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, eos_token_id=2, bos_token_id=1)
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
 
 
 def tiny_config(arch: str = "llama", **overrides):
@@ -90,12 +101,16 @@ def random_teacher(arch: str, seed: int = 0, **overrides):
     return model
 
 
-def random_student(arch: str, n: int, g: int = 1, seed: int = 0, swiftkv_std: float | None = None, **overrides):
+def random_student(
+    arch: str, n: int, g: int = 1, seed: int = 0, swiftkv_std: float | None = None, **overrides
+):
     """A SwiftKV model holding `random_teacher`'s weights plus random SwiftKV projections
     (`swiftkv_std`: redraw their weight matrices with this std, so the student differs visibly)."""
     model_class = ARCHS[arch][3]
     teacher = random_teacher(arch, seed, **overrides)
-    config = tiny_swiftkv_config(arch, **overrides, num_key_value_layers=n, key_value_group_size=g, swiftkv=True)
+    config = tiny_swiftkv_config(
+        arch, **overrides, num_key_value_layers=n, key_value_group_size=g, swiftkv=True
+    )
     torch.manual_seed(seed + 1)
     student = model_class(config).eval()
     missing, unexpected = student.load_state_dict(teacher.state_dict(), strict=False)
@@ -115,8 +130,15 @@ def tiny_student(num_key_value_layers: int = 3, seed: int = 0, arch: str = "llam
     """The distillation tests' student: a SwiftKV model (default Llama; N of 6 layers, G=1, tied
     embeddings, 256 positions) sized for `tiny_tokenizer()`, whose SwiftKV projections differ visibly
     from its teacher path."""
-    _, student = random_student(arch, num_key_value_layers, g, seed=seed, swiftkv_std=0.2,
-                                max_position_embeddings=256, tie_word_embeddings=True)
+    _, student = random_student(
+        arch,
+        num_key_value_layers,
+        g,
+        seed=seed,
+        swiftkv_std=0.2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
     return student
 
 
@@ -125,8 +147,13 @@ def tiny_student(num_key_value_layers: int = 3, seed: int = 0, arch: str = "llam
 
 def chat_tokenizer(backend) -> PreTrainedTokenizerFast:
     """`backend` (a `tokenizers.Tokenizer` whose ids 0-2 are SPECIALS) as an HF tokenizer with ChatML."""
-    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=SPECIALS[0], bos_token="<|im_start|>",
-                                   eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token=SPECIALS[0],
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )
     fast.chat_template = CHATML
     return fast
 
@@ -188,8 +215,14 @@ def save_tiny_folder(folder: Path, model=None, tokenizer=None) -> Path:
 def save_tiny_teacher(folder: Path, arch: str = "llama", **overrides) -> Path:
     """A tiny plain Llama/Qwen2 folder whose vocabulary and special ids match `tiny_tokenizer()`."""
     tokenizer = tiny_tokenizer()
-    model = random_teacher(arch, vocab_size=max(128, len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                           eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id, **overrides)
+    model = random_teacher(
+        arch,
+        vocab_size=max(128, len(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        **overrides,
+    )
     return save_tiny_folder(folder, model, tokenizer)
 
 
@@ -206,8 +239,11 @@ def write_tiny_gguf(path: Path, model, tokenizer, name: str) -> Path:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
 
     def permute(weight: torch.Tensor, n_head: int) -> torch.Tensor:  # llama.cpp's rotary layout
-        return weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-            weight.shape)
+        return (
+            weight.reshape(n_head, 2, weight.shape[0] // n_head // 2, *weight.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weight.shape)
+        )
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
@@ -232,10 +268,19 @@ def write_tiny_gguf(path: Path, model, tokenizer, name: str) -> Path:
     writer.add_bos_token_id(tokenizer.bos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
-    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    names = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for key, tensor in model.state_dict().items():
         tensor = tensor.detach().float()
         if key == "model.embed_tokens.weight":

@@ -39,8 +39,14 @@ def engine_run(spec: dict) -> dict:
 
     from swiftkv.vllm.engine import engine_kwargs, kv_cache_tokens
 
-    kwargs = engine_kwargs(spec["folder"], kv_cache_dtype=spec["kv_cache_dtype"], kv_cache_memory_bytes=KV_BYTES,
-                           max_model_len=2048, enable_prefix_caching=False, enforce_eager=True)
+    kwargs = engine_kwargs(
+        spec["folder"],
+        kv_cache_dtype=spec["kv_cache_dtype"],
+        kv_cache_memory_bytes=KV_BYTES,
+        max_model_len=2048,
+        enable_prefix_caching=False,
+        enforce_eager=True,
+    )
     if spec.get("plain"):
         kwargs["kv_sharing_fast_prefill"] = False  # a plain model: vLLM as is
     if spec.get("dtype"):
@@ -48,11 +54,16 @@ def engine_run(spec: dict) -> dict:
     if spec.get("dummy"):
         kwargs["load_format"] = "dummy"
     llm = LLM(**kwargs)
-    result = {"kv_cache_tokens": kv_cache_tokens(llm), "dtype": str(llm.llm_engine.vllm_config.model_config.dtype),
-              "kv_cache_dtype": llm.llm_engine.vllm_config.cache_config.cache_dtype}
+    result = {
+        "kv_cache_tokens": kv_cache_tokens(llm),
+        "dtype": str(llm.llm_engine.vllm_config.model_config.dtype),
+        "kv_cache_dtype": llm.llm_engine.vllm_config.cache_config.cache_dtype,
+    }
     if spec.get("prompts"):
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params, use_tqdm=False)
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], params, use_tqdm=False
+        )
         result["answers"] = [list(o.outputs[0].token_ids) for o in outputs]
     return result
 
@@ -63,10 +74,14 @@ def in_subprocess(spec: dict) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         spec_path, result_path = Path(scratch) / "spec.json", Path(scratch) / "result.json"
         spec_path.write_text(json.dumps({**spec, "result": str(result_path)}))
-        done = subprocess.run([sys.executable, __file__, "--engine", str(spec_path)], capture_output=True, text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--engine", str(spec_path)], capture_output=True, text=True
+        )
         if done.returncode or not result_path.is_file():
             sys.stderr.write(done.stderr[-4000:])
-            raise SystemExit(f"engine {spec['kv_cache_dtype']} on {spec['folder']} failed (exit {done.returncode})")
+            raise SystemExit(
+                f"engine {spec['kv_cache_dtype']} on {spec['folder']} failed (exit {done.returncode})"
+            )
         result = json.loads(result_path.read_text())
     result["seconds"] = round(time.time() - started, 1)
     return result
@@ -95,7 +110,9 @@ def eval_prompt_ids(folder: Path) -> list[list[int]]:
 
     tokenizer = load_tokenizer(str(folder))
     settings = EvalSettings()
-    return [generation_prompt_ids(tokenizer, messages) for messages in generation_prompts(tokenizer, settings)]
+    return [
+        generation_prompt_ids(tokenizer, messages) for messages in generation_prompts(tokenizer, settings)
+    ]
 
 
 def agreement(folder: Path, prompts: list[list[int]], eos: int, plain: bool = False) -> dict:
@@ -104,24 +121,35 @@ def agreement(folder: Path, prompts: list[list[int]], eos: int, plain: bool = Fa
 
     answers, dtype = {}, None
     for kv_cache_dtype in ("auto", "fp8"):
-        got = in_subprocess({"folder": str(folder), "kv_cache_dtype": kv_cache_dtype, "prompts": prompts,
-                             "plain": plain})
+        got = in_subprocess(
+            {"folder": str(folder), "kv_cache_dtype": kv_cache_dtype, "prompts": prompts, "plain": plain}
+        )
         answers[kv_cache_dtype], dtype = got["answers"], got["dtype"]
         print(f"{folder.name}: answers with the {kv_cache_dtype} cache, dtype {dtype}", flush=True)
-    divergence = [first_divergence(a, b, NEW_TOKENS, eos) for a, b in zip(answers["auto"], answers["fp8"], strict=True)]
-    return {"dtype": dtype, "prompts": len(prompts), "new_tokens": NEW_TOKENS, "first_divergence": divergence,
-            f"keep_first_{KEEP}": sum(d >= KEEP for d in divergence),
-            "differ_at_first_token": sum(d == 0 for d in divergence),
-            "identical": sum(d == NEW_TOKENS for d in divergence),
-            "mean_first_divergence": round(sum(divergence) / len(divergence), 2)}
+    divergence = [
+        first_divergence(a, b, NEW_TOKENS, eos) for a, b in zip(answers["auto"], answers["fp8"], strict=True)
+    ]
+    return {
+        "dtype": dtype,
+        "prompts": len(prompts),
+        "new_tokens": NEW_TOKENS,
+        "first_divergence": divergence,
+        f"keep_first_{KEEP}": sum(d >= KEEP for d in divergence),
+        "differ_at_first_token": sum(d == 0 for d in divergence),
+        "identical": sum(d == NEW_TOKENS for d in divergence),
+        "mean_first_divergence": round(sum(divergence) / len(divergence), 2),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct-swiftkv50")
     parser.add_argument("--out", default=str(Path(__file__).parent / "fp8-kv.json"))
-    parser.add_argument("--baseline", default="smollm2-135m-instruct",
-                        help="also measure this plain model's fp8 agreement the same way ('' skips it)")
+    parser.add_argument(
+        "--baseline",
+        default="smollm2-135m-instruct",
+        help="also measure this plain model's fp8 agreement the same way ('' skips it)",
+    )
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # internal: run one engine spec (a JSON file)
     args = parser.parse_args()
     if args.engine:
@@ -138,22 +166,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         for group_size in (1, 5):
             for kv_cache_dtype in ("auto", "fp8"):
-                spec = {"folder": str(group_folder(folder, group_size, Path(root))),
-                        "kv_cache_dtype": kv_cache_dtype, "dtype": "bfloat16", "dummy": True}
+                spec = {
+                    "folder": str(group_folder(folder, group_size, Path(root))),
+                    "kv_cache_dtype": kv_cache_dtype,
+                    "dtype": "bfloat16",
+                    "dummy": True,
+                }
                 got = in_subprocess(spec)
                 report["capacity"][f"G{group_size}-{kv_cache_dtype}"] = got["kv_cache_tokens"]
-                print(f"capacity G={group_size} {kv_cache_dtype} (model dtype {got['dtype']}): "
-                      f"{got['kv_cache_tokens']} tokens", flush=True)
+                print(
+                    f"capacity G={group_size} {kv_cache_dtype} (model dtype {got['dtype']}): "
+                    f"{got['kv_cache_tokens']} tokens",
+                    flush=True,
+                )
     for group_size in (1, 5):
         report["capacity"][f"G{group_size}-fp8/auto"] = round(
-            report["capacity"][f"G{group_size}-fp8"] / report["capacity"][f"G{group_size}-auto"], 3)
+            report["capacity"][f"G{group_size}-fp8"] / report["capacity"][f"G{group_size}-auto"], 3
+        )
 
     prompts = eval_prompt_ids(folder)
     eos = load_tokenizer(str(folder)).eos_token_id
     report["agreement"] = agreement(folder, prompts, eos)
     if args.baseline:
-        report["baseline_agreement"] = {"model": args.baseline,
-                                        **agreement(resolve_source(args.baseline), prompts, eos, plain=True)}
+        report["baseline_agreement"] = {
+            "model": args.baseline,
+            **agreement(resolve_source(args.baseline), prompts, eos, plain=True),
+        }
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

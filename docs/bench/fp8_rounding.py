@@ -48,17 +48,26 @@ def measure(alias: str, prompts: list[list[int]]) -> dict:
 
     def answers():
         with torch.no_grad():
-            return [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                   pad_token_id=eos)[0, len(p):].tolist() for p in prompts]
+            return [
+                model.generate(
+                    torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=eos
+                )[0, len(p) :].tolist()
+                for p in prompts
+            ]
 
     reference = answers()
     model.config._attn_implementation = "rounded_kv"
     result = {"model": alias, "prompts": len(prompts), "new_tokens": NEW_TOKENS}
     for mode in ("nearest", "toward_zero"):
         ROUNDING["mode"] = mode
-        divergence = [first_divergence(a, b, NEW_TOKENS, eos) for a, b in zip(reference, answers(), strict=True)]
-        result[mode] = {f"keep_first_{KEEP}": sum(d >= KEEP for d in divergence),
-                        "differ_at_first_token": sum(d == 0 for d in divergence), "first_divergence": divergence}
+        divergence = [
+            first_divergence(a, b, NEW_TOKENS, eos) for a, b in zip(reference, answers(), strict=True)
+        ]
+        result[mode] = {
+            f"keep_first_{KEEP}": sum(d >= KEEP for d in divergence),
+            "differ_at_first_token": sum(d == 0 for d in divergence),
+            "first_divergence": divergence,
+        }
     return result
 
 

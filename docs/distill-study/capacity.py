@@ -38,18 +38,32 @@ def knowledge(runs: Path, arm: str) -> dict | None:
         return None
     tasks = json.loads(path.read_text())["students"][0]["tasks"]
     diffs = {task: result["paired"]["acc"]["diff"] for task, result in tasks.items()}
-    significant = [task for task, result in tasks.items()
-                   if result["paired"]["acc"]["diff"] < 0 and result["paired"]["acc"]["mcnemar_p"] < 0.01]
-    return {"mean_diff_points": 100 * sum(diffs.values()) / len(diffs), "diff_points": {t: 100 * d for t, d in diffs.items()},
-            "drops_p01": significant, "items": {t: r["paired"]["acc"]["n"] for t, r in tasks.items()}}
+    significant = [
+        task
+        for task, result in tasks.items()
+        if result["paired"]["acc"]["diff"] < 0 and result["paired"]["acc"]["mcnemar_p"] < 0.01
+    ]
+    return {
+        "mean_diff_points": 100 * sum(diffs.values()) / len(diffs),
+        "diff_points": {t: 100 * d for t, d in diffs.items()},
+        "drops_p01": significant,
+        "items": {t: r["paired"]["acc"]["n"] for t, r in tasks.items()},
+    }
 
 
 def arm_row(runs: Path, arm: str) -> dict:
     distilled = json.loads((runs / f"s4-{arm}.json").read_text())
-    row = {"arm": arm, "trainable": distilled["settings"]["trainable"], "lora_rank": distilled["settings"]["lora_rank"],
-           "late_lr": distilled["settings"]["late_lr"], "trained_parameters": trained_parameters(runs, arm),
-           "train_tokens": distilled["train_tokens"], "tokens_per_second": distilled["tokens_per_second"],
-           "peak_rss_mib": peak_rss_mib(runs, arm), "heldout_after": distilled["heldout_after"]}
+    row = {
+        "arm": arm,
+        "trainable": distilled["settings"]["trainable"],
+        "lora_rank": distilled["settings"]["lora_rank"],
+        "late_lr": distilled["settings"]["late_lr"],
+        "trained_parameters": trained_parameters(runs, arm),
+        "train_tokens": distilled["train_tokens"],
+        "tokens_per_second": distilled["tokens_per_second"],
+        "peak_rss_mib": peak_rss_mib(runs, arm),
+        "heldout_after": distilled["heldout_after"],
+    }
     evaluated = runs / f"eval-s4-{arm}" / "results.json"
     if evaluated.exists():
         results = json.loads(evaluated.read_text())
@@ -67,22 +81,33 @@ def speed_rows(runs: Path, arms: list[str]) -> list[dict]:
         path = runs / f"speed-{arm}.json"
         if path.exists():
             result = json.loads(path.read_text())
-            rows.append({"arm": arm, "trainable": result["trainable"], "trained_parameters": result["trained_parameters"],
-                         "tokens_per_s": result["shared"]["tokens_per_s"], "peak_memory_mib": result["peak_memory_mib"],
-                         "fraction_of_bound": result["compute_bound"]["fraction_of_bound"],
-                         "bound_tokens_per_s": result["compute_bound"]["bound_tokens_per_s"],
-                         "matmul_peak_gflops": result["compute_bound"]["matmul_peak_flops"] / 1e9,
-                         "dtype": result["dtype"]})
+            rows.append(
+                {
+                    "arm": arm,
+                    "trainable": result["trainable"],
+                    "trained_parameters": result["trained_parameters"],
+                    "tokens_per_s": result["shared"]["tokens_per_s"],
+                    "peak_memory_mib": result["peak_memory_mib"],
+                    "fraction_of_bound": result["compute_bound"]["fraction_of_bound"],
+                    "bound_tokens_per_s": result["compute_bound"]["bound_tokens_per_s"],
+                    "matmul_peak_gflops": result["compute_bound"]["matmul_peak_flops"] / 1e9,
+                    "dtype": result["dtype"],
+                }
+            )
     return rows
 
 
 def speed_markdown(rows: list[dict]) -> str:
-    lines = ["| arm | trainable | trained params | tok/s | bound tok/s | measured / bound | peak RSS (MiB) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| arm | trainable | trained params | tok/s | bound tok/s | measured / bound | peak RSS (MiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        lines.append(f"| {row['arm']} | {row['trainable']} | {row['trained_parameters'] / 1e6:.2f}M | "
-                     f"{row['tokens_per_s']:.1f} | {row['bound_tokens_per_s']:.1f} | {row['fraction_of_bound']:.2f} | "
-                     f"{row['peak_memory_mib']:.0f} |")
+        lines.append(
+            f"| {row['arm']} | {row['trainable']} | {row['trained_parameters'] / 1e6:.2f}M | "
+            f"{row['tokens_per_s']:.1f} | {row['bound_tokens_per_s']:.1f} | {row['fraction_of_bound']:.2f} | "
+            f"{row['peak_memory_mib']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -91,21 +116,47 @@ def cell(value, digits: int = 3) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    header = ["arm", "trained params", "held-out top-1", "chat KL", "chat top-1", "first divergence", "identical",
-              "long top-1", "long first div.", "knowledge Δ (points)", "drops p<.01", "tok/s", "peak RSS (MiB)"]
+    header = [
+        "arm",
+        "trained params",
+        "held-out top-1",
+        "chat KL",
+        "chat top-1",
+        "first divergence",
+        "identical",
+        "long top-1",
+        "long first div.",
+        "knowledge Δ (points)",
+        "drops p<.01",
+        "tok/s",
+        "peak RSS (MiB)",
+    ]
     lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     floor = next((r["floor"] for r in rows if r.get("floor") and r["floor"].get("teacher_forced")), None)
     for row in ([{"arm": "floor (teacher bf16 vs fp32)", "eval": floor}] if floor else []) + rows:
         forced, generated, long = ((row.get("eval") or {}).get(k) or {} for k in FLOOR_KEYS)
         known = row.get("knowledge") or {}
-        lines.append("| " + " | ".join([
-            row["arm"], f"{row['trained_parameters'] / 1e6:.2f}M" if "trained_parameters" in row else "–",
-            cell((row.get("heldout_after") or {}).get("top1")), cell(forced.get("kl_mean")),
-            cell(forced.get("top1_agreement")), cell(generated.get("mean_first_divergence"), 2),
-            cell(generated.get("identical_fraction")), cell(long.get("top1_agreement")),
-            cell(long.get("mean_first_divergence"), 2), cell(known.get("mean_diff_points"), 2),
-            str(len(known["drops_p01"])) if known else "–", cell(row.get("tokens_per_second"), 1),
-            cell(row.get("peak_rss_mib"), 0)]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    row["arm"],
+                    f"{row['trained_parameters'] / 1e6:.2f}M" if "trained_parameters" in row else "–",
+                    cell((row.get("heldout_after") or {}).get("top1")),
+                    cell(forced.get("kl_mean")),
+                    cell(forced.get("top1_agreement")),
+                    cell(generated.get("mean_first_divergence"), 2),
+                    cell(generated.get("identical_fraction")),
+                    cell(long.get("top1_agreement")),
+                    cell(long.get("mean_first_divergence"), 2),
+                    cell(known.get("mean_diff_points"), 2),
+                    str(len(known["drops_p01"])) if known else "–",
+                    cell(row.get("tokens_per_second"), 1),
+                    cell(row.get("peak_rss_mib"), 0),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 

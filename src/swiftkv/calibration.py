@@ -35,12 +35,15 @@ class TeacherStats:
     """Teacher activations over all calibration tokens (rows = tokens)."""
 
     h_n: torch.Tensor  # residual stream entering layer N, [tokens, hidden]
-    keys: dict[int, torch.Tensor]  # later layer -> pre-RoPE K (after k_norm, Qwen3), [tokens, kv_heads * head_dim]
+    keys: dict[
+        int, torch.Tensor
+    ]  # later layer -> pre-RoPE K (after k_norm, Qwen3), [tokens, kv_heads * head_dim]
     values: dict[int, torch.Tensor]
 
 
-def token_blocks(tokenizer, source: str, fit_tokens: int, eval_tokens: int,
-                 block_len: int = BLOCK_LEN) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def token_blocks(
+    tokenizer, source: str, fit_tokens: int, eval_tokens: int, block_len: int = BLOCK_LEN
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Disjoint fit and held-out blocks of `block_len` tokens, packed from consecutive documents of
     the `--calib-data` source (read in order, no shuffle)."""
     wanted = -(-fit_tokens // block_len) + -(-eval_tokens // block_len)
@@ -56,8 +59,10 @@ def token_blocks(tokenizer, source: str, fit_tokens: int, eval_tokens: int,
         if len(blocks) == wanted:
             break
     if len(blocks) < 2:
-        raise ValueError(f"--calib-data {source!r} yielded {len(blocks)} blocks of {block_len} tokens; "
-                         "expected at least 2 (one to fit, one held out)")
+        raise ValueError(
+            f"--calib-data {source!r} yielded {len(blocks)} blocks of {block_len} tokens; "
+            "expected at least 2 (one to fit, one held out)"
+        )
     n_fit = max(1, min(len(blocks) - 1, -(-fit_tokens // block_len)))
     return blocks[:n_fit], blocks[n_fit:]
 
@@ -83,13 +88,18 @@ def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
     finally:
         for hook in hooks:
             hook.remove()
-    return TeacherStats(torch.cat(h_n), {j: torch.cat(v) for j, v in keys.items()},
-                        {j: torch.cat(v) for j, v in values.items()})
+    return TeacherStats(
+        torch.cat(h_n),
+        {j: torch.cat(v) for j, v in keys.items()},
+        {j: torch.cat(v) for j, v in values.items()},
+    )
 
 
 def record_into(store: list):
     """Outputs as [tokens, width] (k_norm's output is per head: [batch, seq, heads, head_dim])."""
-    return lambda _module, _inputs, output: store.append(output.reshape(output.shape[0] * output.shape[1], -1).float())
+    return lambda _module, _inputs, output: store.append(
+        output.reshape(output.shape[0] * output.shape[1], -1).float()
+    )
 
 
 @torch.no_grad()

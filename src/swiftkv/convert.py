@@ -46,29 +46,49 @@ INITS = ("copy", "mean", "lstsq")
 class ConvertSettings:
     """How to convert: the SwiftKV geometry, the init and its calibration, the output."""
 
-    num_key_value_layers: int | None = setting(None, "N: layers >= N become SwiftKV layers (prompt tokens skip them)",
-                                           flag="--num-key-value-layers")
-    swiftkv_fraction: float | None = setting(None, "or F: the fraction of layers that become SwiftKV layers, e.g. 0.5 "
-                                         "(N = L - round(F * L))")
+    num_key_value_layers: int | None = setting(
+        None, "N: layers >= N become SwiftKV layers (prompt tokens skip them)", flag="--num-key-value-layers"
+    )
+    swiftkv_fraction: float | None = setting(
+        None, "or F: the fraction of layers that become SwiftKV layers, e.g. 0.5 (N = L - round(F * L))"
+    )
     key_value_group_size: int = setting(1, "G: AcrossKV, later layers share one KV cache in groups of G")
-    init: str = setting("lstsq", "init of the new projections: copy/mean as the reference, lstsq = ridge fit to the "
-                    "teacher's K/V on calibration tokens", choices=INITS)
-    calib_data: str = setting("sharegpt", "calibration data (the --data grammar: 'sharegpt', a .jsonl/.json file, "
-                          "a text file or folder)")
+    init: str = setting(
+        "lstsq",
+        "init of the new projections: copy/mean as the reference, lstsq = ridge fit to the "
+        "teacher's K/V on calibration tokens",
+        choices=INITS,
+    )
+    calib_data: str = setting(
+        "sharegpt",
+        "calibration data (the --data grammar: 'sharegpt', a .jsonl/.json file, a text file or folder)",
+    )
     calib_tokens: int = setting(8192, "tokens to fit lstsq on")
     eval_tokens: int = setting(2048, "held-out calibration tokens the inits are measured on")
     ridge: float = setting(1e-3, "ridge strength of the lstsq fit, relative to the input scale")
     # (--no-measure: the help text describes the switch, which turns the setting off)
-    measure: bool = setting(True, "skip the calibration (the lstsq fit and the measurement of the inits): copy/mean "
-                            "then need no tokenizer or calibration data")
-    trim: bool = setting(False, "drop the later layers' original q/k/v (smaller). STUDENT-ONLY: no teacher path. "
-                         "swiftkv refuses to run one, but ArcticTraining's llama_swiftkv (transformers 4.x) fills the "
-                         "missing weights randomly and only warns, so its teacher (and distillation or eval against "
-                         "it) is silently wrong. See the README.md written into the folder; convert without --trim "
-                         "for a teacher")
-    dtype: str | None = setting(None, "weights dtype of the output (float32, bfloat16, ...; default: as loaded, fp32)")
-    compute_dtype: str = setting("auto", "matmul dtype of the calibration passes (auto: bf16 autocast where bf16 "
-                                 "is native, else fp32; the weights and the fit stay fp32)", choices=DTYPE_CHOICES)
+    measure: bool = setting(
+        True,
+        "skip the calibration (the lstsq fit and the measurement of the inits): copy/mean "
+        "then need no tokenizer or calibration data",
+    )
+    trim: bool = setting(
+        False,
+        "drop the later layers' original q/k/v (smaller). STUDENT-ONLY: no teacher path. "
+        "swiftkv refuses to run one, but ArcticTraining's llama_swiftkv (transformers 4.x) fills the "
+        "missing weights randomly and only warns, so its teacher (and distillation or eval against "
+        "it) is silently wrong. See the README.md written into the folder; convert without --trim "
+        "for a teacher",
+    )
+    dtype: str | None = setting(
+        None, "weights dtype of the output (float32, bfloat16, ...; default: as loaded, fp32)"
+    )
+    compute_dtype: str = setting(
+        "auto",
+        "matmul dtype of the calibration passes (auto: bf16 autocast where bf16 "
+        "is native, else fp32; the weights and the fit stay fp32)",
+        choices=DTYPE_CHOICES,
+    )
     force: bool = setting(False, "overwrite DST")
 
 
@@ -87,17 +107,22 @@ class ConversionReport:
     seconds: float = 0.0
 
     def summary(self) -> str:
-        lines = [f"SwiftKV conversion of {self.source}: N={self.num_key_value_layers}, "
-                 f"G={self.key_value_group_size}, init={self.init} ({self.seconds:.1f} s)"]
+        lines = [
+            f"SwiftKV conversion of {self.source}: N={self.num_key_value_layers}, "
+            f"G={self.key_value_group_size}, init={self.init} ({self.seconds:.1f} s)"
+        ]
         for init, errors in self.kv_relative_error.items():
             k, v = (sum(errors[x]) / len(errors[x]) for x in ("k", "v"))
-            lines.append(f"  {init:>5}: K/V relative error (mean over later layers) k={k:.3f} v={v:.3f}; "
-                         f"top-1 agreement {self.top1_agreement[init]:.3f}; KL {self.mean_kl[init]:.3f}")
+            lines.append(
+                f"  {init:>5}: K/V relative error (mean over later layers) k={k:.3f} v={v:.3f}; "
+                f"top-1 agreement {self.top1_agreement[init]:.3f}; KL {self.mean_kl[init]:.3f}"
+            )
         return "\n".join(lines)
 
 
-def resolve_num_key_value_layers(num_layers: int, num_key_value_layers: int | None,
-                                 swiftkv_fraction: float | None) -> int:
+def resolve_num_key_value_layers(
+    num_layers: int, num_key_value_layers: int | None, swiftkv_fraction: float | None
+) -> int:
     """N from either N itself or the fraction F of layers that become SwiftKV (later) layers."""
     if swiftkv_fraction is not None:
         return num_key_value_layers_for(num_layers, swiftkv_fraction)
@@ -116,7 +141,9 @@ def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
     unmeasured = why_unmeasured(folder, settings)
     model = build_swiftkv_model(load_model(folder, dtype=torch.float32), n, settings.key_value_group_size)
     tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
-    report = ConversionReport(str(src), settings.init, n, settings.key_value_group_size, unmeasured=unmeasured)
+    report = ConversionReport(
+        str(src), settings.init, n, settings.key_value_group_size, unmeasured=unmeasured
+    )
     if unmeasured:
         print(f"note: {unmeasured}; writing the {settings.init} init without calibration", flush=True)
         load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
@@ -126,12 +153,17 @@ def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
     extra_files = {"swiftkv_conversion.json": json.dumps(asdict(report), indent=2)}
     if settings.trim:
         model = trimmed_copy(model)
-        extra_files["README.md"] = TRIMMED_README.format(source=src, n=n, g=settings.key_value_group_size,
-                                                         init=settings.init)
+        extra_files["README.md"] = TRIMMED_README.format(
+            source=src, n=n, g=settings.key_value_group_size, init=settings.init
+        )
     if out_dtype is not None:
         model = model.to(out_dtype)
-    info = {"source": str(src), "init": settings.init, "trimmed": settings.trim,
-            "top1_agreement": report.top1_agreement}
+    info = {
+        "source": str(src),
+        "init": settings.init,
+        "trimmed": settings.trim,
+        "top1_agreement": report.top1_agreement,
+    }
     write_swiftkv_folder(model, tokenizer, dst, info, force=settings.force, extra_files=extra_files)
     return report
 
@@ -152,8 +184,9 @@ def checked_geometry(folder, settings: ConvertSettings) -> int:
     check_supported(folder)
     check_weights_present(folder)
     config = AutoConfig.from_pretrained(folder)
-    n = resolve_num_key_value_layers(config.num_hidden_layers, settings.num_key_value_layers,
-                                     settings.swiftkv_fraction)
+    n = resolve_num_key_value_layers(
+        config.num_hidden_layers, settings.num_key_value_layers, settings.swiftkv_fraction
+    )
     swiftkv_config(config, n, settings.key_value_group_size)  # raises on a bad N or G
     return n
 
@@ -167,15 +200,19 @@ def why_unmeasured(folder, settings: ConvertSettings) -> str:
     elif not has_tokenizer(folder):
         reason = f"the source {folder} has no tokenizer"
     elif settings.init == "lstsq":
-        check_source(settings.calib_data, "--calib-data")  # its own error names the option and what it expects
+        check_source(
+            settings.calib_data, "--calib-data"
+        )  # its own error names the option and what it expects
     else:
         try:
             check_source(settings.calib_data, "--calib-data")
         except FileNotFoundError as error:
             reason = str(error)
     if reason and settings.init == "lstsq":
-        raise ValueError(f"--init lstsq is fitted on calibration tokens, but {reason}; use --init copy or mean "
-                         "to convert without calibration")
+        raise ValueError(
+            f"--init lstsq is fitted on calibration tokens, but {reason}; use --init copy or mean "
+            "to convert without calibration"
+        )
     return reason
 
 
@@ -197,26 +234,31 @@ This folder was written by `swiftkv convert {source} ... --num-key-value-layers 
 """
 
 
-def fit_and_measure(model, tokenizer, report: ConversionReport,
-                    settings: ConvertSettings) -> dict[str, dict[str, torch.Tensor]]:
+def fit_and_measure(
+    model, tokenizer, report: ConversionReport, settings: ConvertSettings
+) -> dict[str, dict[str, torch.Tensor]]:
     """The SwiftKV parameters of each init worth comparing (the chosen one and lstsq, or copy and
     lstsq), each measured on held-out calibration tokens into `report`. The forward passes run in
     the compute dtype; each in its own autocast region, because autocast caches the cast weights
     for a region and the candidates are swapped in between."""
     device = compute_device()  # a GPU where there is one; the folder is written from the CPU copy
     compute = resolve_dtype(settings.compute_dtype, device)
-    fit_blocks, eval_blocks = calibration.token_blocks(tokenizer, settings.calib_data, settings.calib_tokens,
-                                                       settings.eval_tokens)
+    fit_blocks, eval_blocks = calibration.token_blocks(
+        tokenizer, settings.calib_data, settings.calib_tokens, settings.eval_tokens
+    )
     model.to(device)
     try:
         candidates = measured_candidates(model, fit_blocks, eval_blocks, compute, report, settings)
     finally:
         model.to("cpu")
-    return {name: {key: tensor.cpu() for key, tensor in params.items()} for name, params in candidates.items()}
+    return {
+        name: {key: tensor.cpu() for key, tensor in params.items()} for name, params in candidates.items()
+    }
 
 
-def measured_candidates(model, fit_blocks, eval_blocks, compute, report: ConversionReport,
-                        settings: ConvertSettings) -> dict[str, dict[str, torch.Tensor]]:
+def measured_candidates(
+    model, fit_blocks, eval_blocks, compute, report: ConversionReport, settings: ConvertSettings
+) -> dict[str, dict[str, torch.Tensor]]:
     reference = "copy" if settings.init in ("copy", "lstsq") else settings.init
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it

@@ -41,8 +41,11 @@ def demo(out: str, prompt_tokens: int, question: str, dtype: str = "auto") -> di
     students = {"SwiftKV lstsq init": load_model(converted, dtype=compute)}
     if DISTILLED_ALIAS in available_aliases():
         students["SwiftKV distilled"] = load_model(DISTILLED_ALIAS, dtype=compute)
-    results = {"prompt_tokens": prompt_tokens, "dtype": dtype_name(compute),
-               **measure_prefill(teacher, students, tokenizer, prompt_tokens)}
+    results = {
+        "prompt_tokens": prompt_tokens,
+        "dtype": dtype_name(compute),
+        **measure_prefill(teacher, students, tokenizer, prompt_tokens),
+    }
     results["answers"] = answers(teacher, students, tokenizer, question)
     print_results(results, question)
     write_atomic(out_dir / "demo.json", json.dumps(results, indent=2))
@@ -57,9 +60,14 @@ def measure_prefill(teacher, students: dict, tokenizer, prompt_tokens: int) -> d
     teacher_s, student_s = seconds["teacher"], seconds["swiftkv"]
     teacher_bytes = kv_cache_bytes(prefill(teacher, ids).past_key_values)
     student_bytes = kv_cache_bytes(prefill(student, ids).past_key_values)
-    return {"teacher_prefill_s": teacher_s, "swiftkv_prefill_s": student_s,
-            "prefill_speedup": teacher_s / student_s, "teacher_kv_bytes": teacher_bytes,
-            "swiftkv_kv_bytes": student_bytes, "kv_bytes_ratio": student_bytes / teacher_bytes}
+    return {
+        "teacher_prefill_s": teacher_s,
+        "swiftkv_prefill_s": student_s,
+        "prefill_speedup": teacher_s / student_s,
+        "teacher_kv_bytes": teacher_bytes,
+        "swiftkv_kv_bytes": student_bytes,
+        "kv_bytes_ratio": student_bytes / teacher_bytes,
+    }
 
 
 def answers(teacher, students: dict, tokenizer, question: str) -> dict:
@@ -69,11 +77,15 @@ def answers(teacher, students: dict, tokenizer, question: str) -> dict:
 
 
 def print_results(results: dict, question: str) -> None:
-    print(f"\nprefill of one {results['prompt_tokens']}-token prompt ({results['dtype']}, transformers, median of 3):")
+    print(
+        f"\nprefill of one {results['prompt_tokens']}-token prompt ({results['dtype']}, transformers, median of 3):"
+    )
     print(f"  teacher  {results['teacher_prefill_s']:.3f} s")
     print(f"  SwiftKV  {results['swiftkv_prefill_s']:.3f} s   -> {results['prefill_speedup']:.2f}x faster")
-    print(f"KV cache after prefill: teacher {results['teacher_kv_bytes'] / 2**20:.1f} MiB, "
-          f"SwiftKV {results['swiftkv_kv_bytes'] / 2**20:.1f} MiB (ratio {results['kv_bytes_ratio']:.2f})")
+    print(
+        f"KV cache after prefill: teacher {results['teacher_kv_bytes'] / 2**20:.1f} MiB, "
+        f"SwiftKV {results['swiftkv_kv_bytes'] / 2**20:.1f} MiB (ratio {results['kv_bytes_ratio']:.2f})"
+    )
     print(f"\nQ: {question}")
     for name, text in results["answers"].items():
         print(f"  [{name}] {text.strip()}")

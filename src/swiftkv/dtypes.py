@@ -24,8 +24,14 @@ import torch
 from .files import cache_root, write_atomic
 
 AUTO = "auto"
-DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-               "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 # What `--dtype` accepts on the command line (aliases are accepted too, but not listed in --help).
 DTYPE_CHOICES = (AUTO, "bfloat16", "float32", "float16")
 
@@ -117,8 +123,9 @@ def parse_dtype(name: str, option: str = "--dtype") -> torch.dtype:
     return DTYPE_NAMES[name]
 
 
-def resolve_dtype(name: str | torch.dtype | None = AUTO, device: str | torch.device = "cpu",
-                  option: str = "--dtype") -> torch.dtype:
+def resolve_dtype(
+    name: str | torch.dtype | None = AUTO, device: str | torch.device = "cpu", option: str = "--dtype"
+) -> torch.dtype:
     """`auto` / None -> the hardware's choice; a name or a torch dtype -> that dtype."""
     if isinstance(name, torch.dtype):
         return name

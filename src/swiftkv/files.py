@@ -173,8 +173,17 @@ def folder_fingerprint(folder: Path) -> str:
 
 
 # Config keys that decide what a model computes (and which SwiftKV tensors it has).
-GEOMETRY_KEYS = ("model_type", "num_hidden_layers", "num_key_value_layers", "key_value_group_size", "hidden_size",
-                 "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+GEOMETRY_KEYS = (
+    "model_type",
+    "num_hidden_layers",
+    "num_key_value_layers",
+    "key_value_group_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
 
 
 def model_identity(folder: Path) -> dict:
@@ -190,8 +199,11 @@ def model_identity(folder: Path) -> dict:
             (size,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(size))
         header.pop("__metadata__", None)
-        digest.update(json.dumps({name: (t["dtype"], t["shape"]) for name, t in header.items()},
-                                 sort_keys=True).encode())
+        digest.update(
+            json.dumps(
+                {name: (t["dtype"], t["shape"]) for name, t in header.items()}, sort_keys=True
+            ).encode()
+        )
     for weights in sorted(folder.glob("*.bin")):  # pickled: no header to read, the size stands in
         digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
     identity["weights"] = digest.hexdigest()[:20]

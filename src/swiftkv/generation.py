@@ -18,14 +18,21 @@ def chat_input_ids(tokenizer, prompt: str, raw: bool = False) -> torch.Tensor:
 
 
 @torch.no_grad()
-def generate_text(model, tokenizer, input_ids: torch.Tensor, max_new_tokens: int, streamer=None,
-                  **model_kwargs) -> str:
+def generate_text(
+    model, tokenizer, input_ids: torch.Tensor, max_new_tokens: int, streamer=None, **model_kwargs
+) -> str:
     """Greedy continuation of `input_ids`, decoded without special tokens (`model_kwargs`, e.g.
     `swiftkv=False`, reach the model's forward)."""
-    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                            do_sample=False, streamer=streamer, pad_token_id=tokenizer.pad_token_id,
-                            **model_kwargs)
-    return tokenizer.decode(output[0, input_ids.shape[1]:], skip_special_tokens=True)
+    output = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        streamer=streamer,
+        pad_token_id=tokenizer.pad_token_id,
+        **model_kwargs,
+    )
+    return tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True)
 
 
 @torch.no_grad()

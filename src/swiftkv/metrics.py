@@ -19,7 +19,9 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] ->
 # --------------------------------------------------------------------------------------------------
 
 
-def kl_per_row(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def kl_per_row(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """KL(softmax(teacher / T) || softmax(student / T)) of each row, in fp32."""
     student_logp = F.log_softmax(student_logits.float() / temperature, dim=-1)
     teacher_logp = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
@@ -44,8 +46,9 @@ def top1_matches(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def agreement_stats(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                    chunk_rows: int = 256) -> tuple[float, int, int]:
+def agreement_stats(
+    student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn, chunk_rows: int = 256
+) -> tuple[float, int, int]:
     """(sum of KL(teacher || student) at T = 1, rows whose top-1 tokens agree, rows), projecting
     `chunk_rows` rows to the vocabulary at a time (full-vocab logits of a batch never exist at once)."""
     kl, agree = 0.0, 0
@@ -67,8 +70,12 @@ def layer_linear_flops(config) -> dict[str, int]:
     head_dim = head_dim_of(config)
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
     hidden = config.hidden_size
-    return {"q": 2 * hidden * q, "kv": 2 * 2 * hidden * kv, "o": 2 * q * hidden,
-            "mlp": 2 * 3 * hidden * config.intermediate_size}
+    return {
+        "q": 2 * hidden * q,
+        "kv": 2 * 2 * hidden * kv,
+        "o": 2 * q * hidden,
+        "mlp": 2 * 3 * hidden * config.intermediate_size,
+    }
 
 
 def attention_flops(config, keys: float) -> float:
@@ -96,7 +103,9 @@ def prefill_compute_saving(config) -> float | None:
     return 1 - student / (layers * per_layer)
 
 
-def distill_flops_per_token(config, seq_len: int, target_fraction: float, late_weights: bool = False) -> float:
+def distill_flops_per_token(
+    config, seq_len: int, target_fraction: float, late_weights: bool = False
+) -> float:
     """FLOPs per train token of one shared-prefix distillation step, the numerator of its compute
     bound. Layers < N run forward once for both models; the teacher's later layers forward; the
     student's later layers forward (q/o/MLP, attention, and each group's K/V from s) and backward:
@@ -105,21 +114,29 @@ def distill_flops_per_token(config, seq_len: int, target_fraction: float, late_w
     student-only copies of `--trainable late`); the lm_head runs on the trained rows (`target_fraction`
     of the tokens) forward for the teacher, forward and backward (activations) for the student."""
     flops = layer_linear_flops(config)
-    n, later, groups = config.num_key_value_layers, config.num_hidden_layers - config.num_key_value_layers, \
-        config.num_kv_groups
+    n, later, groups = (
+        config.num_key_value_layers,
+        config.num_hidden_layers - config.num_key_value_layers,
+        config.num_kv_groups,
+    )
     attention = attention_flops(config, (seq_len + 1) / 2)
     full_layer = sum(flops.values()) + attention
     student_linear = later * (flops["q"] + flops["o"] + flops["mlp"]) + groups * flops["kv"]
-    student = (2 * student_linear + 3 * later * attention  # forward + activation gradients
-               + later * flops["q"] + groups * flops["kv"])  # weight gradients of the SwiftKV projections
+    student = (
+        2 * student_linear
+        + 3 * later * attention  # forward + activation gradients
+        + later * flops["q"]
+        + groups * flops["kv"]
+    )  # weight gradients of the SwiftKV projections
     if late_weights:
         student += later * (flops["o"] + flops["mlp"])
     head = 2 * config.hidden_size * config.vocab_size * target_fraction
     return n * full_layer + later * full_layer + student + 3 * head
 
 
-def matmul_peak(dtype: torch.dtype, size: int | None = None, repeats: int = 10,
-                device: str | torch.device = "cpu") -> float:
+def matmul_peak(
+    dtype: torch.dtype, size: int | None = None, repeats: int = 10, device: str | torch.device = "cpu"
+) -> float:
     """Best observed matmul rate (FLOP/s) in `dtype` on `device` (the CPU with torch's own threads, or
     a GPU, whose peak needs bigger matrices to show)."""
     device = torch.device(device)

@@ -50,29 +50,53 @@ Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greed
 @dataclass
 class RepliesSettings:
     source: str = setting(None, "the model whose replies are written (HF folder, .gguf or alias)", cli=False)
-    out: str | None = setting(None, "the replies JSONL (appended to, so a killed run resumes; default: in the "
-                              "swiftkv cache, named after the writer's weights and --reply-tokens)")
-    writer: str = setting("teacher", "who writes: the teacher (SRC itself when plain, its own teacher weights when "
-                          "SRC is a SwiftKV folder) or the student (SRC, a SwiftKV folder, as it is)", choices=WRITERS)
-    data: str = setting("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk "
-                        "folder: the first user turn of each train chat is a prompt")
-    tokens: int = setting(1_000_000, "prompt + reply tokens to write (distill: its train tokens, half with "
-                          "--targets mixed)", parse=parse_count)
-    heldout_tokens: int = setting(32_768, "held-out tokens of the split, skipped (distill's --heldout-tokens)",
-                                  parse=parse_count)
+    out: str | None = setting(
+        None,
+        "the replies JSONL (appended to, so a killed run resumes; default: in the "
+        "swiftkv cache, named after the writer's weights and --reply-tokens)",
+    )
+    writer: str = setting(
+        "teacher",
+        "who writes: the teacher (SRC itself when plain, its own teacher weights when "
+        "SRC is a SwiftKV folder) or the student (SRC, a SwiftKV folder, as it is)",
+        choices=WRITERS,
+    )
+    data: str = setting(
+        "sharegpt",
+        "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk "
+        "folder: the first user turn of each train chat is a prompt",
+    )
+    tokens: int = setting(
+        1_000_000,
+        "prompt + reply tokens to write (distill: its train tokens, half with --targets mixed)",
+        parse=parse_count,
+    )
+    heldout_tokens: int = setting(
+        32_768, "held-out tokens of the split, skipped (distill's --heldout-tokens)", parse=parse_count
+    )
     seed: int = setting(0, "the split's seed (distill's --seed)")
     reply_tokens: int = setting(512, "max tokens of a reply")
-    engine: str = setting("auto", "vllm, hf (transformers' generate, on CUDA when available) or auto (vllm where "
-                          "installed)", choices=ENGINES)
+    engine: str = setting(
+        "auto",
+        "vllm, hf (transformers' generate, on CUDA when available) or auto (vllm where installed)",
+        choices=ENGINES,
+    )
     dtype: str = setting("auto", "compute dtype: auto = bf16 where native, else fp32", choices=DTYPE_CHOICES)
-    long_share: float = setting(0.0, "share of --tokens written as answers to long prompts (1-2k tokens of "
-                                "passages + a question, or a document + a summary request, built from the chats "
-                                "after the first prompts): SwiftKV's own workload")
-    long_prompt_tokens: int = setting(2048, "most tokens of a long prompt, chat template included (distill: "
-                                      "--seq-len minus the reply)")
-    prompt_turns: str = setting("first", "which user turns of a chat are prompts: its first, or every user turn "
-                                "with the conversation before it (more prompts from the same chats)",
-                                choices=PROMPT_TURNS)
+    long_share: float = setting(
+        0.0,
+        "share of --tokens written as answers to long prompts (1-2k tokens of "
+        "passages + a question, or a document + a summary request, built from the chats "
+        "after the first prompts): SwiftKV's own workload",
+    )
+    long_prompt_tokens: int = setting(
+        2048, "most tokens of a long prompt, chat template included (distill: --seq-len minus the reply)"
+    )
+    prompt_turns: str = setting(
+        "first",
+        "which user turns of a chat are prompts: its first, or every user turn "
+        "with the conversation before it (more prompts from the same chats)",
+        choices=PROMPT_TURNS,
+    )
 
     def long_mix(self) -> LongMix | None:
         return LongMix(self.long_share, self.long_prompt_tokens) if self.long_share else None
@@ -97,8 +121,16 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:
-        split_documents(read_source(settings.data), tokenizer, settings.seed, settings.heldout_tokens, settings.tokens,
-                        replies=cache, long_mix=settings.long_mix(), every_turn=settings.every_turn)
+        split_documents(
+            read_source(settings.data),
+            tokenizer,
+            settings.seed,
+            settings.heldout_tokens,
+            settings.tokens,
+            replies=cache,
+            long_mix=settings.long_mix(),
+            every_turn=settings.every_turn,
+        )
     finally:
         getattr(cache.generate, "close", lambda: None)()
     return cache
@@ -110,18 +142,30 @@ def reply_cache(settings: RepliesSettings, tokenizer, may_generate: bool = True)
     path = replies_path(settings)
 
     def refuse(_prompts):
-        raise RuntimeError(f"{settings.writer} replies missing from {path}; write them first (`swiftkv replies`, "
-                           "or distill's main process)")
+        raise RuntimeError(
+            f"{settings.writer} replies missing from {path}; write them first (`swiftkv replies`, "
+            "or distill's main process)"
+        )
 
-    refuse.batch = generation_batch(settings)  # the writer's batches: --targets mixed takes human chats after them
-    return ReplyCache(path, reply_generator(settings, tokenizer.eos_token_id) if may_generate else refuse, tokenizer)
+    refuse.batch = generation_batch(
+        settings
+    )  # the writer's batches: --targets mixed takes human chats after them
+    return ReplyCache(
+        path, reply_generator(settings, tokenizer.eos_token_id) if may_generate else refuse, tokenizer
+    )
 
 
 def replies_path(settings: RepliesSettings) -> Path:
     if settings.out:
         return Path(settings.out)
-    return cache_root() / "distill" / (f"{settings.writer}-replies-{folder_fingerprint(writer_folder(settings))}-"
-                                       f"{settings.reply_tokens}.jsonl")
+    return (
+        cache_root()
+        / "distill"
+        / (
+            f"{settings.writer}-replies-{folder_fingerprint(writer_folder(settings))}-"
+            f"{settings.reply_tokens}.jsonl"
+        )
+    )
 
 
 def writer_folder(settings: RepliesSettings) -> Path:
@@ -132,8 +176,10 @@ def writer_folder(settings: RepliesSettings) -> Path:
     swiftkv = is_swiftkv(read_config_dict(folder))
     if settings.writer == "student":
         if not swiftkv:
-            raise ValueError(f"--writer student: {settings.source} is not a SwiftKV model; expected a folder from "
-                             "`swiftkv convert`")
+            raise ValueError(
+                f"--writer student: {settings.source} is not a SwiftKV model; expected a folder from "
+                "`swiftkv convert`"
+            )
         return folder
     return plain_teacher_folder(folder) if swiftkv else folder
 
@@ -141,7 +187,9 @@ def writer_folder(settings: RepliesSettings) -> Path:
 def plain_teacher_folder(folder: Path) -> Path:
     """The SwiftKV folder's own teacher weights saved as the base architecture, in the cache (vLLM
     would run a SwiftKV folder as the student)."""
-    return cached_folder(f"teacher-of-{folder_fingerprint(folder)}", lambda out: save_plain_teacher(folder, out))
+    return cached_folder(
+        f"teacher-of-{folder_fingerprint(folder)}", lambda out: save_plain_teacher(folder, out)
+    )
 
 
 def save_plain_teacher(folder: Path, out: Path) -> None:
@@ -165,10 +213,18 @@ def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
         if "engine" not in state:
             writer = writer_folder(settings)
             state["engine"] = (
-                vllm_generator(writer, settings.reply_tokens, dtype_name(resolve_dtype(settings.dtype)), eos_token_id,
-                               max_prompt_tokens=settings.max_prompt_tokens())
-                if engine == "vllm" else
-                hf_generator(writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device))
+                vllm_generator(
+                    writer,
+                    settings.reply_tokens,
+                    dtype_name(resolve_dtype(settings.dtype)),
+                    eos_token_id,
+                    max_prompt_tokens=settings.max_prompt_tokens(),
+                )
+                if engine == "vllm"
+                else hf_generator(
+                    writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device
+                )
+            )
         return state["engine"](prompts)
 
     generate.batch = generation_batch(settings)
@@ -177,13 +233,19 @@ def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
 
 
 def resolved_engine(settings: RepliesSettings) -> str:
-    return settings.engine if settings.engine != "auto" else ("vllm" if importlib.util.find_spec("vllm") else "hf")
+    return (
+        settings.engine
+        if settings.engine != "auto"
+        else ("vllm" if importlib.util.find_spec("vllm") else "hf")
+    )
 
 
 def generation_batch(settings: RepliesSettings) -> int:
     """Prompts per generation call. It decides which examples the written prompts consume, and so
     where `--targets mixed` takes its human chats from: the writing and the reading walk share it."""
-    return HF_BATCH_CUDA if resolved_engine(settings) == "hf" and torch.cuda.is_available() else GENERATION_BATCH
+    return (
+        HF_BATCH_CUDA if resolved_engine(settings) == "hf" and torch.cuda.is_available() else GENERATION_BATCH
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,13 +268,15 @@ def read_replies(path: Path) -> dict[str, Reply]:
             record = json.loads(line)
             replies.setdefault(record["key"], Reply(record["reply_ids"], record["finished"]))
         except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}:{number}: not a teacher-reply record ({error}); delete the file to "
-                             "regenerate it") from error
+            raise ValueError(
+                f"{path}:{number}: not a teacher-reply record ({error}); delete the file to regenerate it"
+            ) from error
     return replies
 
 
-def append_replies(path: Path, records: dict[str, Reply], chats: dict[str, list[dict]] | None = None,
-                   tokenizer=None) -> None:
+def append_replies(
+    path: Path, records: dict[str, Reply], chats: dict[str, list[dict]] | None = None, tokenizer=None
+) -> None:
     """Append `records`; with their prompt `chats` and a tokenizer, each line is also a chat record
     (`messages`: the prompt, then the reply as text) that `--data` reads."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -229,6 +293,7 @@ def append_replies(path: Path, records: dict[str, Reply], chats: dict[str, list[
 
 class ReplyCache:
     """The writer's replies by prompt, generated on demand and kept in a JSONL file."""
+
     def __init__(self, path: Path, generate: Generate, tokenizer=None):
         self.path = path
         self.generate = generate
@@ -242,7 +307,9 @@ class ReplyCache:
         missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self.replies}
         if missing:
             new = dict(zip(missing, self.generate(list(missing.values())), strict=True))
-            append_replies(self.path, new, dict(zip(keys, chats, strict=True)) if chats else None, self.tokenizer)
+            append_replies(
+                self.path, new, dict(zip(keys, chats, strict=True)) if chats else None, self.tokenizer
+            )
             self.replies.update(new)
             self.generated += len(new)
         return [self.replies[k] for k in keys]
@@ -253,8 +320,14 @@ class ReplyCache:
 # --------------------------------------------------------------------------------------------------
 
 
-def vllm_generator(folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
-                   enforce_eager: bool = False, max_prompt_tokens: int = MAX_PROMPT_TOKENS) -> Generate:
+def vllm_generator(
+    folder: Path,
+    max_tokens: int,
+    dtype: str,
+    eos_token_id: int,
+    enforce_eager: bool = False,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+) -> Generate:
     """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call). Token ids
     in, token ids out: the engine needs no tokenizer, and the reply stops at the given end-of-turn id."""
     state = {}
@@ -266,15 +339,18 @@ def vllm_generator(folder: Path, max_tokens: int, dtype: str, eos_token_id: int,
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[eos_token_id])
-        outputs = state["llm"].generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = state["llm"].generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
         return [reply_of(out.outputs[0], eos_token_id) for out in outputs]
 
     generate.close = lambda: state.pop("llm", None)  # type: ignore[attr-defined]
     return generate
 
 
-def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
-                 device: str | None = None) -> Generate:
+def hf_generator(
+    folder: Path, max_tokens: int, dtype, eos_token_id: int, device: str | None = None
+) -> Generate:
     """Greedy replies of the model in `folder` with transformers' `generate`: left-padded batches,
     sorted by length so a batch pads little. The same replies as vLLM's up to the numerics of the
     batch (tested equal to unbatched greedy generation in fp32)."""
@@ -286,9 +362,10 @@ def hf_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int,
         replies: dict[int, Reply] = {}
         width = HF_BATCH_CUDA if device.startswith("cuda") else HF_BATCH
         for start in range(0, len(order), width):
-            chunk = order[start:start + width]
-            for index, reply in zip(chunk, greedy_batch(model, [prompts[i] for i in chunk], max_tokens,
-                                                         eos_token_id), strict=True):
+            chunk = order[start : start + width]
+            for index, reply in zip(
+                chunk, greedy_batch(model, [prompts[i] for i in chunk], max_tokens, eos_token_id), strict=True
+            ):
                 replies[index] = reply
         return [replies[i] for i in range(len(prompts))]
 
@@ -306,24 +383,43 @@ def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id:
     ids = torch.tensor([[eos_token_id] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False,
-                             eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
+        )
     replies = []
     for row in out[:, width:].tolist():
         finished = eos_token_id in row  # generate pads a finished row with eos after its own
-        replies.append(Reply(row[:row.index(eos_token_id) + 1] if finished else row, finished))
+        replies.append(Reply(row[: row.index(eos_token_id) + 1] if finished else row, finished))
     return replies
 
 
-def start_engine(folder: Path, max_tokens: int, dtype: str, enforce_eager: bool = False,
-                 max_prompt_tokens: int = MAX_PROMPT_TOKENS):
+def start_engine(
+    folder: Path,
+    max_tokens: int,
+    dtype: str,
+    enforce_eager: bool = False,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+):
     from vllm import LLM
 
     configure_cpu_env()
     window = read_config_dict(folder).get("max_position_embeddings", max_prompt_tokens + max_tokens)
-    return LLM(**engine_kwargs(str(folder), dtype=dtype, max_model_len=min(window, max_prompt_tokens + max_tokens),
-                               kv_cache_memory_bytes=KV_CACHE_BYTES, enable_prefix_caching=False,
-                               skip_tokenizer_init=True, enforce_eager=enforce_eager))
+    return LLM(
+        **engine_kwargs(
+            str(folder),
+            dtype=dtype,
+            max_model_len=min(window, max_prompt_tokens + max_tokens),
+            kv_cache_memory_bytes=KV_CACHE_BYTES,
+            enable_prefix_caching=False,
+            skip_tokenizer_init=True,
+            enforce_eager=enforce_eager,
+        )
+    )
 
 
 def reply_of(completion, eos_token_id: int) -> Reply:

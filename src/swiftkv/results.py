@@ -39,7 +39,9 @@ class Record:
         """Field name -> type, for the fields of the JSON object (the bookkeeping fields left out)."""
         if cls not in Record._hints:
             hints = typing.get_type_hints(cls)
-            Record._hints[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+            Record._hints[cls] = {
+                f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.name.startswith("_")
+            }
         return Record._hints[cls]
 
     @classmethod
@@ -115,7 +117,9 @@ class Paired(Record):
 class TaskResult(Record):
     items: int | None = None
     limit: int | None = None
-    metrics: dict[str, dict[str, float]] | None = None  # role (teacher/student) -> lm-eval metric -> value (acc, acc_stderr, ...)
+    metrics: dict[str, dict[str, float]] | None = (
+        None  # role (teacher/student) -> lm-eval metric -> value (acc, acc_stderr, ...)
+    )
     paired: dict[str, Paired] | None = None  # metric -> paired comparison
     item_ids: list[str] | None = None
     answers: dict[str, list[int]] | None = None  # role -> answer picked per item, in item_ids order

@@ -89,8 +89,10 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
     ("not serializable"), so the weights move into a freshly built model of the same config first."""
     arch = gguf_architecture(gguf_path)
     if arch not in gguf_architectures():
-        raise ValueError(f"{gguf_path}: GGUF architecture {arch!r} is not supported; expected one of "
-                         f"{gguf_architectures()} (the families swiftkv converts that transformers' GGUF loader reads)")
+        raise ValueError(
+            f"{gguf_path}: GGUF architecture {arch!r} is not supported; expected one of "
+            f"{gguf_architectures()} (the families swiftkv converts that transformers' GGUF loader reads)"
+        )
     folder, name = str(gguf_path.parent), gguf_path.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     check_gguf_head_dim(gguf_path, arch, config)
@@ -122,8 +124,10 @@ def check_gguf_head_dim(gguf_path: Path, arch: str, config) -> None:
     key_length = gguf_field(gguf_path, f"{arch}.attention.key_length")
     head_dim = getattr(config, "head_dim", None)
     if key_length is not None and head_dim is not None and key_length != head_dim:
-        raise ValueError(f"{gguf_path}: {arch}.attention.key_length={key_length}, but transformers' GGUF loader "
-                         f"builds the model with head_dim={head_dim}; convert the original HF checkpoint instead")
+        raise ValueError(
+            f"{gguf_path}: {arch}.attention.key_length={key_length}, but transformers' GGUF loader "
+            f"builds the model with head_dim={head_dim}; convert the original HF checkpoint instead"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,8 +204,10 @@ def has_tokenizer(folder: Path) -> bool:
 def load_tokenizer(src: str | os.PathLike):
     folder = resolve_source(src)
     if not has_tokenizer(folder):
-        raise FileNotFoundError(f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
-                                "tokenizer files of the model it came from into it")
+        raise FileNotFoundError(
+            f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
+            "tokenizer files of the model it came from into it"
+        )
     return AutoTokenizer.from_pretrained(folder)
 
 
@@ -221,14 +227,20 @@ def distilled_folder(tensors: Path, alias: str) -> Path:
 def build_distilled(tensors: Path, alias: str, out: Path) -> None:
     """Base model + trained SwiftKV parameters -> a complete SwiftKV HF folder."""
     spec, trained = read_trained(tensors)
-    model = build_swiftkv_model(load_model(spec["base"]), spec["num_key_value_layers"],
-                                spec.get("key_value_group_size", 1))
+    model = build_swiftkv_model(
+        load_model(spec["base"]), spec["num_key_value_layers"], spec.get("key_value_group_size", 1)
+    )
     trained, deltas = split_student_deltas(trained)
     load_trained(model, trained)
     if deltas:
         apply_student_deltas(model, deltas, spec["student_trained"])
-    info = {"source": spec["base"], "init": "distilled", "trimmed": False, "alias": alias,
-            "weights": f"swiftkv/weights/{alias}" if tensors.parent == WEIGHTS_DIR else str(tensors)}
+    info = {
+        "source": spec["base"],
+        "init": "distilled",
+        "trimmed": False,
+        "alias": alias,
+        "weights": f"swiftkv/weights/{alias}" if tensors.parent == WEIGHTS_DIR else str(tensors),
+    }
     write_swiftkv_folder(model, load_tokenizer(spec["base"]), out, info)
 
 

@@ -47,7 +47,9 @@ def parse_workloads(text: str) -> tuple[str, ...]:
     names = {part.strip() for part in text.split(",") if part.strip()}
     unknown = sorted(names - set(WORKLOAD_NAMES))
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated subset of {','.join(WORKLOAD_NAMES)}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a comma-separated subset of {','.join(WORKLOAD_NAMES)}"
+        )
     return tuple(name for name in WORKLOAD_NAMES if name in names)
 
 
@@ -55,24 +57,37 @@ def parse_workloads(text: str) -> tuple[str, ...]:
 class BenchSettings:
     """What `swiftkv bench` runs with; both engines get the same values."""
 
-    kv_cache_memory: str = setting(f"{KV_CACHE_BYTES // 2**30}G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M")
+    kv_cache_memory: str = setting(
+        f"{KV_CACHE_BYTES // 2**30}G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M"
+    )
     max_model_len: int = setting(4096, "longest sequence each engine accepts")
-    dtype: str = setting(AUTO, "compute dtype of both engines; auto is bf16 where the hardware has it natively, "
-                         "else fp32", choices=DTYPE_CHOICES)
+    dtype: str = setting(
+        AUTO,
+        "compute dtype of both engines; auto is bf16 where the hardware has it natively, else fp32",
+        choices=DTYPE_CHOICES,
+    )
     enforce_eager: bool = setting(False, "skip torch.compile (faster start, slower run)")
     quick: bool = setting(False, "tiny workloads: checks the pipeline, not for numbers")
-    workloads: tuple[str, ...] = setting(WORKLOAD_NAMES, "offline workloads to run, comma-separated subset of "
-                                         "prefill,ttft,tpot,e2e (e.g. prefill,ttft to compare dtypes quickly); "
-                                         "the KV capacity is always reported", parse=parse_workloads)
+    workloads: tuple[str, ...] = setting(
+        WORKLOAD_NAMES,
+        "offline workloads to run, comma-separated subset of "
+        "prefill,ttft,tpot,e2e (e.g. prefill,ttft to compare dtypes quickly); "
+        "the KV capacity is always reported",
+        parse=parse_workloads,
+    )
     out: str = setting("bench-out", "output folder for bench.json and bench.png")
 
 
 def engine_settings(settings: BenchSettings) -> dict:
     """The engine options both models run with (overrides for `swiftkv.vllm.engine.engine_kwargs`);
     prefix caching is off so no workload is served from cache."""
-    return {"kv_cache_memory_bytes": parse_bytes(settings.kv_cache_memory), "max_model_len": settings.max_model_len,
-            "enable_prefix_caching": False, "dtype": dtype_name(resolve_dtype(settings.dtype)),
-            "enforce_eager": settings.enforce_eager}
+    return {
+        "kv_cache_memory_bytes": parse_bytes(settings.kv_cache_memory),
+        "max_model_len": settings.max_model_len,
+        "enable_prefix_caching": False,
+        "dtype": dtype_name(resolve_dtype(settings.dtype)),
+        "enforce_eager": settings.enforce_eager,
+    }
 
 
 @dataclass
@@ -91,8 +106,18 @@ class Workloads:
     @classmethod
     def quick(cls) -> Workloads:
         """A few seconds per model: for tests and smoke runs, not for numbers."""
-        return cls(prefill_prompts=4, prefill_len=256, ttft_len=256, ttft_repeats=3, tpot_prompts=2, tpot_len=64,
-                   tpot_out=8, e2e_prompts=4, e2e_len=256, e2e_out=16)
+        return cls(
+            prefill_prompts=4,
+            prefill_len=256,
+            ttft_len=256,
+            ttft_repeats=3,
+            tpot_prompts=2,
+            tpot_len=64,
+            tpot_out=8,
+            e2e_prompts=4,
+            e2e_len=256,
+            e2e_out=16,
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,8 +153,11 @@ def measure(llm, make: PromptMaker, w: Workloads, name: str) -> dict:
     if name == "warmup":  # first-call costs are not the model's
         return {"warmup_s": timed_generate(llm, make(2, w.prefill_len), 2)}
     if name == "prefill":
-        return {"prefill_tok_s": w.prefill_prompts * w.prefill_len / timed_generate(
-            llm, make(w.prefill_prompts, w.prefill_len), 1)}
+        return {
+            "prefill_tok_s": w.prefill_prompts
+            * w.prefill_len
+            / timed_generate(llm, make(w.prefill_prompts, w.prefill_len), 1)
+        }
     if name == "ttft":
         return {"ttft_s": timed_generate(llm, make(1, w.ttft_len), 1)}
     if name == "tpot":
@@ -138,7 +166,10 @@ def measure(llm, make: PromptMaker, w: Workloads, name: str) -> dict:
         return {"tpot_s": max(total - prefill_only, 0.0) / (w.tpot_out - 1)}
     if name == "e2e":
         elapsed = timed_generate(llm, make(w.e2e_prompts, w.e2e_len), w.e2e_out)
-        return {"e2e_req_s": w.e2e_prompts / elapsed, "e2e_tok_s": w.e2e_prompts * (w.e2e_len + w.e2e_out) / elapsed}
+        return {
+            "e2e_req_s": w.e2e_prompts / elapsed,
+            "e2e_tok_s": w.e2e_prompts * (w.e2e_len + w.e2e_out) / elapsed,
+        }
     raise ValueError(f"unknown workload {name!r}")
 
 
@@ -150,9 +181,14 @@ def worker_loop(connection, model: str, settings: dict, workloads: dict) -> None
     started = time.perf_counter()
     llm = LLM(**engine_kwargs(model, **settings))
     config = llm.llm_engine.vllm_config.model_config.hf_config
-    connection.send({"engine_startup_s": time.perf_counter() - started, "kv_cache_tokens": kv_cache_tokens(llm),
-                     "architecture": type(config).__name__,
-                     "fast_prefill": llm.llm_engine.vllm_config.cache_config.kv_sharing_fast_prefill})
+    connection.send(
+        {
+            "engine_startup_s": time.perf_counter() - started,
+            "kv_cache_tokens": kv_cache_tokens(llm),
+            "architecture": type(config).__name__,
+            "fast_prefill": llm.llm_engine.vllm_config.cache_config.kv_sharing_fast_prefill,
+        }
+    )
     make, w = PromptMaker(config.vocab_size), Workloads(**workloads)
     while (name := connection.recv()) is not None:
         connection.send(measure(llm, make, w, name))
@@ -174,7 +210,9 @@ class Worker:
     def receive(self) -> dict:
         while not self.connection.poll(5):
             if not self.process.is_alive():
-                raise RuntimeError(f"benchmark engine for {self.label} exited with code {self.process.exitcode}")
+                raise RuntimeError(
+                    f"benchmark engine for {self.label} exited with code {self.process.exitcode}"
+                )
         return self.connection.recv()
 
     def run(self, name: str) -> dict:
@@ -190,7 +228,9 @@ class Worker:
             self.process.kill()
 
 
-def run_interleaved(workers: list[Worker], workloads: Workloads, names: tuple[str, ...] = WORKLOAD_NAMES) -> list[dict]:
+def run_interleaved(
+    workers: list[Worker], workloads: Workloads, names: tuple[str, ...] = WORKLOAD_NAMES
+) -> list[dict]:
     """Every named workload on every engine, alternating engines (and who goes first), so load from
     other processes on the machine hits both sides alike. TTFT is the median of its repeats."""
     schedule = ["warmup"]
@@ -235,7 +275,9 @@ def measured_metrics(report: BenchResults | dict) -> list[tuple[str, str, bool]]
 
 
 def compare(baseline: dict, swiftkv: dict) -> dict:
-    return {key: swiftkv[key] / baseline[key] if baseline[key] else None for key, *_ in METRICS if key in baseline}
+    return {
+        key: swiftkv[key] / baseline[key] if baseline[key] else None for key, *_ in METRICS if key in baseline
+    }
 
 
 def add_e2e_breakdown(result: dict, w: Workloads) -> None:
@@ -252,8 +294,10 @@ def format_table(report: BenchResults | dict) -> str:
         b, s, r = report.baseline[key], report.swiftkv[key], report.ratio[key]
         ratio = "n/a" if r is None else f"{r:.3f}"  # a zero baseline (e.g. no decode share left)
         rows.append(f"{label:<34}{b:>14.4g}{s:>14.4g}{ratio:>9}  {'higher' if higher else 'lower'}")
-    rows.append(f"{report.settings['dtype']} matmul peak: {report.peak_flops / 1e9:.0f} GFLOP/s; "
-                f"baseline prefill FLOPs/token {report.flops_per_token / 1e6:.0f} M")
+    rows.append(
+        f"{report.settings['dtype']} matmul peak: {report.peak_flops / 1e9:.0f} GFLOP/s; "
+        f"baseline prefill FLOPs/token {report.flops_per_token / 1e6:.0f} M"
+    )
     return "\n".join(rows)
 
 
@@ -297,11 +341,19 @@ def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloa
             result["prefill_utilization"] = result["prefill_tok_s"] * flops / peak
             if "e2e_req_s" in result:
                 add_e2e_breakdown(result, workloads)
-    report = {"model": model, "baseline_model": baseline, "settings": engine, "workloads": asdict(workloads),
-              "measured": list(settings.workloads),
-              "peak_flops": peak, "flops_per_token": flops, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "baseline": base, "swiftkv": swift, "ratio": compare(base, swift)}
+    report = {
+        "model": model,
+        "baseline_model": baseline,
+        "settings": engine,
+        "workloads": asdict(workloads),
+        "measured": list(settings.workloads),
+        "peak_flops": peak,
+        "flops_per_token": flops,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "baseline": base,
+        "swiftkv": swift,
+        "ratio": compare(base, swift),
+    }
     write_atomic(out_dir / "bench.json", json.dumps(report, indent=2))
     plot(report, out_dir / "bench.png")
     return report
-

@@ -103,36 +103,64 @@ class OnlineSettings:
     memory, max model length, eager), which both servers share."""
 
     rates: tuple[float, ...] | None = setting(
-        None, "request rates in requests/s, comma-separated (e.g. 0.05,0.1,0.2); default: --rate-multipliers "
-        "x the baseline's prefill-bound capacity, 1 / its idle TTFT", parse=parse_rates)
+        None,
+        "request rates in requests/s, comma-separated (e.g. 0.05,0.1,0.2); default: --rate-multipliers "
+        "x the baseline's prefill-bound capacity, 1 / its idle TTFT",
+        parse=parse_rates,
+    )
     rate_multipliers: tuple[float, ...] = setting(
-        (0.25, 0.5, 0.75, 1.0, 1.5, 2.0), "default rates as multiples of 1 / the baseline's idle TTFT",
-        parse=parse_rates)
+        (0.25, 0.5, 0.75, 1.0, 1.5, 2.0),
+        "default rates as multiples of 1 / the baseline's idle TTFT",
+        parse=parse_rates,
+    )
     num_requests: int = setting(64, "requests per model and rate (p99 of 64 is close to their maximum)")
     prompt_len: int = setting(2000, "prompt tokens per request")
-    output_len: int = setting(200, "output tokens per request (ignore_eos: every request makes exactly this many)")
-    slo_ttft: float = setting(0.0, "SLO on p99 TTFT in seconds; 0: --slo-ttft-factor x the baseline's idle TTFT")
+    output_len: int = setting(
+        200, "output tokens per request (ignore_eos: every request makes exactly this many)"
+    )
+    slo_ttft: float = setting(
+        0.0, "SLO on p99 TTFT in seconds; 0: --slo-ttft-factor x the baseline's idle TTFT"
+    )
     slo_ttft_factor: float = setting(3.0, "SLO on p99 TTFT as a multiple of the baseline's idle TTFT")
-    slo_tpot: float = setting(0.0, "SLO on p99 TPOT in seconds; 0: --slo-tpot-factor x the baseline's idle TPOT")
+    slo_tpot: float = setting(
+        0.0, "SLO on p99 TPOT in seconds; 0: --slo-tpot-factor x the baseline's idle TPOT"
+    )
     slo_tpot_factor: float = setting(3.0, "SLO on p99 TPOT as a multiple of the baseline's idle TPOT")
     idle_requests: int = setting(3, "sequential requests on each idle server (medians: idle TTFT and TPOT)")
     warmup_requests: int = setting(2, "sequential requests after each server start, not measured")
-    workload: str = setting("sharegpt", "the prompts: sharegpt (the paper's 10:1, ShareGPT text cut to --prompt-len "
-                            "tokens) or extractive (passages + a question, a document + a summary request, "
-                            "chat-templated, at most --prompt-len tokens)", choices=WORKLOADS)
+    workload: str = setting(
+        "sharegpt",
+        "the prompts: sharegpt (the paper's 10:1, ShareGPT text cut to --prompt-len "
+        "tokens) or extractive (passages + a question, a document + a summary request, "
+        "chat-templated, at most --prompt-len tokens)",
+        choices=WORKLOADS,
+    )
     speculative_config: dict | None = setting(
-        None, f"speculative decoding, vLLM's --speculative-config JSON, e.g. '{NGRAM_EXAMPLE}' (only methods that "
-        "run with SwiftKV); see --speculate for which servers get it", parse=parse_speculative_config)
-    speculate: str = setting("both", "with --speculative-config: both (the same speculator on each server) or "
-                             "swiftkv (SwiftKV + speculator against the plain baseline)", choices=SPECULATE)
+        None,
+        f"speculative decoding, vLLM's --speculative-config JSON, e.g. '{NGRAM_EXAMPLE}' (only methods that "
+        "run with SwiftKV); see --speculate for which servers get it",
+        parse=parse_speculative_config,
+    )
+    speculate: str = setting(
+        "both",
+        "with --speculative-config: both (the same speculator on each server) or "
+        "swiftkv (SwiftKV + speculator against the plain baseline)",
+        choices=SPECULATE,
+    )
     seed: int = setting(0, "seed of the Poisson arrival times (both models get the same schedule at a rate)")
     server_timeout: float = setting(1800.0, "seconds to wait for a server to answer /health")
 
 
 # --quick: checks the pipeline end to end in a few minutes on a CPU, not for numbers. It also runs
 # the servers eager (no torch.compile), which is most of a server's start-up time.
-QUICK = {"rate_multipliers": (0.5, 2.0), "num_requests": 6, "prompt_len": 128, "output_len": 8,
-         "idle_requests": 2, "warmup_requests": 1}
+QUICK = {
+    "rate_multipliers": (0.5, 2.0),
+    "num_requests": 6,
+    "prompt_len": 128,
+    "output_len": 8,
+    "idle_requests": 2,
+    "warmup_requests": 1,
+}
 
 
 def online_settings(given: dict, quick: bool = False) -> OnlineSettings:
@@ -144,8 +172,10 @@ def check_settings(online: OnlineSettings, max_model_len: int) -> None:
     if online.output_len < 2:
         raise ValueError("--output-len must be at least 2 (TPOT is the time per token after the first)")
     if online.prompt_len + online.output_len > max_model_len:
-        raise ValueError(f"--prompt-len {online.prompt_len} + --output-len {online.output_len} exceeds "
-                         f"--max-model-len {max_model_len}")
+        raise ValueError(
+            f"--prompt-len {online.prompt_len} + --output-len {online.output_len} exceeds "
+            f"--max-model-len {max_model_len}"
+        )
     if min(online.num_requests, online.idle_requests) < 1:
         raise ValueError("--num-requests and --idle-requests must be at least 1")
     if online.workload not in WORKLOADS:
@@ -170,8 +200,15 @@ def to_result(output, output_len: int) -> RequestResult:
     """vLLM's RequestFuncOutput -> RequestResult; a request that made a different number of tokens
     than asked (ignore_eos makes it exact) counts as failed."""
     tokens = output.output_tokens or (len(output.itl) + 1 if output.success else 0)
-    result = RequestResult(ttft=output.ttft, latency=output.latency, itl=list(output.itl), output_tokens=tokens,
-                           prompt_tokens=output.prompt_len, success=output.success, error=output.error[-1000:])
+    result = RequestResult(
+        ttft=output.ttft,
+        latency=output.latency,
+        itl=list(output.itl),
+        output_tokens=tokens,
+        prompt_tokens=output.prompt_len,
+        success=output.success,
+        error=output.error[-1000:],
+    )
     if result.success and tokens != output_len:
         result.success, result.error = False, f"made {tokens} tokens, expected {output_len}"
     return result
@@ -188,9 +225,15 @@ class Client:
 
         self.send = async_request_openai_completions
         self.base_url, self.output_len = base_url, output_len
-        self.template = RequestFuncInput(prompt=[], api_url=base_url + "/v1/completions", prompt_len=0,
-                                         output_len=output_len, model=served_name, ignore_eos=True,
-                                         extra_body={"temperature": 0.0})
+        self.template = RequestFuncInput(
+            prompt=[],
+            api_url=base_url + "/v1/completions",
+            prompt_len=0,
+            output_len=output_len,
+            model=served_name,
+            ignore_eos=True,
+            extra_body={"temperature": 0.0},
+        )
 
     async def one(self, session, prompt: list[int]) -> RequestResult:
         request = replace(self.template, prompt=prompt, prompt_len=len(prompt))
@@ -201,15 +244,17 @@ class Client:
         import aiohttp
 
         # No connection limit: beyond saturation every queued request holds an open stream.
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=6 * 3600))
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=6 * 3600)
+        )
 
     async def sequential(self, prompts: list[list[int]]) -> list[RequestResult]:
         async with self.session() as session:
             return [await self.one(session, prompt) for prompt in prompts]
 
-    async def poisson(self, prompts: list[list[int]], arrivals: list[float],
-                      label: str) -> tuple[list[RequestResult], float]:
+    async def poisson(
+        self, prompts: list[list[int]], arrivals: list[float], label: str
+    ) -> tuple[list[RequestResult], float]:
         """Send prompt i at arrivals[i] seconds from the start, without waiting for earlier answers;
         returns the results and the seconds from the first send to the last token."""
         async with self.session() as session:
@@ -262,32 +307,48 @@ class OnlineRun:
     """One benchmark: the state that the sessions fill in (rates and SLO after the baseline's idle
     requests, results per model and rate) and the report they are written to after every rate."""
 
-    def __init__(self, model_dir: str, baseline_dir: str, engine: dict, online: OnlineSettings, out_dir: Path,
-                 report: dict):
+    def __init__(
+        self,
+        model_dir: str,
+        baseline_dir: str,
+        engine: dict,
+        online: OnlineSettings,
+        out_dir: Path,
+        report: dict,
+    ):
         self.online, self.engine, self.out_dir, self.report = online, engine, out_dir, report
         self.speculative = speculative_configs(online)
         self.servers = {
-            "baseline": Server(side_label("baseline", self.speculative["baseline"]),
-                               lambda args: baseline_command(baseline_dir, args)),
-            "swiftkv": Server(side_label("swiftkv", self.speculative["swiftkv"]),
-                              lambda args: swiftkv_command(model_dir, args))}
+            "baseline": Server(
+                side_label("baseline", self.speculative["baseline"]),
+                lambda args: baseline_command(baseline_dir, args),
+            ),
+            "swiftkv": Server(
+                side_label("swiftkv", self.speculative["swiftkv"]),
+                lambda args: swiftkv_command(model_dir, args),
+            ),
+        }
         self.env = server_env()
         self.rates: list[float] = list(online.rates) if online.rates else []
         self.slo: SLO | None = None
         self.prompts, report["workload"]["prompt_source"] = build_prompts(
-            baseline_dir, online.num_requests, online.prompt_len, online.workload)
+            baseline_dir, online.num_requests, online.prompt_len, online.workload
+        )
 
     def session(self, number: int, model: str, rate_indices: list[int]) -> None:
         server, port = self.servers[model], free_port()
         base_url = f"http://127.0.0.1:{port}"
         log = self.out_dir / "online-logs" / f"{number:02d}-{model}.log"
         print(f"[online] starting {server.label} server (log {log})", file=sys.stderr, flush=True)
-        command = server.command(server_args(self.engine, port, model) + speculative_args(self.speculative[model]))
+        command = server.command(
+            server_args(self.engine, port, model) + speculative_args(self.speculative[model])
+        )
         with running_server(command, self.env, base_url, log, self.online.server_timeout) as startup_s:
             client = Client(base_url, model, self.online.output_len)
             asyncio.run(client.sequential(self.prompts[: self.online.warmup_requests]))
-            self.report["sessions"].append({"model": model, "rates": rate_indices, "startup_s": startup_s,
-                                            "log": str(log)})
+            self.report["sessions"].append(
+                {"model": model, "rates": rate_indices, "startup_s": startup_s, "log": str(log)}
+            )
             if model not in self.report["idle"]:
                 self.measure_idle(client, model)
             for index in rate_indices:
@@ -296,17 +357,24 @@ class OnlineRun:
     def measure_idle(self, client: Client, model: str) -> None:
         idle = idle_summary(asyncio.run(client.sequential(self.prompts[: self.online.idle_requests])))
         self.report["idle"][model] = idle
-        print(f"[online] {model} idle: TTFT {idle['ttft_s']:.4g} s, TPOT {idle['tpot_s']:.4g} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"[online] {model} idle: TTFT {idle['ttft_s']:.4g} s, TPOT {idle['tpot_s']:.4g} s",
+            file=sys.stderr,
+            flush=True,
+        )
         if model == "baseline":  # the baseline's idle server defines the default rates and SLO
             o = self.online
             self.rates = self.rates or default_rates(idle["ttft_s"], o.rate_multipliers)
-            self.slo = choose_slo(idle["ttft_s"], idle["tpot_s"], o.slo_ttft, o.slo_ttft_factor, o.slo_tpot,
-                                  o.slo_tpot_factor)
+            self.slo = choose_slo(
+                idle["ttft_s"], idle["tpot_s"], o.slo_ttft, o.slo_ttft_factor, o.slo_tpot, o.slo_tpot_factor
+            )
             self.report["rates"] = self.rates
             self.report["slo"] = asdict(self.slo)
-            print(f"[online] rates {', '.join(f'{r:.4g}' for r in self.rates)} req/s; SLO {self.slo.how}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[online] rates {', '.join(f'{r:.4g}' for r in self.rates)} req/s; SLO {self.slo.how}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def run_rate(self, client: Client, model: str, index: int) -> None:
         rate = self.rates[index]
@@ -327,8 +395,10 @@ class OnlineRun:
         its last step: the server records a step's stats before it streams that step's tokens."""
         counters = spec_decode_counters(metrics_text(client.base_url))
         if counters is None:
-            raise RuntimeError(f"the server at {client.base_url} speculates but its /metrics page has no "
-                               "vllm:spec_decode_* counters (were its stats disabled?)")
+            raise RuntimeError(
+                f"the server at {client.base_url} speculates but its /metrics page has no "
+                "vllm:spec_decode_* counters (were its stats disabled?)"
+            )
         return counters
 
     def save(self) -> None:
@@ -349,13 +419,31 @@ def online_bench(model: str, baseline: str, settings, online: OnlineSettings) ->
     out_dir = Path(settings.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rate_count = len(online.rates or online.rate_multipliers)
-    report = {"model": model, "baseline_model": baseline, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "server_settings": engine, "online_settings": {f.name: getattr(online, f.name) for f in fields(online)},
-              "workload": {"kind": online.workload, "prompt_len": online.prompt_len, "output_len": online.output_len,
-                           "num_requests": online.num_requests, "arrivals": "Poisson", "ignore_eos": True},
-              "speculative_config": speculative_configs(online), "rates": list(online.rates or []), "slo": None, "idle": {}, "sessions": [],
-              "results": {m: [None] * rate_count for m in MODELS}, "summary": None}
-    run = OnlineRun(str(resolve_source(model)), str(resolve_source(baseline)), engine, online, out_dir, report)
+    report = {
+        "model": model,
+        "baseline_model": baseline,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "server_settings": engine,
+        "online_settings": {f.name: getattr(online, f.name) for f in fields(online)},
+        "workload": {
+            "kind": online.workload,
+            "prompt_len": online.prompt_len,
+            "output_len": online.output_len,
+            "num_requests": online.num_requests,
+            "arrivals": "Poisson",
+            "ignore_eos": True,
+        },
+        "speculative_config": speculative_configs(online),
+        "rates": list(online.rates or []),
+        "slo": None,
+        "idle": {},
+        "sessions": [],
+        "results": {m: [None] * rate_count for m in MODELS},
+        "summary": None,
+    }
+    run = OnlineRun(
+        str(resolve_source(model)), str(resolve_source(baseline)), engine, online, out_dir, report
+    )
     for number, (name, indices) in enumerate(sessions(rate_count)):
         run.session(number, name, indices)
     run.save()

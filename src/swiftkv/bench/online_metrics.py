@@ -36,13 +36,20 @@ class RequestResult:
     error: str = ""
 
     @classmethod
-    def from_token_times(cls, sent: float, token_times: Sequence[float], prompt_tokens: int = 0) -> RequestResult:
+    def from_token_times(
+        cls, sent: float, token_times: Sequence[float], prompt_tokens: int = 0
+    ) -> RequestResult:
         """A request whose tokens arrived one per chunk at `token_times` (absolute clock)."""
         if not token_times:
             return cls(prompt_tokens=prompt_tokens, error="no token arrived")
-        return cls(ttft=token_times[0] - sent, latency=token_times[-1] - sent,
-                   itl=[b - a for a, b in zip(token_times, token_times[1:], strict=False)],
-                   output_tokens=len(token_times), prompt_tokens=prompt_tokens, success=True)
+        return cls(
+            ttft=token_times[0] - sent,
+            latency=token_times[-1] - sent,
+            itl=[b - a for a, b in zip(token_times, token_times[1:], strict=False)],
+            output_tokens=len(token_times),
+            prompt_tokens=prompt_tokens,
+            success=True,
+        )
 
     @property
     def tpot(self) -> float:
@@ -71,14 +78,19 @@ class SLO:
         return request.success and request.ttft <= self.ttft_s and request.tpot <= self.tpot_s
 
 
-def choose_slo(idle_ttft: float, idle_tpot: float, ttft_s: float, ttft_factor: float, tpot_s: float,
-               tpot_factor: float) -> SLO:
+def choose_slo(
+    idle_ttft: float, idle_tpot: float, ttft_s: float, ttft_factor: float, tpot_s: float, tpot_factor: float
+) -> SLO:
     """An explicit bound (> 0) wins; otherwise factor x the idle baseline's value: the SLO says how much
     slower than an idle server a loaded one may answer, which carries over between CPU and GPU."""
     ttft = ttft_s if ttft_s > 0 else ttft_factor * idle_ttft
     tpot = tpot_s if tpot_s > 0 else tpot_factor * idle_tpot
-    ttft_how = f"{ttft_s:g} s (given)" if ttft_s > 0 else f"{ttft_factor:g} x baseline idle TTFT {idle_ttft:.4g} s"
-    tpot_how = f"{tpot_s:g} s (given)" if tpot_s > 0 else f"{tpot_factor:g} x baseline idle TPOT {idle_tpot:.4g} s"
+    ttft_how = (
+        f"{ttft_s:g} s (given)" if ttft_s > 0 else f"{ttft_factor:g} x baseline idle TTFT {idle_ttft:.4g} s"
+    )
+    tpot_how = (
+        f"{tpot_s:g} s (given)" if tpot_s > 0 else f"{tpot_factor:g} x baseline idle TPOT {idle_tpot:.4g} s"
+    )
     return SLO(ttft, tpot, f"p99 TTFT <= {ttft:.4g} s ({ttft_how}); p99 TPOT <= {tpot:.4g} s ({tpot_how})")
 
 
@@ -90,10 +102,15 @@ def summarize(results: Sequence[RequestResult], duration: float, slo: SLO) -> di
     itls = [gap for r in done for gap in r.itl]
     latencies = [r.latency for r in done]
     output_tokens = sum(r.output_tokens for r in done)
-    row = {"completed": len(done), "failed": len(results) - len(done), "duration_s": duration,
-           "request_throughput": len(done) / duration, "output_throughput": output_tokens / duration,
-           "total_token_throughput": (output_tokens + sum(r.prompt_tokens for r in done)) / duration,
-           "goodput": sum(slo.met_by(r) for r in results) / duration}
+    row = {
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "duration_s": duration,
+        "request_throughput": len(done) / duration,
+        "output_throughput": output_tokens / duration,
+        "total_token_throughput": (output_tokens + sum(r.prompt_tokens for r in done)) / duration,
+        "goodput": sum(slo.met_by(r) for r in results) / duration,
+    }
     for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("latency", latencies)):
         row[f"{name}_mean_s"] = float(np.mean(values)) if values else math.nan
         for q in (50, 99):
@@ -144,8 +161,10 @@ def compare(rates: Sequence[float], baseline: Sequence[dict], swiftkv: Sequence[
     """The headline numbers: the highest rate each model sustains within the SLO and their ratio, the
     TPOT p50 ratio at the baseline's saturation rate (its highest sustained rate), and per rate the
     p99 TTFT of both models."""
-    best = {name: max_sustained_rate(rates, [row["meets_slo"] for row in rows])
-            for name, rows in zip(MODELS, (baseline, swiftkv), strict=True)}
+    best = {
+        name: max_sustained_rate(rates, [row["meets_slo"] for row in rows])
+        for name, rows in zip(MODELS, (baseline, swiftkv), strict=True)
+    }
     saturation = best["baseline"]
     at = rates.index(saturation) if saturation is not None else None
     return {
@@ -154,14 +173,20 @@ def compare(rates: Sequence[float], baseline: Sequence[dict], swiftkv: Sequence[
         "max_rate_is_lower_bound": {name: rate == max(rates) for name, rate in best.items()},
         "max_rate_ratio": ratio(best["swiftkv"], best["baseline"]),
         "baseline_saturation_rate": saturation,
-        "tpot_p50_ratio_at_saturation": None if at is None else ratio(swiftkv[at]["tpot_p50_s"],
-                                                                      baseline[at]["tpot_p50_s"]),
-        "per_rate": [{"rate": rate, "ttft_p99_s": {"baseline": b["ttft_p99_s"], "swiftkv": s["ttft_p99_s"]},
-                      "ttft_p99_ratio": ratio(s["ttft_p99_s"], b["ttft_p99_s"]),
-                      "tpot_p50_ratio": ratio(s["tpot_p50_s"], b["tpot_p50_s"]),
-                      "goodput": {"baseline": b["goodput"], "swiftkv": s["goodput"]},
-                      "acceptance_rate": {"baseline": acceptance_rate(b), "swiftkv": acceptance_rate(s)}}
-                     for rate, b, s in zip(rates, baseline, swiftkv, strict=True)],
+        "tpot_p50_ratio_at_saturation": None
+        if at is None
+        else ratio(swiftkv[at]["tpot_p50_s"], baseline[at]["tpot_p50_s"]),
+        "per_rate": [
+            {
+                "rate": rate,
+                "ttft_p99_s": {"baseline": b["ttft_p99_s"], "swiftkv": s["ttft_p99_s"]},
+                "ttft_p99_ratio": ratio(s["ttft_p99_s"], b["ttft_p99_s"]),
+                "tpot_p50_ratio": ratio(s["tpot_p50_s"], b["tpot_p50_s"]),
+                "goodput": {"baseline": b["goodput"], "swiftkv": s["goodput"]},
+                "acceptance_rate": {"baseline": acceptance_rate(b), "swiftkv": acceptance_rate(s)},
+            }
+            for rate, b, s in zip(rates, baseline, swiftkv, strict=True)
+        ],
     }
 
 
@@ -174,15 +199,24 @@ def idle_summary(results: Sequence[RequestResult]) -> dict:
     """Medians of sequential requests on an idle server (no queueing, no batching)."""
     done = [r for r in results if r.success]
     if not done:
-        raise RuntimeError("no request to the idle server succeeded: " + "; ".join(r.error for r in results)[-2000:])
-    return {"ttft_s": float(np.median([r.ttft for r in done])), "tpot_s": float(np.median([r.tpot for r in done])),
-            "latency_s": float(np.median([r.latency for r in done])), "requests": len(done)}
+        raise RuntimeError(
+            "no request to the idle server succeeded: " + "; ".join(r.error for r in results)[-2000:]
+        )
+    return {
+        "ttft_s": float(np.median([r.ttft for r in done])),
+        "tpot_s": float(np.median([r.tpot for r in done])),
+        "latency_s": float(np.median([r.latency for r in done])),
+        "requests": len(done),
+    }
 
 
 # vLLM 0.32's speculative-decoding counters (v1/spec_decode/metrics.py, SpecDecodingProm), as the
 # server's /metrics endpoint names their families (the exposition adds `_total` to each sample).
-SPEC_DECODE_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-                        "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+SPEC_DECODE_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
 
 
 def spec_decode_counters(prometheus_text: str) -> dict[str, float] | None:
@@ -194,7 +228,9 @@ def spec_decode_counters(prometheus_text: str) -> dict[str, float] | None:
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(prometheus_text):
         if family.name in wanted:
-            found[wanted[family.name]] = sum(s.value for s in family.samples if s.name == family.name + "_total")
+            found[wanted[family.name]] = sum(
+                s.value for s in family.samples if s.name == family.name + "_total"
+            )
     return found if len(found) == len(SPEC_DECODE_COUNTERS) else None
 
 
@@ -205,6 +241,10 @@ def acceptance(before: dict[str, float] | None, after: dict[str, float] | None) 
     if before is None or after is None:
         return None
     delta = {key: after[key] - before[key] for key in SPEC_DECODE_COUNTERS}
-    return {**delta,
-            "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"] if delta["draft_tokens"] else None,
-            "mean_acceptance_length": 1 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None}
+    return {
+        **delta,
+        "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"]
+        if delta["draft_tokens"]
+        else None,
+        "mean_acceptance_length": 1 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None,
+    }

@@ -36,7 +36,9 @@ from ..sources import load_tokenizer
 from .offline import PromptMaker
 
 WORKLOADS = ("sharegpt", "extractive")
-FIRST_CONVERSATIONS = 2000  # the extractive workload reads this many conversations first, doubling until enough
+FIRST_CONVERSATIONS = (
+    2000  # the extractive workload reads this many conversations first, doubling until enough
+)
 
 
 def sharegpt_texts() -> Iterator[str]:
@@ -53,8 +55,9 @@ def train_conversations() -> Iterator[Messages]:
             yield messages
 
 
-def token_prompts(texts: Iterable[str], encode: Callable[[str], list[int]], count: int,
-                  length: int) -> list[list[int]]:
+def token_prompts(
+    texts: Iterable[str], encode: Callable[[str], list[int]], count: int, length: int
+) -> list[list[int]]:
     """`count` prompts of exactly `length` token ids: texts concatenated until long enough, then cut.
     Every prompt starts with a new text, so no two share a prefix."""
     prompts, current = [], []
@@ -72,14 +75,17 @@ def text_budget(length: int, template_tokens: int) -> tuple[int, int]:
     """The (min, max) text tokens of an extractive prompt of at most `length` tokens once templated."""
     low, high = length // 2, length - template_tokens - length // 10
     if high <= low:
-        raise ValueError(f"--prompt-len {length} is too short for the extractive workload: its passages need "
-                         f"{low}..{high} tokens beside the chat template's {template_tokens}; give at least "
-                         f"{2 * template_tokens + 64}")
+        raise ValueError(
+            f"--prompt-len {length} is too short for the extractive workload: its passages need "
+            f"{low}..{high} tokens beside the chat template's {template_tokens}; give at least "
+            f"{2 * template_tokens + 64}"
+        )
     return low, high
 
 
-def extractive_prompts(tokenizer, count: int, length: int,
-                       conversations: Callable[[], Iterable[Messages]] = train_conversations) -> list[list[int]]:
+def extractive_prompts(
+    tokenizer, count: int, length: int, conversations: Callable[[], Iterable[Messages]] = train_conversations
+) -> list[list[int]]:
     """`count` chat-templated extractive prompts of at most `length` tokens, deterministic (the same
     conversations give the same prompts: long_prompts builds them in order, so asking for more keeps
     the first ones)."""
@@ -88,18 +94,30 @@ def extractive_prompts(tokenizer, count: int, length: int,
     read = FIRST_CONVERSATIONS
     while True:
         chats = [c for c, _ in zip(conversations(), range(read), strict=False)]
-        ids = [p for p in (prompt_ids(tokenizer, chat) for chat in long_prompts(chats, 2 * count, count_tokens,
-                                                                               low, high)) if len(p) <= length]
+        ids = [
+            p
+            for p in (
+                prompt_ids(tokenizer, chat)
+                for chat in long_prompts(chats, 2 * count, count_tokens, low, high)
+            )
+            if len(p) <= length
+        ]
         if len(ids) >= count:
             return ids[:count]
         if len(chats) < read:  # every conversation read
-            raise ValueError(f"the ShareGPT conversations make only {len(ids)} extractive prompts of "
-                             f"{low}..{length} tokens; {count} needed (fewer --num-requests or another --prompt-len)")
+            raise ValueError(
+                f"the ShareGPT conversations make only {len(ids)} extractive prompts of "
+                f"{low}..{length} tokens; {count} needed (fewer --num-requests or another --prompt-len)"
+            )
         read *= 2
 
 
-def build_prompts(tokenizer_folder: str, count: int, length: int, workload: str = "sharegpt",
-                  ) -> tuple[list[list[int]], str]:
+def build_prompts(
+    tokenizer_folder: str,
+    count: int,
+    length: int,
+    workload: str = "sharegpt",
+) -> tuple[list[list[int]], str]:
     """The workload's prompts with the model's tokenizer; returns them and a line saying what they are."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload {workload!r}: expected one of {', '.join(WORKLOADS)}")
@@ -107,14 +125,18 @@ def build_prompts(tokenizer_folder: str, count: int, length: int, workload: str 
     if workload == "extractive":
         prompts = extractive_prompts(tokenizer, count, length)
         lengths = sorted(map(len, prompts))
-        return prompts, (f"ShareGPT passages + question / document + summary request, chat-templated, "
-                         f"{lengths[0]}..{lengths[-1]} tokens (mean {sum(lengths) / len(lengths):.0f})")
+        return prompts, (
+            f"ShareGPT passages + question / document + summary request, chat-templated, "
+            f"{lengths[0]}..{lengths[-1]} tokens (mean {sum(lengths) / len(lengths):.0f})"
+        )
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False).input_ids
 
     try:
-        return token_prompts(sharegpt_texts(), encode, count, length), "ShareGPT conversations, concatenated and cut"
+        return token_prompts(
+            sharegpt_texts(), encode, count, length
+        ), "ShareGPT conversations, concatenated and cut"
     except FileNotFoundError as error:
         print(f"[online] {error}; using random token ids", file=sys.stderr, flush=True)
         made = PromptMaker(len(tokenizer))(count, length)

@@ -35,22 +35,34 @@ def speculative_of(report: OnlineResults, model: str) -> dict | None:
 def rate_rows(report: OnlineResults | dict) -> list[str]:
     report = OnlineResults.of(report)
     base, swift = report.results["baseline"], report.results["swiftkv"]
-    rows = [f"{'rate':>9} | {'TTFT p99 (s)':^26} | {'TPOT p50 (ms)':^26} | {'goodput (req/s)':^17} | "
-            f"{'output tok/s':^17}",
-            f"{'req/s':>9} | {'base':>8}{'SwiftKV':>9}{'ratio':>9} | {'base':>8}{'SwiftKV':>9}{'ratio':>9} | "
-            f"{'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9}"]
+    rows = [
+        f"{'rate':>9} | {'TTFT p99 (s)':^26} | {'TPOT p50 (ms)':^26} | {'goodput (req/s)':^17} | "
+        f"{'output tok/s':^17}",
+        f"{'req/s':>9} | {'base':>8}{'SwiftKV':>9}{'ratio':>9} | {'base':>8}{'SwiftKV':>9}{'ratio':>9} | "
+        f"{'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9}",
+    ]
     for rate, b, s in zip(report.rates, base, swift, strict=True):
         if b is None or s is None:
             continue
-        cells = [number(rate), number(b.ttft_p99_s), number(s.ttft_p99_s),
-                 number(ratio(s.ttft_p99_s, b.ttft_p99_s), digits=".3f"), number(b.tpot_p50_s, 1e3),
-                 number(s.tpot_p50_s, 1e3), number(ratio(s.tpot_p50_s, b.tpot_p50_s), digits=".3f"),
-                 number(b.goodput), number(s.goodput), number(b.output_throughput),
-                 number(s.output_throughput)]
+        cells = [
+            number(rate),
+            number(b.ttft_p99_s),
+            number(s.ttft_p99_s),
+            number(ratio(s.ttft_p99_s, b.ttft_p99_s), digits=".3f"),
+            number(b.tpot_p50_s, 1e3),
+            number(s.tpot_p50_s, 1e3),
+            number(ratio(s.tpot_p50_s, b.tpot_p50_s), digits=".3f"),
+            number(b.goodput),
+            number(s.goodput),
+            number(b.output_throughput),
+            number(s.output_throughput),
+        ]
         marks = ("" if b.meets_slo else "*", "" if s.meets_slo else "*")
-        rows.append(f"{cells[0]:>9} | {cells[1] + marks[0]:>8}{cells[2] + marks[1]:>9}{cells[3]:>9} | "
-                    f"{cells[4]:>8}{cells[5]:>9}{cells[6]:>9} | {cells[7]:>8}{cells[8]:>9} | "
-                    f"{cells[9]:>8}{cells[10]:>9}")
+        rows.append(
+            f"{cells[0]:>9} | {cells[1] + marks[0]:>8}{cells[2] + marks[1]:>9}{cells[3]:>9} | "
+            f"{cells[4]:>8}{cells[5]:>9}{cells[6]:>9} | {cells[7]:>8}{cells[8]:>9} | "
+            f"{cells[9]:>8}{cells[10]:>9}"
+        )
     return rows
 
 
@@ -58,21 +70,28 @@ def tail_rows(report: OnlineResults | dict) -> list[str]:
     """Per rate, the other percentiles (TTFT p50, TPOT p99) and each speculator's acceptance rate."""
     report = OnlineResults.of(report)
     base, swift = report.results["baseline"], report.results["swiftkv"]
-    rows = [f"{'rate':>9} | {'TTFT p50 (s)':^17} | {'TPOT p99 (ms)':^17} | {'acceptance rate':^17}",
-            f"{'req/s':>9} | {'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9}"]
+    rows = [
+        f"{'rate':>9} | {'TTFT p50 (s)':^17} | {'TPOT p99 (ms)':^17} | {'acceptance rate':^17}",
+        f"{'req/s':>9} | {'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9} | {'base':>8}{'SwiftKV':>9}",
+    ]
     for rate, b, s in zip(report.rates, base, swift, strict=True):
         if b is None or s is None:
             continue
         accepted = [number((row.speculative or {}).get("acceptance_rate"), digits=".3f") for row in (b, s)]
-        rows.append(f"{number(rate):>9} | {number(b.ttft_p50_s):>8}{number(s.ttft_p50_s):>9} | "
-                    f"{number(b.tpot_p99_s, 1e3):>8}{number(s.tpot_p99_s, 1e3):>9} | {accepted[0]:>8}{accepted[1]:>9}")
+        rows.append(
+            f"{number(rate):>9} | {number(b.ttft_p50_s):>8}{number(s.ttft_p50_s):>9} | "
+            f"{number(b.tpot_p99_s, 1e3):>8}{number(s.tpot_p99_s, 1e3):>9} | {accepted[0]:>8}{accepted[1]:>9}"
+        )
     return rows
 
 
 def speculative_rows(report: OnlineResults) -> list[str]:
     """One line per server saying what it ran (its speculative config, or none)."""
-    return [f"{NAMES[model]}: " + (f"--speculative-config '{json.dumps(config)}'" if config else "no speculation")
-            for model in NAMES for config in [speculative_of(report, model)]]
+    return [
+        f"{NAMES[model]}: " + (f"--speculative-config '{json.dumps(config)}'" if config else "no speculation")
+        for model in NAMES
+        for config in [speculative_of(report, model)]
+    ]
 
 
 def summary_rows(report: OnlineResults | dict) -> list[str]:
@@ -131,6 +150,10 @@ def draw_online(report: OnlineResults, figure, ttft_axis, tpot_axis) -> None:
         axis.grid(alpha=0.3)
         axis.legend()
     workload = report.workload
-    prompts = f"{workload.kind} <= {workload.prompt_len}" if workload.kind == "extractive" else workload.prompt_len
-    figure.suptitle(f"online: {Path(report.model).name} vs {Path(report.baseline_model).name}, "
-                    f"{prompts} in / {workload.output_len} out, Poisson arrivals")
+    prompts = (
+        f"{workload.kind} <= {workload.prompt_len}" if workload.kind == "extractive" else workload.prompt_len
+    )
+    figure.suptitle(
+        f"online: {Path(report.model).name} vs {Path(report.baseline_model).name}, "
+        f"{prompts} in / {workload.output_len} out, Poisson arrivals"
+    )

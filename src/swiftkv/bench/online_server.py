@@ -26,11 +26,24 @@ HOST = "127.0.0.1"
 def server_args(engine: dict, port: int, served_name: str) -> list[str]:
     """vLLM server options from `swiftkv.bench.offline.engine_settings` (the offline bench's engine
     settings, so both benches run the models alike) plus the address."""
-    args = ["--host", HOST, "--port", str(port), "--served-model-name", served_name, "--seed", "0",
-            "--dtype", engine["dtype"], "--max-model-len", str(engine["max_model_len"]),
-            "--kv-cache-memory-bytes", str(engine["kv_cache_memory_bytes"]),
-            "--enable-prefix-caching" if engine["enable_prefix_caching"] else "--no-enable-prefix-caching",
-            "--disable-uvicorn-access-log"]  # one log line per request is noise at high rates
+    args = [
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--served-model-name",
+        served_name,
+        "--seed",
+        "0",
+        "--dtype",
+        engine["dtype"],
+        "--max-model-len",
+        str(engine["max_model_len"]),
+        "--kv-cache-memory-bytes",
+        str(engine["kv_cache_memory_bytes"]),
+        "--enable-prefix-caching" if engine["enable_prefix_caching"] else "--no-enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]  # one log line per request is noise at high rates
     return args + (["--enforce-eager"] if engine["enforce_eager"] else [])
 
 
@@ -87,10 +100,14 @@ def wait_healthy(base_url: str, process: subprocess.Popen, timeout: float, log_p
     started = time.perf_counter()
     while not healthy(base_url):
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with code {process.returncode} before it was healthy; "
-                               f"log {log_path}:\n{log_tail(log_path)}")
+            raise RuntimeError(
+                f"server exited with code {process.returncode} before it was healthy; "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
         if time.perf_counter() - started > timeout:
-            raise RuntimeError(f"server not healthy after {timeout:.0f} s; log {log_path}:\n{log_tail(log_path)}")
+            raise RuntimeError(
+                f"server not healthy after {timeout:.0f} s; log {log_path}:\n{log_tail(log_path)}"
+            )
         time.sleep(1)
     return time.perf_counter() - started
 
@@ -126,15 +143,18 @@ def stop_server(process: subprocess.Popen, grace: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def running_server(command: list[str], env: dict[str, str], base_url: str, log_path: Path,
-                   timeout: float) -> Iterator[float]:
+def running_server(
+    command: list[str], env: dict[str, str], base_url: str, log_path: Path, timeout: float
+) -> Iterator[float]:
     """Start `command` (output to `log_path`) in its own process group, yield the seconds it took to
     become healthy, and stop it however the block ends."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             yield wait_healthy(base_url, process, timeout, log_path)
         finally:

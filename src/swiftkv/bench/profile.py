@@ -77,7 +77,9 @@ class Scenario:
 def range_hooks(module, name: str) -> None:
     """A `record_function` range around every forward of `module` (an eager module, so hooks run)."""
     open_ranges = []
-    module.register_forward_pre_hook(lambda *_: open_ranges.append(torch.profiler.record_function(name).__enter__()))
+    module.register_forward_pre_hook(
+        lambda *_: open_ranges.append(torch.profiler.record_function(name).__enter__())
+    )
     module.register_forward_hook(lambda *_: open_ranges.pop().__exit__(None, None, None))
 
 
@@ -97,8 +99,11 @@ def run_mixed_step(engine, make, scenario: Scenario, tag: str, profiler=None) ->
     started = time.perf_counter()
     engine.step()
     decode_s = time.perf_counter() - started
-    engine.add_request(f"{tag}-prompt", make(1, scenario.prompt_len)[0],
-                       SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    engine.add_request(
+        f"{tag}-prompt",
+        make(1, scenario.prompt_len)[0],
+        SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+    )
     started = time.perf_counter()
     if profiler is None:
         outputs = engine.step()
@@ -121,7 +126,9 @@ def time_decode_steps(engine, make, scenario: DecodeScenario) -> dict:
 
     ids = [f"decode-{i}" for i in range(scenario.batch)]
     # Enough tokens that no sequence finishes inside the timed steps.
-    params = SamplingParams(max_tokens=scenario.warmup_steps + scenario.steps + 2, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=scenario.warmup_steps + scenario.steps + 2, temperature=0.0, ignore_eos=True
+    )
     for request_id, prompt in zip(ids, make(scenario.batch, scenario.context_len), strict=True):
         engine.add_request(request_id, prompt, params)
     produced: dict[str, int] = {}
@@ -141,8 +148,12 @@ def time_decode_steps(engine, make, scenario: DecodeScenario) -> dict:
     engine.abort_request(ids)
     while engine.has_unfinished_requests():
         engine.step()
-    return {"step_s": times, "median_step_s": statistics.median(times), "mean_step_s": statistics.fmean(times),
-            "every_step_decoded_the_whole_batch": full}
+    return {
+        "step_s": times,
+        "median_step_s": statistics.median(times),
+        "mean_step_s": statistics.fmean(times),
+        "every_step_decoded_the_whole_batch": full,
+    }
 
 
 def decode_steps_model(model: str, settings: dict, scenario: dict) -> dict:
@@ -159,11 +170,17 @@ def region_times(profiler) -> dict:
     """Inclusive CPU time (s) of each named range, and the top operators by self time."""
     averages = profiler.key_averages()
     by_name = {event.key: event for event in averages}
-    regions = {name: by_name[name].cpu_time_total / 1e6 for name in (STEP, MODEL, *SWIFTKV_REGIONS)
-               if name in by_name}
-    operators = sorted((e for e in averages if e.key not in regions), key=lambda e: e.self_cpu_time_total,
-                       reverse=True)
-    top = [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in operators[:TOP_OPS]]
+    regions = {
+        name: by_name[name].cpu_time_total / 1e6
+        for name in (STEP, MODEL, *SWIFTKV_REGIONS)
+        if name in by_name
+    }
+    operators = sorted(
+        (e for e in averages if e.key not in regions), key=lambda e: e.self_cpu_time_total, reverse=True
+    )
+    top = [
+        {"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in operators[:TOP_OPS]
+    ]
     return {"regions": regions, "top_ops": top}
 
 
@@ -178,7 +195,9 @@ def profile_model(model: str, settings: dict, scenario: dict) -> dict:
         make = PromptMaker(llm.llm_engine.vllm_config.model_config.hf_config.vocab_size)
         run_mixed_step(engine, make, s, "warm")
         runs = [run_mixed_step(engine, make, s, f"timed-{i}") for i in range(TIMED_RUNS)]
-        timed = {key: statistics.median(run[key] for run in runs) for key in ("mixed_step_s", "decode_step_s")}
+        timed = {
+            key: statistics.median(run[key] for run in runs) for key in ("mixed_step_s", "decode_step_s")
+        }
         timed["prompt_in_one_step"] = all(run["prompt_in_one_step"] for run in runs)
         profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         profiled = run_mixed_step(engine, make, s, "profiled", profiler)
@@ -205,12 +224,16 @@ def format_table(report: ProfileResults | dict) -> str:
     report = ProfileResults.of(report)
     s = Scenario(**report.scenario)
     base, swift = report.baseline, report.swiftkv
-    rows = [f"one mixed step: {s.decodes} decoding requests + one {s.prompt_len}-token prompt "
-            f"({report.settings['dtype']})",
-            f"{'':<62}{'baseline ms':>12}{'SwiftKV ms':>12}"]
+    rows = [
+        f"one mixed step: {s.decodes} decoding requests + one {s.prompt_len}-token prompt "
+        f"({report.settings['dtype']})",
+        f"{'':<62}{'baseline ms':>12}{'SwiftKV ms':>12}",
+    ]
 
     def row(label, b, w):
-        rows.append(f"{label:<62}{'-' if b is None else f'{b * 1e3:.1f}':>12}{'-' if w is None else f'{w * 1e3:.1f}':>12}")
+        rows.append(
+            f"{label:<62}{'-' if b is None else f'{b * 1e3:.1f}':>12}{'-' if w is None else f'{w * 1e3:.1f}':>12}"
+        )
 
     row("mixed step, unprofiled (median of 3)", base.mixed_step_s, swift.mixed_step_s)
     row("decode-only step, unprofiled (median of 3)", base.decode_step_s, swift.decode_step_s)
@@ -236,13 +259,21 @@ def each_model(work, model: str, baseline: str, settings: dict, scenario: dict) 
     return results
 
 
-def both_models_report(work, model: str, baseline: str, settings: dict, scenario, path: Path,
-                       derived=lambda results: {}) -> dict:
+def both_models_report(
+    work, model: str, baseline: str, settings: dict, scenario, path: Path, derived=lambda results: {}
+) -> dict:
     """`work` on both models (`each_model`), the report of the run (with `derived(results)` added),
     written atomically to `path`."""
     results = each_model(work, model, baseline, settings, asdict(scenario))
-    report = {"model": model, "baseline_model": baseline, "settings": settings, "scenario": asdict(scenario),
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), **results, **derived(results)}
+    report = {
+        "model": model,
+        "baseline_model": baseline,
+        "settings": settings,
+        "scenario": asdict(scenario),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **results,
+        **derived(results),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(report, indent=2))
     return report
@@ -257,9 +288,17 @@ def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scen
 def decode_steps(model: str, baseline: str, settings: dict, out: Path, scenario: DecodeScenario) -> dict:
     """Time both models' decode-only steps (one process each, same settings); write
     OUT/decode-steps.json and OUT/decode-steps.png and return the report."""
-    report = both_models_report(decode_steps_model, model, baseline, settings, scenario, out / "decode-steps.json",
-                                lambda results: {"median_step_ratio": results["swiftkv"]["median_step_s"]
-                                                 / results["baseline"]["median_step_s"]})
+    report = both_models_report(
+        decode_steps_model,
+        model,
+        baseline,
+        settings,
+        scenario,
+        out / "decode-steps.json",
+        lambda results: {
+            "median_step_ratio": results["swiftkv"]["median_step_s"] / results["baseline"]["median_step_s"]
+        },
+    )
     plot_decode_steps(report, out / "decode-steps.png")
     return report
 
@@ -268,14 +307,20 @@ def format_decode_steps(report: DecodeStepsResults | dict) -> str:
     report = DecodeStepsResults.of(report)
     s = DecodeScenario(**report.scenario)
     base, swift = report.baseline, report.swiftkv
-    rows = [f"decode-only steps: {s.batch} sequences of {s.context_len} prompt tokens, {s.steps} steps "
-            f"timed after {s.warmup_steps} ({report.settings['dtype']})",
-            f"{'':<28}{'baseline ms':>12}{'SwiftKV ms':>12}{'ratio':>8}"]
-    for label, b, w in (("median step", base.median_step_s, swift.median_step_s),
-                        ("mean step", base.mean_step_s, swift.mean_step_s)):
+    rows = [
+        f"decode-only steps: {s.batch} sequences of {s.context_len} prompt tokens, {s.steps} steps "
+        f"timed after {s.warmup_steps} ({report.settings['dtype']})",
+        f"{'':<28}{'baseline ms':>12}{'SwiftKV ms':>12}{'ratio':>8}",
+    ]
+    for label, b, w in (
+        ("median step", base.median_step_s, swift.median_step_s),
+        ("mean step", base.mean_step_s, swift.mean_step_s),
+    ):
         rows.append(f"{label:<28}{b * 1e3:>12.2f}{w * 1e3:>12.2f}{w / b:>8.3f}")
     if not (base.every_step_decoded_the_whole_batch and swift.every_step_decoded_the_whole_batch):
-        rows.append("warning: some timed step did not decode every sequence (not a pure decode step of the batch)")
+        rows.append(
+            "warning: some timed step did not decode every sequence (not a pure decode step of the batch)"
+        )
     return "\n".join(rows)
 
 
@@ -283,13 +328,19 @@ def plot_decode_steps(report: DecodeStepsResults | dict, path: Path) -> None:
     """Each timed step's wall time, both models, medians dashed: drift or outliers show at a glance."""
     report = DecodeStepsResults.of(report)
     with figure(path, (8, 4)) as (_, axis):
-        for result, label, color in ((report.baseline, "baseline", "tab:gray"), (report.swiftkv, "SwiftKV", "tab:blue")):
+        for result, label, color in (
+            (report.baseline, "baseline", "tab:gray"),
+            (report.swiftkv, "SwiftKV", "tab:blue"),
+        ):
             times = [t * 1e3 for t in result.step_s]
             axis.plot(range(len(times)), times, ".", color=color, label=label)
             axis.axhline(result.median_step_s * 1e3, color=color, linestyle="--", linewidth=1)
         s = DecodeScenario(**report.scenario)
-        axis.set(xlabel="decode step", ylabel="step time (ms)",
-                 title=f"decode-only steps, {s.batch} x {s.context_len} tokens: "
-                       f"SwiftKV / baseline median {report.median_step_ratio:.3f}")
+        axis.set(
+            xlabel="decode step",
+            ylabel="step time (ms)",
+            title=f"decode-only steps, {s.batch} x {s.context_len} tokens: "
+            f"SwiftKV / baseline median {report.median_step_ratio:.3f}",
+        )
         axis.grid(alpha=0.3)
         axis.legend()

@@ -11,8 +11,10 @@ import sys
 # Modules that provide subcommands, in the order `--help` lists them. Importing them loads no vLLM,
 # lm-eval or other optional heavy dependency: the library functions import those when they run
 # (tests/test_layering.py checks it).
-COMMAND_MODULES = tuple(f"swiftkv.cli.{name}" for name in (
-    "convert", "export", "generate", "demo", "replies", "distill", "eval", "serve", "bench"))
+COMMAND_MODULES = tuple(
+    f"swiftkv.cli.{name}"
+    for name in ("convert", "export", "generate", "demo", "replies", "distill", "eval", "serve", "bench")
+)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -47,4 +49,3 @@ def main(argv: list[str] | None = None) -> int:
         message = str(error).replace("\n", " ")  # some library messages span lines
         print(f"swiftkv {args.command}: error: {message}", file=sys.stderr)
         return 2
-

@@ -22,7 +22,8 @@ from .options import add_dataclass_options, given_values, option_name
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "bench", help="SwiftKV vs baseline on vLLM: prefill, TTFT, TPOT, 10:1 throughput, KV capacity; "
+        "bench",
+        help="SwiftKV vs baseline on vLLM: prefill, TTFT, TPOT, 10:1 throughput, KV capacity; "
         "--online: served under Poisson load",
         description="Benchmark a SwiftKV model against its baseline on vLLM in one run with identical settings; "
         "prints a table of baseline, SwiftKV and ratio, writes OUT/bench.json and OUT/bench.png. With --online, "
@@ -34,17 +35,26 @@ def register(subparsers) -> None:
     parser.add_argument("--baseline", required=True, help="the original model (HF folder, .gguf or alias)")
     add_dataclass_options(parser, BenchSettings)
     online = parser.add_argument_group("online benchmark (--online)")
-    online.add_argument("--online", action="store_true",
-                        help="serve both models with vLLM's OpenAI server and measure them under Poisson load")
+    online.add_argument(
+        "--online",
+        action="store_true",
+        help="serve both models with vLLM's OpenAI server and measure them under Poisson load",
+    )
     add_dataclass_options(online, OnlineSettings)
-    parser.add_argument("--profile", action="store_true",
-                        help="instead of the benchmark: where one mixed prefill/decode step's time goes in each "
-                        "model (torch profiler; 8 decoding requests + one 2000-token prompt), written to "
-                        "OUT/profile.json")
-    parser.add_argument("--decode-steps", action="store_true",
-                        help="instead of the benchmark: time many decode-only steps of each model (8 sequences of "
-                        "2000 prompt tokens, 128 steps; median per step and the SwiftKV / baseline ratio), written "
-                        "to OUT/decode-steps.json and OUT/decode-steps.png")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the benchmark: where one mixed prefill/decode step's time goes in each "
+        "model (torch profiler; 8 decoding requests + one 2000-token prompt), written to "
+        "OUT/profile.json",
+    )
+    parser.add_argument(
+        "--decode-steps",
+        action="store_true",
+        help="instead of the benchmark: time many decode-only steps of each model (8 sequences of "
+        "2000 prompt tokens, 128 steps; median per step and the SwiftKV / baseline ratio), written "
+        "to OUT/decode-steps.json and OUT/decode-steps.png",
+    )
     parser.set_defaults(func=run)
 
 
@@ -52,8 +62,9 @@ def chosen_mode(args: argparse.Namespace) -> str | None:
     """The one of --online, --profile, --decode-steps given (None: the offline benchmark)."""
     modes = [name for name in ("online", "profile", "decode_steps") if getattr(args, name)]
     if len(modes) > 1:
-        raise ValueError(f"{' and '.join('--' + m.replace('_', '-') for m in modes)} are separate runs; "
-                         "give one of them")
+        raise ValueError(
+            f"{' and '.join('--' + m.replace('_', '-') for m in modes)} are separate runs; give one of them"
+        )
     return modes[0] if modes else None
 
 
@@ -63,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
     online_given = given_values(args, OnlineSettings)
     mode = chosen_mode(args)
     if "workloads" in given and mode:
-        raise ValueError("--workloads chooses the offline benchmark's workloads; it does not apply with "
-                         f"--{mode.replace('_', '-')}")
+        raise ValueError(
+            "--workloads chooses the offline benchmark's workloads; it does not apply with "
+            f"--{mode.replace('_', '-')}"
+        )
     if mode == "online":
         return run_online(args, settings, online_given)
     if online_given:
@@ -82,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: dict) -> int:
     if "speculate" in online_given and "speculative_config" not in online_given:
-        raise ValueError("--speculate says which servers get --speculative-config; give the config too, e.g. "
-                         f"--speculative-config '{NGRAM_EXAMPLE}'")
+        raise ValueError(
+            "--speculate says which servers get --speculative-config; give the config too, e.g. "
+            f"--speculative-config '{NGRAM_EXAMPLE}'"
+        )
     report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
     print(format_online_table(report))
     print(f"wrote {settings.out}/online.json and {settings.out}/online.png")

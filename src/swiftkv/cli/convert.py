@@ -9,7 +9,8 @@ from .options import add_dataclass_options, given_values, source_help
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "convert", help=f"turn a {FAMILY_NAMES} model into a SwiftKV model",
+        "convert",
+        help=f"turn a {FAMILY_NAMES} model into a SwiftKV model",
         description=f"Add SwiftKV projections to a {FAMILY_NAMES} model and write an HF-format SwiftKV folder "
         "(Snowflake checkpoint format). Give N or F. Example: swiftkv convert smollm2-135m-instruct "
         "out/skv50 --num-key-value-layers 15 --init lstsq",

@@ -8,7 +8,8 @@ from .options import add_dtype_option
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "demo", help="the `make run` demo on the embedded SmolLM2: convert, time prefill, compare answers",
+        "demo",
+        help="the `make run` demo on the embedded SmolLM2: convert, time prefill, compare answers",
     )
     parser.add_argument("--out", default="runs/demo", help="folder for the converted model and results")
     parser.add_argument("--prompt-tokens", type=int, default=2000)

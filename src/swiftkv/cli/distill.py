@@ -16,33 +16,57 @@ from .options import add_dataclass_options, given_values
 
 
 def register(subparsers) -> None:
-    recipes = "; ".join(f"{name}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the defaults shown")
-                        for name, values in RECIPES.items())
+    recipes = "; ".join(
+        f"{name}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the defaults shown")
+        for name, values in RECIPES.items()
+    )
     parser = subparsers.add_parser(
-        "distill", help="distill a converted SwiftKV model (teacher = the same weights with swiftkv off)",
+        "distill",
+        help="distill a converted SwiftKV model (teacher = the same weights with swiftkv off)",
         description="Train only the SwiftKV projections and norm_swiftkv so the student matches the teacher. "
         "Layers < N run once for both. Run under `torchrun --nproc-per-node K` for DDP. "
-        f"Recipes (options given explicitly override them): {recipes}.")
+        f"Recipes (options given explicitly override them): {recipes}.",
+    )
     parser.add_argument("model", help="SwiftKV HF folder (from `swiftkv convert`) or alias")
-    parser.add_argument("--recipe", default=DEFAULT_RECIPE, metavar="NAME",
-                        help=f"named preset: {' or '.join(RECIPES)} (default {DEFAULT_RECIPE}; reference = "
-                        "ArcticTraining's recipe; see docs/distillation.md)")
+    parser.add_argument(
+        "--recipe",
+        default=DEFAULT_RECIPE,
+        metavar="NAME",
+        help=f"named preset: {' or '.join(RECIPES)} (default {DEFAULT_RECIPE}; reference = "
+        "ArcticTraining's recipe; see docs/distillation.md)",
+    )
     add_dataclass_options(parser, DistillSettings)
-    parser.add_argument("--compare-naive", type=int, metavar="STEPS",
-                        help="measure tokens/s of STEPS steps shared-prefix vs naive, print JSON, train nothing")
-    parser.add_argument("--speed", type=int, metavar="STEPS",
-                        help="measure training tokens/s over STEPS steps (after a warm-up step), print JSON, "
-                        "train nothing")
-    parser.add_argument("--eval-only", action="store_true",
-                        help="print the held-out KL / top-1 agreement of MODEL on the run's held-out split, "
-                        "train nothing")
-    parser.add_argument("--plan", action="store_true",
-                        help="print the memory per process of this run (weights, trained parameters, gradients, "
-                        "optimizer state, activations) for DDP and FSDP at --world-size processes, train nothing; "
-                        "MODEL may be a folder holding only a SwiftKV config.json")
+    parser.add_argument(
+        "--compare-naive",
+        type=int,
+        metavar="STEPS",
+        help="measure tokens/s of STEPS steps shared-prefix vs naive, print JSON, train nothing",
+    )
+    parser.add_argument(
+        "--speed",
+        type=int,
+        metavar="STEPS",
+        help="measure training tokens/s over STEPS steps (after a warm-up step), print JSON, train nothing",
+    )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="print the held-out KL / top-1 agreement of MODEL on the run's held-out split, train nothing",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory per process of this run (weights, trained parameters, gradients, "
+        "optimizer state, activations) for DDP and FSDP at --world-size processes, train nothing; "
+        "MODEL may be a folder holding only a SwiftKV config.json",
+    )
     parser.add_argument("--world-size", type=int, default=1, metavar="K", help="processes the --plan is for")
-    parser.add_argument("--plan-device", choices=("cuda", "cpu"), default="cuda",
-                        help="the device the --plan is for (a CPU keeps attention probabilities; default cuda)")
+    parser.add_argument(
+        "--plan-device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="the device the --plan is for (a CPU keeps attention probabilities; default cuda)",
+    )
     parser.add_argument("--json", help="also write the run summary / measurement JSON here")
     parser.set_defaults(func=run)
 
@@ -54,11 +78,17 @@ def run(args) -> int:
         return 0
     set_threads()
     if settings.fsdp and (args.compare_naive or args.speed or args.eval_only):
-        raise ValueError("--fsdp applies to a training run; --speed, --compare-naive and --eval-only run one "
-                         "process on the whole model: drop --fsdp")
+        raise ValueError(
+            "--fsdp applies to a training run; --speed, --compare-naive and --eval-only run one "
+            "process on the whole model: drop --fsdp"
+        )
     if args.compare_naive or args.speed:
-        return report(measure_shared_vs_naive(settings, args.compare_naive or args.speed,
-                                              naive=bool(args.compare_naive)), args.json)
+        return report(
+            measure_shared_vs_naive(
+                settings, args.compare_naive or args.speed, naive=bool(args.compare_naive)
+            ),
+            args.json,
+        )
     if args.eval_only:
         return report(heldout_agreement(settings), args.json)
     result = run_distillation(settings)

@@ -19,24 +19,38 @@ from .options import add_dataclass_options, given_values
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "eval", help="compare SwiftKV models with their teacher (lm-eval tasks + held-out chat agreement)",
+        "eval",
+        help="compare SwiftKV models with their teacher (lm-eval tasks + held-out chat agreement)",
         description="Score each MODEL and TEACHER on lm-eval multiple-choice tasks (offline data), held-out "
         "ShareGPT chat (teacher-forced KL / top-1 agreement) and greedy generation; write report.md, "
         "report.png and results.json to --out. Results are cached: re-runs and a teacher shared by "
         "several models recompute nothing. Example: swiftkv eval out/skv50 out/skv25 "
         "--teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000",
     )
-    parser.add_argument("models", nargs="+", metavar="MODEL",
-                        help="SwiftKV model(s): HF folder or alias (smollm2-135m-instruct-swiftkv50, ...); with "
-                        "--sweep, the source model to convert")
-    parser.add_argument("--teacher", default=None,
-                        help="the model the students came from (folder or alias, e.g. smollm2-135m-instruct); "
-                        "default: each MODEL's own teacher path (swiftkv off)")
+    parser.add_argument(
+        "models",
+        nargs="+",
+        metavar="MODEL",
+        help="SwiftKV model(s): HF folder or alias (smollm2-135m-instruct-swiftkv50, ...); with "
+        "--sweep, the source model to convert",
+    )
+    parser.add_argument(
+        "--teacher",
+        default=None,
+        help="the model the students came from (folder or alias, e.g. smollm2-135m-instruct); "
+        "default: each MODEL's own teacher path (swiftkv off)",
+    )
     add_dataclass_options(parser, EvalSettings)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's; 1 is faster when other jobs load the cores)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's; 1 is faster when other jobs load the cores)",
+    )
     parser.add_argument("--out", default="swiftkv-eval", help="report folder (default ./swiftkv-eval)")
-    parser.add_argument("--cache", default=None, help="results cache file (default ~/.cache/swiftkv/eval/results.sqlite)")
+    parser.add_argument(
+        "--cache", default=None, help="results cache file (default ~/.cache/swiftkv/eval/results.sqlite)"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_dataclass_options(parser.add_argument_group("trade-off sweep"), SweepSettings)
     parser.set_defaults(func=run)

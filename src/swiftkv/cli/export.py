@@ -8,7 +8,8 @@ from .options import source_help
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "export", help="write a model (alias, .gguf, folder) as a plain HF folder",
+        "export",
+        help="write a model (alias, .gguf, folder) as a plain HF folder",
         description="Write any model source as a complete HF folder, e.g. the embedded SmolLM2 teacher "
         "(swiftkv export smollm2-135m-instruct out/teacher) or a distilled SwiftKV model "
         "(swiftkv export smollm2-135m-instruct-swiftkv50 out/skv50).",

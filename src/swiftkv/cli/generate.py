@@ -15,13 +15,16 @@ from .options import add_dtype_option, source_help
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "generate", help="chat with a model through transformers (SwiftKV prefill skip on)",
+        "generate",
+        help="chat with a model through transformers (SwiftKV prefill skip on)",
         description="Greedy generation with the model's chat template, streaming the answer.",
     )
     parser.add_argument("model", help=source_help())
     parser.add_argument("prompt", help="user message")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--teacher", action="store_true", help="run a SwiftKV model's original (teacher) path")
+    parser.add_argument(
+        "--teacher", action="store_true", help="run a SwiftKV model's original (teacher) path"
+    )
     parser.add_argument("--no-chat-template", action="store_true", help="use the prompt as raw text")
     add_dtype_option(parser)
     parser.set_defaults(func=run)
@@ -31,7 +34,9 @@ def run(args) -> int:
     print(f"swiftkv generate: {describe_choice(args.dtype)}", file=sys.stderr)
     model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype)), load_tokenizer(args.model)
     if args.teacher and not is_swiftkv(model):
-        raise ValueError(f"--teacher: {args.model} is not a SwiftKV model, so it has no separate teacher path")
+        raise ValueError(
+            f"--teacher: {args.model} is not a SwiftKV model, so it has no separate teacher path"
+        )
     input_ids = chat_input_ids(tokenizer, args.prompt, raw=args.no_chat_template)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     path = {"swiftkv": False} if args.teacher else {}

@@ -32,7 +32,9 @@ def base_type(field: dataclasses.Field, owner: type) -> type:
     return args[0] if args else hint
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, settings_class: type, skip: tuple[str, ...] = ()) -> None:
+def add_dataclass_options(
+    parser: argparse.ArgumentParser, settings_class: type, skip: tuple[str, ...] = ()
+) -> None:
     """One option per field of `settings_class` (except `skip` and fields with metadata cli=False), its
     default shown in --help; the parsed value stays None when the option is not given."""
     for field in dataclasses.fields(settings_class):
@@ -43,13 +45,20 @@ def add_dataclass_options(parser: argparse.ArgumentParser, settings_class: type,
         default = field.default
         if kind is bool:  # a switch: --NAME turns an off setting on, --no-NAME an on setting off
             action = "store_false" if field.default is True else "store_true"
-            parser.add_argument(option_name(field), dest=field.name, action=action, default=None, help=help_text)
+            parser.add_argument(
+                option_name(field), dest=field.name, action=action, default=None, help=help_text
+            )
             continue
         if default not in (None, dataclasses.MISSING, False, ""):
             help_text = f"{help_text} (default: {default})".strip()
-        parser.add_argument(option_name(field), dest=field.name, default=None,
-                            type=field.metadata.get("parse", kind), choices=field.metadata.get("choices"),
-                            help=help_text.replace("%", "%%"))
+        parser.add_argument(
+            option_name(field),
+            dest=field.name,
+            default=None,
+            type=field.metadata.get("parse", kind),
+            choices=field.metadata.get("choices"),
+            help=help_text.replace("%", "%%"),
+        )
 
 
 def given_values(args: argparse.Namespace, settings_class: type) -> dict[str, Any]:
@@ -63,5 +72,9 @@ def source_help() -> str:
 
 
 def add_dtype_option(parser) -> None:
-    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                        help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="compute dtype (default auto: bf16 where the hardware has it natively, else fp32)",
+    )

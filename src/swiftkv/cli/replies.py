@@ -8,11 +8,13 @@ from .options import add_dataclass_options, given_values, source_help
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "replies", help="write a model's greedy replies to the train prompts of --data (chat JSONL)",
+        "replies",
+        help="write a model's greedy replies to the train prompts of --data (chat JSONL)",
         description="The teacher's (or a SwiftKV student's) greedy replies to the first user turn of each train "
         "chat of --data, after the seeded held-out split: the targets of `swiftkv distill --targets teacher|mixed`, "
         "which runs this stage itself when replies are missing. Each line is a chat record --data reads. "
-        "Resumable: a second run appends only the missing replies.")
+        "Resumable: a second run appends only the missing replies.",
+    )
     parser.add_argument("src", help=source_help())
     add_dataclass_options(parser, RepliesSettings)
     parser.set_defaults(func=run)

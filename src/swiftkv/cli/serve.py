@@ -10,15 +10,17 @@ from ..vllm.serve import serve
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "serve", help="start vLLM's OpenAI-compatible server for a SwiftKV model",
+        "serve",
+        help="start vLLM's OpenAI-compatible server for a SwiftKV model",
         description="Start vLLM's OpenAI-compatible server (`vllm serve`) for a SwiftKV folder or alias, with "
         f"--kv-sharing-fast-prefill, the hardware's dtype (bf16 where it is native, else fp32), {KV_CACHE_BYTES // 2**30} GiB of KV "
         "cache and the CPU environment set. Every other option is passed to vLLM unchanged, e.g. "
         "swiftkv serve out/skv50 --port 8001 --api-key KEY",
     )
     parser.add_argument("model", help="SwiftKV HF folder or alias")
-    parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
-                        help="options for `vllm serve` (see vllm serve --help)")
+    parser.add_argument(
+        "vllm_args", nargs=argparse.REMAINDER, help="options for `vllm serve` (see vllm serve --help)"
+    )
     parser.set_defaults(func=run)
 
 

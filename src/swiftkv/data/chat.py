@@ -33,8 +33,10 @@ def chat_message(message, where: str, index: int) -> dict:
         role = message.get("role") if isinstance(message, dict) else None
         raise ValueError(f"{where}: messages[{index}] has role {role!r}; expected one of {list(CHAT_ROLES)}")
     if not isinstance(message.get("content"), str):
-        raise ValueError(f"{where}: messages[{index}] ({message['role']}) has content "
-                         f"{message.get('content')!r}; expected a string")
+        raise ValueError(
+            f"{where}: messages[{index}] ({message['role']}) has content "
+            f"{message.get('content')!r}; expected a string"
+        )
     return {"role": message["role"], "content": message["content"]}
 
 
@@ -67,7 +69,9 @@ def record_to_example(record, where: str) -> Example | None:
             return sharegpt.messages_of(record)
         if isinstance(record.get("text"), str):
             return record["text"]
-    raise ValueError(f"{where}: expected a record with 'messages' (chat), 'conversations' (ShareGPT) or 'text'")
+    raise ValueError(
+        f"{where}: expected a record with 'messages' (chat), 'conversations' (ShareGPT) or 'text'"
+    )
 
 
 def read_jsonl(path: Path) -> Iterator[Example | None]:
@@ -96,16 +100,21 @@ def utf8_error(path: Path) -> ValueError:
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as error:
-                return ValueError(f"{path}:{number}: invalid UTF-8 (byte 0x{line[error.start]:02x} at byte offset "
-                                  f"{offset + error.start}); expected UTF-8 encoded JSON")
+                return ValueError(
+                    f"{path}:{number}: invalid UTF-8 (byte 0x{line[error.start]:02x} at byte offset "
+                    f"{offset + error.start}); expected UTF-8 encoded JSON"
+                )
             offset += len(line)
     return ValueError(f"{path}: invalid UTF-8; expected UTF-8 encoded JSON")
 
 
 def read_text_files(path: Path) -> Iterator[str]:
     """One example per text file (a file, or every *.txt / *.md / *.rst below a folder, sorted)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES
-                                                 and p.is_file())
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+    )
     for file in files:
         yield file.read_text(encoding="utf-8", errors="replace")
 

@@ -19,7 +19,10 @@ from collections.abc import Callable, Iterator
 from .chat import Messages, first_user_index
 from .tokens import Document, answered_documents, prompt_ids
 
-LONG_PROMPT_TOKENS = (1000, 2000)  # text tokens of a long prompt: the eval's measure, the training mix's range
+LONG_PROMPT_TOKENS = (
+    1000,
+    2000,
+)  # text tokens of a long prompt: the eval's measure, the training mix's range
 CHATS_PER_ROUND = 256  # chats read at a time to build the training mix's long prompts from
 PASSAGES_HEAD = "Answer the question using the passages below."
 DOCUMENT_TAIL = "Summarise the document above in a few sentences."
@@ -37,11 +40,19 @@ def exchanges(conversations: list[Messages]) -> Iterator[tuple[str, str]]:
             yield question, reply
 
 
-def long_prompts(conversations: list[Messages], count: int, count_tokens: Callable[[str], int],
-                 min_tokens: int = 1000, max_tokens: int = 2000) -> list[Messages]:
+def long_prompts(
+    conversations: list[Messages],
+    count: int,
+    count_tokens: Callable[[str], int],
+    min_tokens: int = 1000,
+    max_tokens: int = 2000,
+) -> list[Messages]:
     """`count` single-turn prompts (alternately passages + question, document + summary request)."""
-    pieces = [(q, r) for q, r in exchanges(conversations)
-              if PASSAGE_TOKENS[0] <= count_tokens(r) <= PASSAGE_TOKENS[1] and count_tokens(q) <= 200]
+    pieces = [
+        (q, r)
+        for q, r in exchanges(conversations)
+        if PASSAGE_TOKENS[0] <= count_tokens(r) <= PASSAGE_TOKENS[1] and count_tokens(q) <= 200
+    ]
     prompts, cursor = [], 0
     while len(prompts) < count and cursor < len(pieces):
         build = passages_prompt if len(prompts) % 2 == 0 else document_prompt
@@ -85,7 +96,9 @@ def document_prompt(pieces, cursor: int, index: int, count_tokens, min_tokens: i
     return "\n\n".join(parts) + f"\n\n{DOCUMENT_TAIL}", cursor
 
 
-def long_prompt_documents(examples: Iterator, tokenizer, tokens: int, replies, max_prompt_tokens: int) -> list[Document]:
+def long_prompt_documents(
+    examples: Iterator, tokenizer, tokens: int, replies, max_prompt_tokens: int
+) -> list[Document]:
     """Training documents of long prompts built from the next chats of `examples` (rounds of
     CHATS_PER_ROUND), each answered by `replies` (a `swiftkv.replies.ReplyCache`), until `tokens`.
     A prompt's ids, chat template included, are at most `max_prompt_tokens`; only the answer is a
@@ -94,17 +107,23 @@ def long_prompt_documents(examples: Iterator, tokenizer, tokens: int, replies, m
     template = len(prompt_ids(tokenizer, [{"role": "user", "content": "x"}])) - count_tokens("x")
     text_range = (LONG_PROMPT_TOKENS[0], min(LONG_PROMPT_TOKENS[1], max_prompt_tokens - template))
     if text_range[1] <= text_range[0]:
-        raise ValueError(f"long prompts of {LONG_PROMPT_TOKENS[0]}+ tokens do not fit {max_prompt_tokens} prompt "
-                         f"tokens; expected a context of at least {LONG_PROMPT_TOKENS[0] + template + 1} prompt tokens")
+        raise ValueError(
+            f"long prompts of {LONG_PROMPT_TOKENS[0]}+ tokens do not fit {max_prompt_tokens} prompt "
+            f"tokens; expected a context of at least {LONG_PROMPT_TOKENS[0] + template + 1} prompt tokens"
+        )
     documents: list[Document] = []
     while tokens > 0:
         chats = [e for e in itertools.islice(examples, CHATS_PER_ROUND) if isinstance(e, list)]
         if not chats:
             break
-        prompts = [(p, prompt_ids(tokenizer, p)) for p in long_prompts(chats, len(chats), count_tokens, *text_range)]
+        prompts = [
+            (p, prompt_ids(tokenizer, p)) for p in long_prompts(chats, len(chats), count_tokens, *text_range)
+        ]
         kept = [(p, i) for p, i in prompts if len(i) <= max_prompt_tokens]
         for start in range(0, len(kept), replies.batch):
-            tokens = answered_documents(kept[start:start + replies.batch], replies, tokens, documents, whole=True)
+            tokens = answered_documents(
+                kept[start : start + replies.batch], replies, tokens, documents, whole=True
+            )
     return documents
 
 

@@ -62,7 +62,9 @@ def pack(documents: Iterable[Document], seq_len: int, max_blocks: int | None = N
     limit = None if max_blocks is None else max_blocks * seq_len
     for document in documents:
         if document.whole and len(document.ids) > seq_len:
-            raise ValueError(f"a whole document of {len(document.ids)} tokens cannot fit a {seq_len}-token block")
+            raise ValueError(
+                f"a whole document of {len(document.ids)} tokens cannot fit a {seq_len}-token block"
+            )
         if document.whole and len(document.ids) > packed.room():
             waiting.append(document)
             if len(waiting) > MAX_WAITING:
@@ -140,19 +142,41 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
     return mask
 
 
-def load_blocks(spec: str, tokenizer, seq_len: int, train_tokens: int, heldout_tokens: int,
-                seed: int, replies=None, human_share: float = 0.0,
-                long_mix: LongMix | None = None, every_turn: bool = False) -> tuple[Blocks, Blocks]:
+def load_blocks(
+    spec: str,
+    tokenizer,
+    seq_len: int,
+    train_tokens: int,
+    heldout_tokens: int,
+    seed: int,
+    replies=None,
+    human_share: float = 0.0,
+    long_mix: LongMix | None = None,
+    every_turn: bool = False,
+) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`; train blocks shuffled with `seed`."""
-    heldout_docs, train_docs = split_documents(read_source(spec), tokenizer, seed, heldout_tokens, train_tokens,
-                                               replies, human_share, long_mix, every_turn=every_turn)
+    heldout_docs, train_docs = split_documents(
+        read_source(spec),
+        tokenizer,
+        seed,
+        heldout_tokens,
+        train_tokens,
+        replies,
+        human_share,
+        long_mix,
+        every_turn=every_turn,
+    )
     if not heldout_docs and not train_docs:
-        raise ValueError(f"--data {spec!r} has no usable examples: it is empty, or no chat has an assistant "
-                         "turn (the distillation loss covers assistant tokens only)")
+        raise ValueError(
+            f"--data {spec!r} has no usable examples: it is empty, or no chat has an assistant "
+            "turn (the distillation loss covers assistant tokens only)"
+        )
     train = pack(train_docs, seq_len, max_blocks=max(1, train_tokens // seq_len))
     heldout = pack(heldout_docs, seq_len, max_blocks=max(1, heldout_tokens // seq_len))
     if len(train) == 0 or len(heldout) == 0:
-        raise ValueError(f"--data {spec!r} yields too few tokens for one {seq_len}-token train block and one "
-                         "held-out block; use more data or a smaller --seq-len")
+        raise ValueError(
+            f"--data {spec!r} yields too few tokens for one {seq_len}-token train block and one "
+            "held-out block; use more data or a smaller --seq-len"
+        )
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     return train.select(order), heldout

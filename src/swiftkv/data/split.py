@@ -31,10 +31,18 @@ class LongMix:
     max_prompt_tokens: int  # a long prompt's ids, chat template included, so that prompt + reply fit a block
 
 
-def split_documents(examples: Iterable[Example | None], tokenizer, seed: int, heldout_tokens: int,
-                    train_tokens: int, replies=None, human_share: float = 0.0, long_mix: LongMix | None = None,
-                    shuffle_window: int = SHUFFLE_WINDOW,
-                    every_turn: bool = False) -> tuple[list[Document], list[Document]]:
+def split_documents(
+    examples: Iterable[Example | None],
+    tokenizer,
+    seed: int,
+    heldout_tokens: int,
+    train_tokens: int,
+    replies=None,
+    human_share: float = 0.0,
+    long_mix: LongMix | None = None,
+    shuffle_window: int = SHUFFLE_WINDOW,
+    every_turn: bool = False,
+) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
     each until its token budget is met. Only as many examples as needed are tokenized. With

@@ -88,7 +88,9 @@ def prompt_key(prompt_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:24]
 
 
-def first_prompt(tokenizer, example, max_tokens: int = MAX_PROMPT_TOKENS) -> tuple[Messages, list[int]] | None:
+def first_prompt(
+    tokenizer, example, max_tokens: int = MAX_PROMPT_TOKENS
+) -> tuple[Messages, list[int]] | None:
     """The chat up to its first user turn and its token ids with the generation prompt: what a model
     answers (None for plain text, a chat without a user turn, or a prompt over `max_tokens`)."""
     if not isinstance(example, list):
@@ -100,8 +102,9 @@ def first_prompt(tokenizer, example, max_tokens: int = MAX_PROMPT_TOKENS) -> tup
     return (prompt, ids) if len(ids) <= max_tokens else None
 
 
-def turn_prompts(tokenizer, example, every_turn: bool = False,
-                 max_tokens: int = MAX_PROMPT_TOKENS) -> list[tuple[Messages, list[int]]]:
+def turn_prompts(
+    tokenizer, example, every_turn: bool = False, max_tokens: int = MAX_PROMPT_TOKENS
+) -> list[tuple[Messages, list[int]]]:
     """The prompts a chat gives a reply writer: its first user turn, or (`every_turn`) each user turn
     with the conversation before it (the data's own earlier replies as context; the first is
     `first_prompt`'s), while the prompt fits `max_tokens`. More prompts per chat is how a small chat
@@ -114,10 +117,10 @@ def turn_prompts(tokenizer, example, every_turn: bool = False,
     for end, message in enumerate(chat):
         if message["role"] != "user" or not message["content"].strip():
             continue
-        ids = prompt_ids(tokenizer, chat[:end + 1])
+        ids = prompt_ids(tokenizer, chat[: end + 1])
         if len(ids) > max_tokens:
             break  # the later turns only add context
-        prompts.append((chat[:end + 1], ids))
+        prompts.append((chat[: end + 1], ids))
     return prompts
 
 
@@ -133,8 +136,9 @@ def prompt_ids_of(tokenizer, example) -> list[int] | None:
     return None if found is None else found[1]
 
 
-def teacher_documents(examples: Iterable, tokenizer, tokens: int, replies, batch: int | None = None,
-                      every_turn: bool = False) -> list[Document]:
+def teacher_documents(
+    examples: Iterable, tokenizer, tokens: int, replies, batch: int | None = None, every_turn: bool = False
+) -> list[Document]:
     """Documents of prompt + written reply (only the reply is a target) until `tokens` are reached:
     the first user turn of each chat, or each user turn with its context (`every_turn`).
     `replies.get(prompt_ids, chats)` gives the replies (a `swiftkv.replies.ReplyCache`: it generates the
@@ -150,8 +154,13 @@ def teacher_documents(examples: Iterable, tokenizer, tokens: int, replies, batch
     return documents
 
 
-def answered_documents(prompts: list[tuple[Messages, list[int]]], replies, tokens: int, documents: list[Document],
-                       whole: bool = False) -> int:
+def answered_documents(
+    prompts: list[tuple[Messages, list[int]]],
+    replies,
+    tokens: int,
+    documents: list[Document],
+    whole: bool = False,
+) -> int:
     """Append prompt + written reply documents (only the reply is a target) for `prompts` ((chat, ids)
     pairs, one `replies.get` call) to `documents` while `tokens` last; returns the tokens left."""
     ids = [p for _, p in prompts]

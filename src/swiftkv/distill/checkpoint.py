@@ -48,8 +48,9 @@ def inner_model(distiller: nn.Module) -> nn.Module:
     return getattr(distiller, "module", distiller).model
 
 
-def save_checkpoint(path: Path, distiller: nn.Module, optimizer, state: RunState, identity: RunIdentity,
-                    world: World) -> None:
+def save_checkpoint(
+    path: Path, distiller: nn.Module, optimizer, state: RunState, identity: RunIdentity, world: World
+) -> None:
     """A kill at any moment leaves the previous checkpoint (see the module docstring)."""
     payload = {"fingerprint": identity.fingerprint(), "state": asdict(state)}
     if world.fsdp:
@@ -58,8 +59,10 @@ def save_checkpoint(path: Path, distiller: nn.Module, optimizer, state: RunState
         if not world.is_main:
             return
         trained = trained_parameters(inner_model(distiller))
-        payload |= {"trained": {name: p.detach().clone() for name, p in trained.items()},
-                    "optimizer": optimizer.state_dict()}
+        payload |= {
+            "trained": {name: p.detach().clone() for name, p in trained.items()},
+            "optimizer": optimizer.state_dict(),
+        }
     if world.is_main:
         with atomic_file(path) as tmp:
             torch.save(payload, tmp)
@@ -90,14 +93,21 @@ def save_shards(folder: Path, distiller: nn.Module, optimizer, step: int, world:
     return name
 
 
-def load_checkpoint(path: Path, distiller: nn.Module, optimizer, identity: RunIdentity, world: World) -> RunState:
+def load_checkpoint(
+    path: Path, distiller: nn.Module, optimizer, identity: RunIdentity, world: World
+) -> RunState:
     payload = torch.load(check_resumable(path, identity, world.fsdp), map_location="cpu", weights_only=False)
     if world.fsdp:
         model_state, optimizer_state = get_state_dict(distiller, optimizer, options=SHARDED_OPTIONS)
         saved = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(saved, checkpoint_id=path.parent / payload["shards"])
-        set_state_dict(distiller, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optimizer"],
-                       options=SHARDED_OPTIONS)
+        set_state_dict(
+            distiller,
+            optimizer,
+            model_state_dict=saved["model"],
+            optim_state_dict=saved["optimizer"],
+            options=SHARDED_OPTIONS,
+        )
     else:
         model = inner_model(distiller)
         load_trained(model, payload["trained"], trained_parameters(model))
@@ -127,8 +137,10 @@ def check_resumable(path: Path, identity: RunIdentity, fsdp: bool = False) -> Pa
         raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")
     if ("shards" in payload) != fsdp:
         written = "with --fsdp (sharded)" if "shards" in payload else "without --fsdp (whole)"
-        raise ValueError(f"--resume: checkpoint {path} was written {written}; resume it "
-                         f"{'with' if 'shards' in payload else 'without'} --fsdp")
+        raise ValueError(
+            f"--resume: checkpoint {path} was written {written}; resume it "
+            f"{'with' if 'shards' in payload else 'without'} --fsdp"
+        )
     return path
 
 
@@ -142,5 +154,7 @@ def check_start(settings: DistillSettings) -> Path | None:
         resolve_source(settings.source)  # a missing source is reported as such, not as another model
         check_resumable(path, settings.identity(), settings.fsdp)
     if path is not None and path.exists() and not settings.resume and not settings.force:
-        raise FileExistsError(f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over")
+        raise FileExistsError(
+            f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over"
+        )
     return path

@@ -49,8 +49,9 @@ def mse_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor) -> torch.Ten
     return (student_rows.float() - teacher_rows.float()).pow(2).mean(dim=-1).sum()
 
 
-def logit_loss_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                   terms: LossTerms) -> torch.Tensor:
+def logit_loss_sum(
+    student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn, terms: LossTerms
+) -> torch.Tensor:
     """The logit terms summed over rows, unchunked (reference for tests; needs all logits at once):
     T^2 * KL, plus `top1_weight` x cross-entropy on the teacher's most likely token."""
     with torch.no_grad():
@@ -62,8 +63,14 @@ def logit_loss_sum(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logit
     return loss
 
 
-def backward_logit_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor, logits_fn: LogitsFn,
-                        terms: LossTerms, scale: float = 1.0, also: torch.Tensor | None = None) -> float:
+def backward_logit_loss(
+    student_rows: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    logits_fn: LogitsFn,
+    terms: LossTerms,
+    scale: float = 1.0,
+    also: torch.Tensor | None = None,
+) -> float:
     """Back-propagate `scale * logit_loss_sum(...)` chunk by chunk; return the unscaled sum.
 
     `student_rows` must carry the graph to the trained parameters; `teacher_rows` is a constant.
@@ -89,8 +96,14 @@ def backward_logit_loss(student_rows: torch.Tensor, teacher_rows: torch.Tensor, 
     return total
 
 
-def distill_loss(pair: PairHidden, logits_fn: LogitsFn, terms: LossTerms, sizes: BatchSizes, world_size: int,
-                 trained: bool = True) -> float:
+def distill_loss(
+    pair: PairHidden,
+    logits_fn: LogitsFn,
+    terms: LossTerms,
+    sizes: BatchSizes,
+    world_size: int,
+    trained: bool = True,
+) -> float:
     """Every term of one micro-batch, back-propagated, each scaled so that the gradients summed over a
     step's micro-batches and averaged over the processes are those of the global mean loss; returns this
     micro-batch's share of that mean. `trained` False: the micro-batch has no trained position (a block

@@ -30,7 +30,9 @@ def parse_micro_batch(text: str) -> int | str:
     except ValueError:
         value = 0
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"--micro-batch {text!r}: expected a positive number of blocks or 'auto'")
+        raise argparse.ArgumentTypeError(
+            f"--micro-batch {text!r}: expected a positive number of blocks or 'auto'"
+        )
     return value
 
 
@@ -70,8 +72,9 @@ def probe_fits(step: Callable[[int], None], device: torch.device) -> Callable[[i
     return fits
 
 
-def resolve_micro_batch(requested: int | str, per_rank: int, device: torch.device,
-                        probe_step: Callable[[int], None]) -> int:
+def resolve_micro_batch(
+    requested: int | str, per_rank: int, device: torch.device, probe_step: Callable[[int], None]
+) -> int:
     """The run's micro-batch: the number given, or `auto` (see the module docstring). `probe_step(size)`
     must leave no gradients behind; it is only called on CUDA."""
     if requested != AUTO:

@@ -59,8 +59,11 @@ class MemoryPlan:
         """One line; in MiB when the total is under 1 GiB (a small model's plan would read 0.00 GiB)."""
         parts = ("weights", "gathered", "trained", "gradients", "optimizer", "activations", "total")
         scale, unit = (1, "GiB") if self.total >= 1 else (1024, "MiB")
-        return [f"{self.mode} x {self.world_size}: " + ", ".join(f"{name} {getattr(self, name) * scale:.2f}"
-                                                                for name in parts) + f" {unit} per process"]
+        return [
+            f"{self.mode} x {self.world_size}: "
+            + ", ".join(f"{name} {getattr(self, name) * scale:.2f}" for name in parts)
+            + f" {unit} per process"
+        ]
 
 
 def meta_model(source: str, trainable_set: str, lora_rank: int | None):
@@ -68,15 +71,26 @@ def meta_model(source: str, trainable_set: str, lora_rank: int | None):
     folder = Path(source) if (Path(source) / "config.json").is_file() else resolve_source(source)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     if not is_swiftkv(config):
-        raise ValueError(f"--plan: {folder} is not a SwiftKV model (no num_key_value_layers); plan a converted folder")
+        raise ValueError(
+            f"--plan: {folder} is not a SwiftKV model (no num_key_value_layers); plan a converted folder"
+        )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)
     trainable.install(model, trainable_set, lora_rank)
     return model
 
 
-def memory_plan(model, world_size: int, fsdp: bool, seq_len: int, micro_batch: int, dtype: torch.dtype,
-                chunk_rows: int, activation_checkpointing: bool, device: str = "cuda") -> MemoryPlan:
+def memory_plan(
+    model,
+    world_size: int,
+    fsdp: bool,
+    seq_len: int,
+    micro_batch: int,
+    dtype: torch.dtype,
+    chunk_rows: int,
+    activation_checkpointing: bool,
+    device: str = "cuda",
+) -> MemoryPlan:
     a = torch.finfo(dtype).bits // 8
     frozen = sum(p.numel() for p in model.parameters() if not p.requires_grad)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -89,17 +103,34 @@ def memory_plan(model, world_size: int, fsdp: bool, seq_len: int, micro_batch: i
         gathered = (root + GATHERED_LAYERS * layer) * a * (1 - 1 / world_size)
     buckets = 2 if not fsdp and world_size > 1 else 1
     plan = MemoryPlan(
-        mode="fsdp" if fsdp else "ddp", world_size=world_size,
-        weights=frozen * a / shards / GIB, gathered=gathered / GIB, trained=trained * 4 / shards / GIB,
-        gradients=buckets * trained * 4 / shards / GIB, optimizer=2 * trained * 4 / shards / GIB,
-        activations=activation_bytes(model.config, seq_len, micro_batch, a, chunk_rows, activation_checkpointing,
-                                     device) / GIB, total=0.0)
-    plan.total = plan.weights + plan.gathered + plan.trained + plan.gradients + plan.optimizer + plan.activations
+        mode="fsdp" if fsdp else "ddp",
+        world_size=world_size,
+        weights=frozen * a / shards / GIB,
+        gathered=gathered / GIB,
+        trained=trained * 4 / shards / GIB,
+        gradients=buckets * trained * 4 / shards / GIB,
+        optimizer=2 * trained * 4 / shards / GIB,
+        activations=activation_bytes(
+            model.config, seq_len, micro_batch, a, chunk_rows, activation_checkpointing, device
+        )
+        / GIB,
+        total=0.0,
+    )
+    plan.total = (
+        plan.weights + plan.gathered + plan.trained + plan.gradients + plan.optimizer + plan.activations
+    )
     return plan
 
 
-def activation_bytes(config, seq_len: int, micro_batch: int, a: int, chunk_rows: int,
-                     activation_checkpointing: bool, device: str) -> float:
+def activation_bytes(
+    config,
+    seq_len: int,
+    micro_batch: int,
+    a: int,
+    chunk_rows: int,
+    activation_checkpointing: bool,
+    device: str,
+) -> float:
     """See the module docstring."""
     tokens = seq_len * micro_batch
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -113,11 +144,15 @@ def activation_bytes(config, seq_len: int, micro_batch: int, a: int, chunk_rows:
     kept = (later * a * hidden + layer_saved) if activation_checkpointing else later * layer_saved
     masks = 2 * micro_batch * seq_len * seq_len * a
     rows = tokens * 2 * a * hidden  # the final hidden rows of teacher and student
-    loss_chunk = LOSS_CHUNK_COPIES * 4 * min(chunk_rows, tokens) * config.vocab_size  # beside the kept activations
+    loss_chunk = (
+        LOSS_CHUNK_COPIES * 4 * min(chunk_rows, tokens) * config.vocab_size
+    )  # beside the kept activations
     return tokens * (kept + shared) + rows + masks + loss_chunk
 
 
-def print_plan(settings, world_size: int, device: str = "cuda", json_path: str | None = None) -> list[MemoryPlan]:
+def print_plan(
+    settings, world_size: int, device: str = "cuda", json_path: str | None = None
+) -> list[MemoryPlan]:
     """`swiftkv distill SRC --plan`: the plan of DDP and of FSDP at `world_size` processes (or only FSDP's
     with --fsdp) on `device` (cuda or cpu), printed in GiB."""
     if settings.micro_batch == "auto":
@@ -125,11 +160,25 @@ def print_plan(settings, world_size: int, device: str = "cuda", json_path: str |
     dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
     model = meta_model(settings.source, settings.trainable, settings.lora_rank)
     modes = (True,) if settings.fsdp else (False, True)
-    plans = [memory_plan(model, world_size, fsdp, settings.seq_len, settings.micro_batch, dtype, settings.chunk_rows,
-                         settings.activation_checkpointing, device) for fsdp in modes]
-    print(f"{settings.source}: L = {model.config.num_hidden_layers}, N = {model.config.num_key_value_layers}, "
-          f"trainable {settings.trainable}, {str(dtype).removeprefix('torch.')}, seq {settings.seq_len} x micro-batch "
-          f"{settings.micro_batch}{', activation checkpointing' if settings.activation_checkpointing else ''}, on {device}")
+    plans = [
+        memory_plan(
+            model,
+            world_size,
+            fsdp,
+            settings.seq_len,
+            settings.micro_batch,
+            dtype,
+            settings.chunk_rows,
+            settings.activation_checkpointing,
+            device,
+        )
+        for fsdp in modes
+    ]
+    print(
+        f"{settings.source}: L = {model.config.num_hidden_layers}, N = {model.config.num_key_value_layers}, "
+        f"trainable {settings.trainable}, {str(dtype).removeprefix('torch.')}, seq {settings.seq_len} x micro-batch "
+        f"{settings.micro_batch}{', activation checkpointing' if settings.activation_checkpointing else ''}, on {device}"
+    )
     for plan in plans:
         print("\n".join(plan.lines()))
     if json_path:

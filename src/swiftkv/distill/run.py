@@ -49,7 +49,9 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
 def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
     model, tokenizer = load_student(settings)
     started = time.time()
-    state, distiller = run_training(settings, model, tokenizer, world, written_replies(settings, tokenizer, world))
+    state, distiller = run_training(
+        settings, model, tokenizer, world, written_replies(settings, tokenizer, world)
+    )
     summary = run_summary(settings, state, world.device)
     done = finished(state)
     trained = trained_tensors(distiller, world) if done else {}  # a collective under --fsdp
@@ -57,8 +59,11 @@ def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
     if wrote:
         write_output(settings, trained, tokenizer, summary)
         facts = DistillSummary.from_json(summary)
-        log(world, f"wrote {settings.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
-                   f"{time.time() - started:.0f} s this segment)")
+        log(
+            world,
+            f"wrote {settings.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
+            f"{time.time() - started:.0f} s this segment)",
+        )
     elif world.is_main:
         log(world, f"stopped after step {state.step}; continue with --resume")
     barrier(world)  # the others wait for the folder, so the run ends when it is written
@@ -72,13 +77,18 @@ def written_replies(settings: DistillSettings, tokenizer, world: World):
         return None
     if world.is_main:
         cache = write_replies(settings.replies_settings(), tokenizer)
-        log(world, f"{settings.reply_writer} replies: {len(cache.replies)} in {cache.path} "
-                   f"({cache.generated} generated now)")
+        log(
+            world,
+            f"{settings.reply_writer} replies: {len(cache.replies)} in {cache.path} "
+            f"({cache.generated} generated now)",
+        )
     barrier(world)
     return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
-def write_output(settings: DistillSettings, trained: dict[str, torch.Tensor], tokenizer, summary: dict) -> None:
+def write_output(
+    settings: DistillSettings, trained: dict[str, torch.Tensor], tokenizer, summary: dict
+) -> None:
     """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. `trained`:
     the run's trained tensors, whole, by parameter name. Student-only later-layer weights (`--trainable
     lora|late|late-norms`) are merged under their original names, and the config says so: the folder
@@ -104,11 +114,14 @@ def write_output(settings: DistillSettings, trained: dict[str, torch.Tensor], to
 def heldout_agreement(settings: DistillSettings) -> dict:
     """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
     model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
-    _, heldout = load_blocks(settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens,
-                             settings.seed)
+    _, heldout = load_blocks(
+        settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens, settings.seed
+    )
     # Evaluation has no backward to size a micro-batch against: `auto` takes the CPU size on any device.
     micro = settings.micro_batch if settings.micro_batch != AUTO else CPU_MICRO_BATCH
-    return {"model": settings.source, "data": settings.data, "heldout_tokens": settings.heldout_tokens,
-            **evaluate(model, heldout, replace(settings.step_settings(), micro_batch=micro), World())}
-
-
+    return {
+        "model": settings.source,
+        "data": settings.data,
+        "heldout_tokens": settings.heldout_tokens,
+        **evaluate(model, heldout, replace(settings.step_settings(), micro_batch=micro), World()),
+    }

@@ -41,83 +41,165 @@ REDERIVED_INITS = ("copy", "mean")  # recomputed from the model's own teacher we
 TARGETS = ("human", "teacher", "mixed")
 HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets
 KL_MEAN_OVER = ("targets", "positions")
-LONG_PROMPT_MARGIN = 128  # tokens a block needs beyond the shortest long prompt's text: its chat template, and room
+LONG_PROMPT_MARGIN = (
+    128  # tokens a block needs beyond the shortest long prompt's text: its chat template, and room
+)
 # Settings that do not change the training trajectory; a resume may differ in them.
-RUN_ONLY_SETTINGS = ("out", "checkpoint_dir", "eval_every", "checkpoint_every", "stop_after", "force", "resume",
-                     "teacher_data", "reply_engine", "fsdp", "activation_checkpointing")
+RUN_ONLY_SETTINGS = (
+    "out",
+    "checkpoint_dir",
+    "eval_every",
+    "checkpoint_every",
+    "stop_after",
+    "force",
+    "resume",
+    "teacher_data",
+    "reply_engine",
+    "fsdp",
+    "activation_checkpointing",
+)
 
 
 @dataclass
 class DistillSettings:
     source: str = setting(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
-    recipe: str = setting("swiftkv", "named preset of the settings below (reference = ArcticTraining's)",
-                      choices=None, cli=False)
+    recipe: str = setting(
+        "swiftkv",
+        "named preset of the settings below (reference = ArcticTraining's)",
+        choices=None,
+        cli=False,
+    )
     out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
-    data: str = setting("sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder")
-    teacher: str | None = setting(None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)")
-    init: str = setting("lstsq", "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
-                    "mean (reference) or lstsq", choices=INITS)
-    targets: str = setting("teacher", "assistant turns to learn on: the data's own (human), the teacher's greedy "
-                       "replies to the same first prompts (teacher; generated once with vLLM or transformers and "
-                       "cached), or half of each (mixed)", choices=TARGETS)
-    reply_writer: str = setting("teacher", "who writes the replies of --targets teacher|mixed: the teacher, or the "
-                                "student as converted (its own greedy replies, scored by the teacher: an on-policy "
-                                "snapshot that shows the teacher the student's own continuations)",
-                                choices=REPLY_WRITERS)
-    teacher_data: str | None = setting(None, "JSONL cache of the written replies (default: in the swiftkv cache)")
+    data: str = setting(
+        "sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder"
+    )
+    teacher: str | None = setting(
+        None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
+    )
+    init: str = setting(
+        "lstsq",
+        "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
+        "mean (reference) or lstsq",
+        choices=INITS,
+    )
+    targets: str = setting(
+        "teacher",
+        "assistant turns to learn on: the data's own (human), the teacher's greedy "
+        "replies to the same first prompts (teacher; generated once with vLLM or transformers and "
+        "cached), or half of each (mixed)",
+        choices=TARGETS,
+    )
+    reply_writer: str = setting(
+        "teacher",
+        "who writes the replies of --targets teacher|mixed: the teacher, or the "
+        "student as converted (its own greedy replies, scored by the teacher: an on-policy "
+        "snapshot that shows the teacher the student's own continuations)",
+        choices=REPLY_WRITERS,
+    )
+    teacher_data: str | None = setting(
+        None, "JSONL cache of the written replies (default: in the swiftkv cache)"
+    )
     reply_tokens: int = setting(64, "max tokens of a written reply")
-    long_share: float = setting(0.0, "share of the written-reply train tokens that answer long prompts (1-2k "
-                                "tokens of passages + a question, or a document + a summary request, built from "
-                                "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
-                                "own workload")
-    prompt_turns: str = setting("first", "which user turns of a train chat get written replies: the first, or "
-                                "every user turn with the conversation before it (about 3x the prompts of "
-                                "ShareGPT's first turns: what a run beyond ~6M tokens needs)", choices=PROMPT_TURNS)
-    reply_engine: str = setting("auto", "what generates the replies: vllm, hf (transformers' generate, "
-                                "on CUDA when available) or auto (vllm where installed)", choices=REPLY_ENGINES)
-    trainable: str = setting("swiftkv", "what trains: the SwiftKV parameters only (swiftkv, the paper), plus "
-                             "student-only low-rank adapters on the later layers' o_proj and MLP (lora), plus "
-                             "student-only copies of them (late), or of them and the later layers' norms "
-                             "(late-norms); the teacher's weights stay frozen in every case, and the student's "
-                             "are merged into the written folder", choices=TRAINABLE_SETS)
-    lora_rank: int | None = setting(None, f"rank of the --trainable lora adapters (default {DEFAULT_LORA_RANK})")
-    late_lr: float = setting(2e-4, "peak learning rate of the student-only later-layer weights (--trainable "
-                             "lora|late|late-norms)")
-    tokens: int = setting(1_000_000, "train tokens (whole blocks, masked or not), rounded up to whole optimizer steps "
-                      "of --batch-size x --seq-len, so at least this many train", parse=parse_count)
+    long_share: float = setting(
+        0.0,
+        "share of the written-reply train tokens that answer long prompts (1-2k "
+        "tokens of passages + a question, or a document + a summary request, built from "
+        "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
+        "own workload",
+    )
+    prompt_turns: str = setting(
+        "first",
+        "which user turns of a train chat get written replies: the first, or "
+        "every user turn with the conversation before it (about 3x the prompts of "
+        "ShareGPT's first turns: what a run beyond ~6M tokens needs)",
+        choices=PROMPT_TURNS,
+    )
+    reply_engine: str = setting(
+        "auto",
+        "what generates the replies: vllm, hf (transformers' generate, "
+        "on CUDA when available) or auto (vllm where installed)",
+        choices=REPLY_ENGINES,
+    )
+    trainable: str = setting(
+        "swiftkv",
+        "what trains: the SwiftKV parameters only (swiftkv, the paper), plus "
+        "student-only low-rank adapters on the later layers' o_proj and MLP (lora), plus "
+        "student-only copies of them (late), or of them and the later layers' norms "
+        "(late-norms); the teacher's weights stay frozen in every case, and the student's "
+        "are merged into the written folder",
+        choices=TRAINABLE_SETS,
+    )
+    lora_rank: int | None = setting(
+        None, f"rank of the --trainable lora adapters (default {DEFAULT_LORA_RANK})"
+    )
+    late_lr: float = setting(
+        2e-4, "peak learning rate of the student-only later-layer weights (--trainable lora|late|late-norms)"
+    )
+    tokens: int = setting(
+        1_000_000,
+        "train tokens (whole blocks, masked or not), rounded up to whole optimizer steps "
+        "of --batch-size x --seq-len, so at least this many train",
+        parse=parse_count,
+    )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
     batch_size: int = setting(2, "blocks per optimizer step, over all processes (the lr was tuned with it)")
-    micro_batch: int | str = setting(AUTO, "blocks per forward, or auto: on CUDA the largest divisor of the "
-                                     "per-process batch whose first step fits in memory (tried), on CPU 2",
-                                     parse=parse_micro_batch)
+    micro_batch: int | str = setting(
+        AUTO,
+        "blocks per forward, or auto: on CUDA the largest divisor of the "
+        "per-process batch whose first step fits in memory (tried), on CPU 2",
+        parse=parse_micro_batch,
+    )
     lr: float = setting(2e-3, "peak learning rate (AdamW)")
     warmup: float = setting(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
     weight_decay: float = setting(0.0, "AdamW weight decay")
     temperature: float = setting(2.0, "softmax temperature of the T^2 * KL term")
-    kl_mean_over: str = setting("targets", "the KL sum is divided by the trained (assistant) positions, or by all "
-                            "positions as the reference does", choices=KL_MEAN_OVER)
-    top1_weight: float = setting(0.0, "weight of a cross-entropy term on the teacher's most likely token at each "
-                             "trained position (hard-label distillation; greedy agreement is decided at the "
-                             "argmax), divided like the KL")
+    kl_mean_over: str = setting(
+        "targets",
+        "the KL sum is divided by the trained (assistant) positions, or by all "
+        "positions as the reference does",
+        choices=KL_MEAN_OVER,
+    )
+    top1_weight: float = setting(
+        0.0,
+        "weight of a cross-entropy term on the teacher's most likely token at each "
+        "trained position (hard-label distillation; greedy agreement is decided at the "
+        "argmax), divided like the KL",
+    )
     mse_weight: float = setting(0.0, "weight of the hidden-state MSE term (all positions)")
-    mse_hidden_index: int = setting(-2, "which transformers hidden_states entry the MSE compares (-2: the input of "
-                                "the last layer, as the reference); must be a later layer's input")
+    mse_hidden_index: int = setting(
+        -2,
+        "which transformers hidden_states entry the MSE compares (-2: the input of "
+        "the last layer, as the reference); must be a later layer's input",
+    )
     max_grad_norm: float = setting(1.0, "gradient clipping")
-    dtype: str = setting("auto", "compute dtype: auto = bf16 autocast where bf16 is native, else fp32 "
-                     "(master weights and loss stay fp32)", choices=DTYPE_CHOICES)
+    dtype: str = setting(
+        "auto",
+        "compute dtype: auto = bf16 autocast where bf16 is native, else fp32 "
+        "(master weights and loss stay fp32)",
+        choices=DTYPE_CHOICES,
+    )
     chunk_rows: int = setting(512, "positions per vocabulary chunk of the loss")
-    naive: bool = setting(False, "teacher and student each run all layers (the reference way), for comparison")
-    fsdp: bool = setting(False, "shard the frozen teacher weights, the trained parameters, their gradients and the "
-                         "optimizer state over the torchrun processes (FSDP2: one unit per decoder layer), for "
-                         "models one device cannot hold; checkpoints are sharded (torch.distributed.checkpoint)")
-    activation_checkpointing: bool = setting(False, "recompute each decoder layer's activations in the backward "
-                                             "instead of keeping them (long sequences)")
+    naive: bool = setting(
+        False, "teacher and student each run all layers (the reference way), for comparison"
+    )
+    fsdp: bool = setting(
+        False,
+        "shard the frozen teacher weights, the trained parameters, their gradients and the "
+        "optimizer state over the torchrun processes (FSDP2: one unit per decoder layer), for "
+        "models one device cannot hold; checkpoints are sharded (torch.distributed.checkpoint)",
+    )
+    activation_checkpointing: bool = setting(
+        False,
+        "recompute each decoder layer's activations in the backward instead of keeping them (long sequences)",
+    )
     seed: int = setting(0, "data split and order")
     eval_every: int = setting(50, "steps between held-out evaluations")
     checkpoint_every: int = setting(10, "steps between checkpoints")
     checkpoint_dir: str | None = setting(None, "default: OUT.ckpt")
-    stop_after: int | None = setting(None, "stop (checkpointed) after this many steps, e.g. to slice a long run")
+    stop_after: int | None = setting(
+        None, "stop (checkpointed) after this many steps, e.g. to slice a long run"
+    )
     resume: bool = setting(False, "continue from the checkpoint")
     force: bool = setting(False, "overwrite OUT / start over an existing checkpoint")
 
@@ -136,8 +218,10 @@ class DistillSettings:
     def check_parallelism(self) -> None:
         """Settings sharding cannot honour, refused before any work."""
         if self.fsdp and self.naive:
-            raise ValueError("--fsdp with --naive: the naive way runs layers < N a second time for the student only "
-                             "to compare speeds on one process; drop one of them")
+            raise ValueError(
+                "--fsdp with --naive: the naive way runs layers < N a second time for the student only "
+                "to compare speeds on one process; drop one of them"
+            )
 
     def check_written_replies(self) -> None:
         """Long prompts are answered by the writer and packed whole, so they need written replies and a
@@ -145,27 +229,39 @@ class DistillSettings:
         on disk, so the run must start from those same parameters, and must train on written replies."""
         if self.long_share:
             if not 0 < self.long_share <= 1:
-                raise ValueError(f"--long-share {self.long_share}: expected a share of the written tokens in (0, 1]")
+                raise ValueError(
+                    f"--long-share {self.long_share}: expected a share of the written tokens in (0, 1]"
+                )
             if self.targets == "human":
-                raise ValueError("--long-share: long prompts are answered by the reply writer, and --targets human "
-                                 "trains on the data's own replies; expected --targets teacher or mixed")
+                raise ValueError(
+                    "--long-share: long prompts are answered by the reply writer, and --targets human "
+                    "trains on the data's own replies; expected --targets teacher or mixed"
+                )
             needed = LONG_PROMPT_TOKENS[0] + LONG_PROMPT_MARGIN + self.reply_tokens + 1
             if self.seq_len < needed:
-                raise ValueError(f"--long-share: a long prompt ({LONG_PROMPT_TOKENS[0]}+ tokens) and its reply "
-                                 f"({self.reply_tokens}) must fit one block; expected --seq-len of at least {needed}, "
-                                 f"got {self.seq_len}")
+                raise ValueError(
+                    f"--long-share: a long prompt ({LONG_PROMPT_TOKENS[0]}+ tokens) and its reply "
+                    f"({self.reply_tokens}) must fit one block; expected --seq-len of at least {needed}, "
+                    f"got {self.seq_len}"
+                )
         if self.prompt_turns != "first" and self.targets == "human":
-            raise ValueError(f"--prompt-turns {self.prompt_turns}: prompts are answered by the reply writer, and "
-                             "--targets human trains on the data's own replies; expected --targets teacher or mixed")
+            raise ValueError(
+                f"--prompt-turns {self.prompt_turns}: prompts are answered by the reply writer, and "
+                "--targets human trains on the data's own replies; expected --targets teacher or mixed"
+            )
         if self.reply_writer != "student":
             return
         if self.targets == "human":
-            raise ValueError("--reply-writer student: --targets human trains on the data's own replies, which "
-                             "nobody writes; expected --targets teacher or mixed")
+            raise ValueError(
+                "--reply-writer student: --targets human trains on the data's own replies, which "
+                "nobody writes; expected --targets teacher or mixed"
+            )
         if self.init in REDERIVED_INITS:
-            raise ValueError(f"--reply-writer student writes with {self.source}'s SwiftKV parameters as converted, "
-                             f"but --init {self.init} replaces them before training, so another student would write "
-                             "the replies; expected --init keep or lstsq (convert the source with the init you want)")
+            raise ValueError(
+                f"--reply-writer student writes with {self.source}'s SwiftKV parameters as converted, "
+                f"but --init {self.init} replaces them before training, so another student would write "
+                "the replies; expected --init keep or lstsq (convert the source with the init you want)"
+            )
 
     @property
     def train_tokens(self) -> int:
@@ -178,12 +274,21 @@ class DistillSettings:
         """The replies stage of `--targets teacher|mixed`: the writer's replies to the train prompts of
         this run's split, as many tokens as the run trains on written replies."""
         writer = self.source if self.reply_writer == "student" else (self.teacher or self.source)
-        return RepliesSettings(source=writer, out=self.teacher_data, writer=self.reply_writer, data=self.data,
-                               tokens=written_tokens(self.train_tokens, HUMAN_SHARE[self.targets]),
-                               heldout_tokens=self.heldout_tokens, seed=self.seed, reply_tokens=self.reply_tokens,
-                               engine=self.reply_engine, dtype=self.dtype, long_share=self.long_share,
-                               long_prompt_tokens=self.seq_len - self.reply_tokens - 1,  # + the reply's end token
-                               prompt_turns=self.prompt_turns)
+        return RepliesSettings(
+            source=writer,
+            out=self.teacher_data,
+            writer=self.reply_writer,
+            data=self.data,
+            tokens=written_tokens(self.train_tokens, HUMAN_SHARE[self.targets]),
+            heldout_tokens=self.heldout_tokens,
+            seed=self.seed,
+            reply_tokens=self.reply_tokens,
+            engine=self.reply_engine,
+            dtype=self.dtype,
+            long_share=self.long_share,
+            long_prompt_tokens=self.seq_len - self.reply_tokens - 1,  # + the reply's end token
+            prompt_turns=self.prompt_turns,
+        )
 
     def checkpoint_path(self) -> Path | None:
         folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)
@@ -232,8 +337,15 @@ MODEL_KEY = "model "  # prefix of the model's identity keys in a checkpoint's fi
 # ArcticTraining's step of 16 blocks and lr; its 512-token reply cap matters only with --targets teacher.
 RECIPES: dict[str, dict] = {
     "swiftkv": {},
-    "reference": {"init": "mean", "targets": "human", "kl_mean_over": "positions", "mse_weight": 1.0, "lr": 2e-4,
-                  "batch_size": 16, "reply_tokens": 512},
+    "reference": {
+        "init": "mean",
+        "targets": "human",
+        "kl_mean_over": "positions",
+        "mse_weight": 1.0,
+        "lr": 2e-4,
+        "batch_size": 16,
+        "reply_tokens": 512,
+    },
     "swiftkv-lora": {"trainable": "lora", "lora_rank": 64, "late_lr": 1e-3},
 }
 DEFAULT_RECIPE = "swiftkv"

@@ -41,19 +41,25 @@ def apply_init(model, init: str, source: str) -> None:
     elif init == "lstsq":
         converted = (getattr(model.config, "swiftkv_conversion", None) or {}).get("init")
         if converted != "lstsq":
-            raise ValueError(f"--init lstsq: {source} was converted with --init {converted}; convert the "
-                             "source with `swiftkv convert ... --init lstsq` (it fits on calibration data) or pass "
-                             "--init keep / copy / mean")
+            raise ValueError(
+                f"--init lstsq: {source} was converted with --init {converted}; convert the "
+                "source with `swiftkv convert ... --init lstsq` (it fits on calibration data) or pass "
+                "--init keep / copy / mean"
+            )
 
 
 def check_student(model, source: str, seq_len: int) -> None:
     config = model.config
     if not is_swiftkv(config):
-        raise ValueError(f"{source} is not a SwiftKV model (no num_key_value_layers); run "
-                         "`swiftkv convert SRC DST --num-key-value-layers N` first and distill DST")
+        raise ValueError(
+            f"{source} is not a SwiftKV model (no num_key_value_layers); run "
+            "`swiftkv convert SRC DST --num-key-value-layers N` first and distill DST"
+        )
     if config.teacher_missing:
-        raise ValueError(f"{source} cannot be distilled: {config.teacher_missing}, and distillation needs "
-                         "its teacher path; distill an untrimmed conversion of the source model")
+        raise ValueError(
+            f"{source} cannot be distilled: {config.teacher_missing}, and distillation needs "
+            "its teacher path; distill an untrimmed conversion of the source model"
+        )
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and seq_len > limit:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's max_position_embeddings {limit}")
@@ -66,9 +72,13 @@ def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
     same tokenizer, same shapes and the same weights in every teacher tensor (`teacher_difference`)."""
     differences = tokenizer_differences(student_tokenizer, load_tokenizer(teacher_source))
     if differences:
-        raise ValueError(f"--teacher {teacher_source}: its tokenizer differs from the student's ({'; '.join(differences)}); "
-                         "expected the model the student was converted from")
+        raise ValueError(
+            f"--teacher {teacher_source}: its tokenizer differs from the student's ({'; '.join(differences)}); "
+            "expected the model the student was converted from"
+        )
     difference = teacher_difference(student, load_model(teacher_source, dtype=torch.float32))
     if difference:
-        raise ValueError(f"--teacher {teacher_source}: {difference}; the shared-prefix distillation needs the student "
-                         "converted from exactly this teacher")
+        raise ValueError(
+            f"--teacher {teacher_source}: {difference}; the shared-prefix distillation needs the student "
+            "converted from exactly this teacher"
+        )

@@ -54,8 +54,11 @@ def shard(distiller: nn.Module, world: World, compute_dtype: torch.dtype) -> nn.
     """`distiller` (a SharedPrefixDistiller) sharded in place over the world's processes; returns it."""
     model = distiller.model
     mesh = init_device_mesh(world.device.type, (world.size,))
-    policy = MixedPrecisionPolicy() if compute_dtype == torch.float32 else \
-        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    policy = (
+        MixedPrecisionPolicy()
+        if compute_dtype == torch.float32
+        else MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    )
     for layer in model.model.layers:
         owned = kv_projections(layer)
         if owned:

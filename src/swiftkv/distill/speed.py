@@ -41,8 +41,14 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     """`steps` optimizer steps each way (after one warm-up step each), alternating; `naive=False`
     times the shared-prefix way alone (training throughput)."""
     model, tokenizer = load_student(settings)
-    train, _ = load_blocks(settings.data, tokenizer, settings.seq_len, settings.batch_size * (steps + 1) * settings.seq_len,
-                           settings.seq_len, settings.seed)
+    train, _ = load_blocks(
+        settings.data,
+        tokenizer,
+        settings.seq_len,
+        settings.batch_size * (steps + 1) * settings.seq_len,
+        settings.seq_len,
+        settings.seed,
+    )
     world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
@@ -50,8 +56,9 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
     dtype = resolve_dtype(settings.dtype, world.device)
     cast_frozen(model, dtype)
-    step_settings = sized_micro_batch(model, train, replace(settings.step_settings(), naive=False),
-                                      settings.batch_size, world)
+    step_settings = sized_micro_batch(
+        model, train, replace(settings.step_settings(), naive=False), settings.batch_size, world
+    )
     ways = {"shared": distiller_for(model, step_settings)}
     if naive:
         ways["naive"] = distiller_for(model, replace(step_settings, naive=True))
@@ -64,16 +71,28 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
                 totals[name][0] += wall
                 totals[name][1] += cpu
     tokens = steps * settings.batch_size * settings.seq_len
-    result = {"model": settings.source, "num_key_value_layers": model.config.num_key_value_layers,
-              "tokens_per_way": tokens, "seq_len": settings.seq_len,
-              "dtype": dtype_name(dtype), "device": device_name(world.device), "micro_batch": step_settings.micro_batch,
-              "threads": torch.get_num_threads(), "trainable": settings.trainable,
-              "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+    result = {
+        "model": settings.source,
+        "num_key_value_layers": model.config.num_key_value_layers,
+        "tokens_per_way": tokens,
+        "seq_len": settings.seq_len,
+        "dtype": dtype_name(dtype),
+        "device": device_name(world.device),
+        "micro_batch": step_settings.micro_batch,
+        "threads": torch.get_num_threads(),
+        "trainable": settings.trainable,
+        "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
     for name, (wall, cpu) in totals.items():
-        result[name] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "tokens_per_s": round(tokens / wall, 1),
-                        "tokens_per_cpu_s": round(tokens / cpu, 1)}
-    result["compute_bound"] = compute_bound(model.config, settings, train, result["shared"]["tokens_per_s"], dtype,
-                                            world.device)
+        result[name] = {
+            "wall_s": round(wall, 2),
+            "cpu_s": round(cpu, 2),
+            "tokens_per_s": round(tokens / wall, 1),
+            "tokens_per_cpu_s": round(tokens / cpu, 1),
+        }
+    result["compute_bound"] = compute_bound(
+        model.config, settings, train, result["shared"]["tokens_per_s"], dtype, world.device
+    )
     result["peak_memory_mib"] = peak_memory_mib(world.device)
     if naive:
         result["speedup_wall"] = round(totals["naive"][0] / totals["shared"][0], 3)
@@ -92,13 +111,20 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def compute_bound(config, settings, train, tokens_per_s: float, dtype: torch.dtype, device: torch.device) -> dict:
+def compute_bound(
+    config, settings, train, tokens_per_s: float, dtype: torch.dtype, device: torch.device
+) -> dict:
     """The shared-prefix step's FLOPs per train token over the measured matmul peak in the compute
     dtype on the training device: the tokens/s a perfectly matmul-bound step would reach, and how
     close the run came."""
     target_fraction = float(train.loss_mask.float().mean())
-    flops = distill_flops_per_token(config, settings.seq_len, target_fraction,
-                                    late_weights=settings.trainable in ("late", "late-norms"))
+    flops = distill_flops_per_token(
+        config, settings.seq_len, target_fraction, late_weights=settings.trainable in ("late", "late-norms")
+    )
     peak = matmul_peak(dtype, device=device)
-    return {"flops_per_token": round(flops), "matmul_peak_flops": round(peak), "bound_tokens_per_s": round(peak / flops, 1),
-            "fraction_of_bound": round(tokens_per_s * flops / peak, 3)}
+    return {
+        "flops_per_token": round(flops),
+        "matmul_peak_flops": round(peak),
+        "bound_tokens_per_s": round(peak / flops, 1),
+        "fraction_of_bound": round(tokens_per_s * flops / peak, 3),
+    }

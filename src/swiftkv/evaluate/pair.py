@@ -44,7 +44,9 @@ class ModelPair:
         return self.teacher if role == TEACHER and self.teacher is not None else self.student
 
     @torch.inference_mode()
-    def final_hidden(self, input_ids: torch.Tensor, keep_rows: torch.Tensor | None, roles) -> dict[str, torch.Tensor]:
+    def final_hidden(
+        self, input_ids: torch.Tensor, keep_rows: torch.Tensor | None, roles
+    ) -> dict[str, torch.Tensor]:
         """Post-norm hidden states [batch, kept positions, H] of each role, `keep_rows` being sequence
         positions (None: all). lm_head is left to the caller, so it only runs on the rows scored. In
         shared mode one `forward_pair` serves both roles (layers < N once)."""
@@ -59,7 +61,9 @@ class ModelPair:
         for role in roles:
             model = self.model_of(role)
             if is_swiftkv(model):  # the student alone: its later layers on the kept positions only
-                out[role] = model.model(input_ids=input_ids, keep_rows=positions, swiftkv=True).last_hidden_state
+                out[role] = model.model(
+                    input_ids=input_ids, keep_rows=positions, swiftkv=True
+                ).last_hidden_state
             else:
                 out[role] = model.model(input_ids=input_ids).last_hidden_state[:, positions]
         return out
@@ -79,16 +83,20 @@ def check_same_tokenizer(student_tok, teacher_tok, names: dict[str, str]) -> Non
     """Paired scoring compares token by token, so the two vocabularies must be the same."""
     differences = tokenizer_differences(student_tok, teacher_tok)
     if differences:
-        raise ValueError(f"student {names[STUDENT]!r} and teacher {names[TEACHER]!r} have different tokenizers: "
-                         + "; ".join(differences) + ". Expected the teacher the student was converted from.")
+        raise ValueError(
+            f"student {names[STUDENT]!r} and teacher {names[TEACHER]!r} have different tokenizers: "
+            + "; ".join(differences)
+            + ". Expected the teacher the student was converted from."
+        )
 
 
 def can_run_teacher_path(model) -> bool:
     return is_swiftkv(model) and not model.config.teacher_missing
 
 
-def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16,
-              share_early: bool = True) -> ModelPair:
+def load_pair(
+    student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16, share_early: bool = True
+) -> ModelPair:
     """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring.
     `share_early=False` keeps two models even when they could share layers < N (for speed comparisons)."""
     folders = {STUDENT: resolve_source(student_src)}
@@ -106,20 +114,27 @@ def load_pair(student_src: str, teacher_src: str | None, dtype: torch.dtype = to
     if teacher_src is None:
         if not can_run_teacher_path(student):
             why = student.config.teacher_missing if is_swiftkv(student) else "it is not a SwiftKV model"
-            raise ValueError(f"{student_src!r} cannot run its own teacher path ({why}); "
-                             "pass --teacher with the model it was converted from")
+            raise ValueError(
+                f"{student_src!r} cannot run its own teacher path ({why}); "
+                "pass --teacher with the model it was converted from"
+            )
         keys[TEACHER] = keys[STUDENT] + "-teacher-path"
     else:
         teacher = load_model(folders[TEACHER], dtype=torch.float32)
         keys[TEACHER] = folder_fingerprint(folders[TEACHER])
-        if share_early and can_run_teacher_path(student) and teacher_difference(student, teacher, swiftkv_too=True) is None:
+        if (
+            share_early
+            and can_run_teacher_path(student)
+            and teacher_difference(student, teacher, swiftkv_too=True) is None
+        ):
             teacher = None  # the student's teacher path computes exactly the teacher: share layers < N
     if is_swiftkv(student):
         student.set_swiftkv(True)  # `generate` and plain forwards of the student run the SwiftKV path
     dtype_name = str(dtype).removeprefix("torch.")
     keys = {role: f"{key}-{dtype_name}" for role, key in keys.items()}
-    return ModelPair(student.to(dtype), teacher.to(dtype) if teacher is not None else None, tokenizer,
-                     names, keys, dtype)
+    return ModelPair(
+        student.to(dtype), teacher.to(dtype) if teacher is not None else None, tokenizer, names, keys, dtype
+    )
 
 
 def load_floor_pair(teacher_src: str, dtype: torch.dtype, floor_dtype: torch.dtype) -> ModelPair:
@@ -136,9 +151,17 @@ def load_floor_pair(teacher_src: str, dtype: torch.dtype, floor_dtype: torch.dty
 def describe(pair: ModelPair) -> dict:
     """Facts about the pair for the report."""
     config = pair.student.config
-    info = {"student": pair.names[STUDENT], "teacher": pair.names[TEACHER], "mode": pair.mode,
-            "dtype": str(pair.dtype).removeprefix("torch."), "cache_keys": pair.cache_keys}
+    info = {
+        "student": pair.names[STUDENT],
+        "teacher": pair.names[TEACHER],
+        "mode": pair.mode,
+        "dtype": str(pair.dtype).removeprefix("torch."),
+        "cache_keys": pair.cache_keys,
+    }
     if is_swiftkv(pair.student):
-        info.update(num_hidden_layers=config.num_hidden_layers, num_key_value_layers=config.num_key_value_layers,
-                    key_value_group_size=config.key_value_group_size)
+        info.update(
+            num_hidden_layers=config.num_hidden_layers,
+            num_key_value_layers=config.num_key_value_layers,
+            key_value_group_size=config.key_value_group_size,
+        )
     return json.loads(json.dumps(info))

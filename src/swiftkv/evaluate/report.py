@@ -58,8 +58,9 @@ def markdown(results: EvalResults | dict) -> str:
         "",
     ]
     for i, student in enumerate(students):
-        lines.append(f"- S{i + 1}: `{student_label(student)}`, {student.pair.mode} pass, "
-                     f"{student.seconds:.0f} s")
+        lines.append(
+            f"- S{i + 1}: `{student_label(student)}`, {student.pair.mode} pass, {student.seconds:.0f} s"
+        )
     if students:
         lines += ["", *summary_table(results)]
     if students and students[0].tasks:
@@ -73,16 +74,31 @@ def summary_table(results: EvalResults) -> list[str]:
     results = EvalResults.of(results)
     students = results.students
     tasks = list(students[0].tasks)
-    header = ["model", *tasks] + (["mean acc"] if tasks else []) + ["chat KL", "chat top-1", "greedy identical",
-                                                                 "first divergence", "long top-1",
-                                                                 "long first divergence"]
-    lines = ["## Summary", "", "Accuracy is lm-eval's `acc`; the mean is unweighted over the tasks. Chat columns: "
-             "teacher-forced KL(teacher‖student) and top-1 agreement on held-out ShareGPT; greedy identical: "
-             "fraction of prompts whose first generated tokens equal the teacher's; first divergence: mean index of "
-             "the first generated token that differs. Long: the same after 1-2k-token prompts (passages + a "
-             "question, a document + a summary request), top-1 along the teacher's answer. The floor row is the "
-             "teacher against itself at another dtype: the most agreement a student can be asked for.", "",
-             "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    header = (
+        ["model", *tasks]
+        + (["mean acc"] if tasks else [])
+        + [
+            "chat KL",
+            "chat top-1",
+            "greedy identical",
+            "first divergence",
+            "long top-1",
+            "long first divergence",
+        ]
+    )
+    lines = [
+        "## Summary",
+        "",
+        "Accuracy is lm-eval's `acc`; the mean is unweighted over the tasks. Chat columns: "
+        "teacher-forced KL(teacher‖student) and top-1 agreement on held-out ShareGPT; greedy identical: "
+        "fraction of prompts whose first generated tokens equal the teacher's; first divergence: mean index of "
+        "the first generated token that differs. Long: the same after 1-2k-token prompts (passages + a "
+        "question, a document + a summary request), top-1 along the teacher's answer. The floor row is the "
+        "teacher against itself at another dtype: the most agreement a student can be asked for.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---" * len(header) + "|",
+    ]
     teacher = [students[0].tasks[t].metrics[TEACHER]["acc"] for t in tasks]
     lines.append(summary_row("teacher", teacher, FloorResult()))
     if results.floor:
@@ -98,8 +114,13 @@ def summary_row(name: str, accuracy: list[float | None], measured: StudentResult
     known = [value for value in accuracy if value is not None]
     mean = [sum(known) / len(known) if len(known) == len(accuracy) else None] if accuracy else []
     forced, generated, long = measured.teacher_forced, measured.generation, measured.long_prompt
-    values = [*accuracy, *mean, forced.kl_mean if forced else None, forced.top1_agreement if forced else None,
-              generated.identical_fraction if generated else None]
+    values = [
+        *accuracy,
+        *mean,
+        forced.kl_mean if forced else None,
+        forced.top1_agreement if forced else None,
+        generated.identical_fraction if generated else None,
+    ]
     cells = ["–" if value is None else f"{value:.3f}" for value in values]
     cells.append("–" if not generated else f"{generated.mean_first_divergence:.1f}")
     cells.append("–" if not long else f"{long.top1_agreement:.3f}")
@@ -110,7 +131,9 @@ def summary_row(name: str, accuracy: list[float | None], measured: StudentResult
 def task_table(results: EvalResults) -> list[str]:
     results = EvalResults.of(results)
     students = results.students
-    header = "| task | metric | items | teacher | " + " | ".join(f"S{i + 1}" for i in range(len(students))) + " |"
+    header = (
+        "| task | metric | items | teacher | " + " | ".join(f"S{i + 1}" for i in range(len(students))) + " |"
+    )
     lines = [
         "## Multiple choice (lm-eval, zero-shot)",
         "",
@@ -127,8 +150,10 @@ def task_table(results: EvalResults) -> list[str]:
         cells = [f"{teacher[metric]:.4f} ± " + (f"{stderr:.4f}" if stderr is not None else "n/a")]
         for student in students:
             paired = student.tasks[task].paired[metric]
-            cells.append(f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}; "
-                         f"agree {paired.agreement:.3f}; p={paired.mcnemar_p:.2g})")
+            cells.append(
+                f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}; "
+                f"agree {paired.agreement:.3f}; p={paired.mcnemar_p:.2g})"
+            )
         lines.append(f"| {task} | {metric} | {first.items} | " + " | ".join(cells) + " |")
     return lines
 
@@ -138,25 +163,42 @@ def chat_tables(students: list[StudentResult]) -> list[str]:
     students = [StudentResult.of(student) for student in students]
     forced = [(i, s.teacher_forced) for i, s in enumerate(students) if s.teacher_forced]
     if forced:
-        lines += ["## Held-out chat, teacher-forced (assistant tokens)", "",
-                  "| student | conversations | tokens | KL(teacher‖student) per token | top-1 agreement | "
-                  "NLL teacher | NLL student |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| S{i + 1} | {f.conversations} | {f.tokens} | {or_zero(f.kl_mean):.4f} | "
-                  f"{or_zero(f.top1_agreement):.4f} | {or_zero(f.nll_teacher):.3f} | {or_zero(f.nll_student):.3f} |"
-                  for i, f in forced]
+        lines += [
+            "## Held-out chat, teacher-forced (assistant tokens)",
+            "",
+            "| student | conversations | tokens | KL(teacher‖student) per token | top-1 agreement | "
+            "NLL teacher | NLL student |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| S{i + 1} | {f.conversations} | {f.tokens} | {or_zero(f.kl_mean):.4f} | "
+            f"{or_zero(f.top1_agreement):.4f} | {or_zero(f.nll_teacher):.3f} | {or_zero(f.nll_student):.3f} |"
+            for i, f in forced
+        ]
         lines.append("")
     generated = [(i, s.generation) for i, s in enumerate(students) if s.generation]
     if generated:
-        lines += ["## Held-out chat, greedy generation", "",
-                  "| student | prompts | identical first tokens | mean first divergence |", "|---|---|---|---|"]
-        lines += [f"| S{i + 1} | {g.prompts} | {g.identical_fraction:.3f} (of {g.new_tokens}) | "
-                  f"{g.mean_first_divergence:.1f} |" for i, g in generated]
+        lines += [
+            "## Held-out chat, greedy generation",
+            "",
+            "| student | prompts | identical first tokens | mean first divergence |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| S{i + 1} | {g.prompts} | {g.identical_fraction:.3f} (of {g.new_tokens}) | "
+            f"{g.mean_first_divergence:.1f} |"
+            for i, g in generated
+        ]
         for i, g in generated:
             lines += ["", f"### Examples, S{i + 1}", ""]
             for example in g.examples:
-                lines += [f"**Prompt** (diverges at token {example.first_divergence}): "
-                          f"{quote(example.prompt)}", "",
-                          f"- teacher: {quote(example.teacher)}", f"- student: {quote(example.student)}", ""]
+                lines += [
+                    f"**Prompt** (diverges at token {example.first_divergence}): {quote(example.prompt)}",
+                    "",
+                    f"- teacher: {quote(example.teacher)}",
+                    f"- student: {quote(example.student)}",
+                    "",
+                ]
     return lines
 
 
@@ -172,12 +214,19 @@ def long_prompt_table(results: EvalResults) -> list[str]:
         rows.insert(0, ("floor", results.floor.long_prompt))
     if not rows:
         return []
-    lines = ["## Long prompts (1-2k tokens), short answers", "",
-             "| model | prompts | mean prompt tokens | KL along the teacher's answer | top-1 | identical first tokens "
-             "| mean first divergence |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {lp.prompts} | {lp.prompt_tokens_mean:.0f} | {lp.kl_mean:.4f} | "
-              f"{lp.top1_agreement:.3f} | {lp.identical_fraction:.3f} (of {lp.new_tokens}) | "
-              f"{lp.mean_first_divergence:.1f} |" for name, lp in rows]
+    lines = [
+        "## Long prompts (1-2k tokens), short answers",
+        "",
+        "| model | prompts | mean prompt tokens | KL along the teacher's answer | top-1 | identical first tokens "
+        "| mean first divergence |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {lp.prompts} | {lp.prompt_tokens_mean:.0f} | {lp.kl_mean:.4f} | "
+        f"{lp.top1_agreement:.3f} | {lp.identical_fraction:.3f} (of {lp.new_tokens}) | "
+        f"{lp.mean_first_divergence:.1f} |"
+        for name, lp in rows
+    ]
     return [*lines, ""]
 
 
@@ -201,7 +250,9 @@ def draw_report(results: EvalResults, students: list[StudentResult], left, right
     tasks = list(students[0].tasks) if students else []
     width = 0.8 / (1 + len(students))
     for j, (label, values, errors) in enumerate(accuracy_series(students, tasks)):
-        left.bar([i + j * width for i in range(len(tasks))], values, width, yerr=errors, label=label, capsize=2)
+        left.bar(
+            [i + j * width for i in range(len(tasks))], values, width, yerr=errors, label=label, capsize=2
+        )
     left.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=20)
     left.set_ylabel("accuracy (acc)")
     left.set_title(f"Accuracy, teacher vs students (teacher: {results.teacher})", fontsize=9)
@@ -209,8 +260,12 @@ def draw_report(results: EvalResults, students: list[StudentResult], left, right
     groups = [*tasks, "chat top-1", "gen identical"]
     width = 0.8 / max(1, len(students))
     for j, student in enumerate(students):
-        right.bar([i + j * width for i in range(len(groups))], agreement_values(student, tasks), width,
-                  label=f"S{j + 1}: {student_label(student)}")
+        right.bar(
+            [i + j * width for i in range(len(groups))],
+            agreement_values(student, tasks),
+            width,
+            label=f"S{j + 1}: {student_label(student)}",
+        )
     right.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20)
     right.set_ylim(0, 1.3)  # headroom: the legend sits above the bars instead of on them
     right.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
@@ -236,5 +291,7 @@ def agreement_values(student: StudentResult, tasks: list[str]) -> list[float]:
     forced, generated = student.teacher_forced, student.generation
     values = [student.tasks[t].paired["acc"].agreement for t in tasks]
     values.append(forced.top1_agreement if forced and forced.top1_agreement is not None else 0.0)
-    values.append(generated.identical_fraction if generated and generated.identical_fraction is not None else 0.0)
+    values.append(
+        generated.identical_fraction if generated and generated.identical_fraction is not None else 0.0
+    )
     return values

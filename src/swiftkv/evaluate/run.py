@@ -44,15 +44,23 @@ def agreement(pair, settings: EvalSettings, store: ResultStore) -> dict:
     """The agreement measures of a pair: held-out chat (teacher-forced, greedy) and long prompts."""
     result = {}
     if settings.chat_conversations:
-        conversations = heldout_conversations()[:settings.chat_conversations]
-        result["teacher_forced"] = teacher_forced_agreement(pair, store, conversations, settings.chat_max_tokens,
-                                                            settings.progress)
+        conversations = heldout_conversations()[: settings.chat_conversations]
+        result["teacher_forced"] = teacher_forced_agreement(
+            pair, store, conversations, settings.chat_max_tokens, settings.progress
+        )
     if settings.gen_prompts:
-        result["generation"] = generation_agreement(pair, store, generation_prompts(pair.tokenizer, settings),
-                                                    settings.gen_tokens, progress=settings.progress)
+        result["generation"] = generation_agreement(
+            pair,
+            store,
+            generation_prompts(pair.tokenizer, settings),
+            settings.gen_tokens,
+            progress=settings.progress,
+        )
     if settings.long_prompts:
         prompts = heldout_long_prompts(pair.tokenizer, settings.long_prompts)
-        result["long_prompt"] = long_prompt_agreement(pair, store, prompts, settings.gen_tokens, settings.progress)
+        result["long_prompt"] = long_prompt_agreement(
+            pair, store, prompts, settings.gen_tokens, settings.progress
+        )
     return result
 
 
@@ -75,8 +83,10 @@ def check_floor(students: list[str], teacher: str | None) -> None:
         raise ValueError("--floor scores the teacher against itself at another dtype; pass --teacher")
     for student in students:
         if not is_swiftkv(check_supported(resolve_source(student))):
-            raise ValueError(f"--floor: {student!r} is not a SwiftKV model (no num_key_value_layers); the floor "
-                             "bounds how closely a SwiftKV student can follow its teacher")
+            raise ValueError(
+                f"--floor: {student!r} is not a SwiftKV model (no num_key_value_layers); the floor "
+                "bounds how closely a SwiftKV student can follow its teacher"
+            )
 
 
 def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
@@ -96,13 +106,17 @@ def generation_prompts(tokenizer, settings: EvalSettings) -> list[list[dict]]:
 def print_task_line(student: str, task: str, result: dict) -> None:
     result = TaskResult.from_json(result)
     paired = result.paired["acc"]
-    print(f"[{student}] {task}: {result.items} items, acc teacher {paired.teacher:.4f} student "
-          f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}), "
-          f"agreement {paired.agreement:.3f}", flush=True)
+    print(
+        f"[{student}] {task}: {result.items} items, acc teacher {paired.teacher:.4f} student "
+        f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}), "
+        f"agreement {paired.agreement:.3f}",
+        flush=True,
+    )
 
 
-def evaluate_models(students: list[str], teacher: str | None, settings: EvalSettings,
-                    cache: Path | None = None) -> dict:
+def evaluate_models(
+    students: list[str], teacher: str | None, settings: EvalSettings, cache: Path | None = None
+) -> dict:
     """The JSON of `results.EvalResults` (`write_report` writes it as results.json)."""
     started = time.time()
     if settings.floor:
@@ -118,9 +132,16 @@ def evaluate_models(students: list[str], teacher: str | None, settings: EvalSett
         "dtype": dtype_name(resolve_dtype(settings.dtype)),
         "tasks": list(settings.tasks),
         "limits": settings.limits,
-        "settings": {"batch_tokens": settings.batch_tokens, "chat_conversations": settings.chat_conversations,
-                     "chat_max_tokens": settings.chat_max_tokens, "gen_prompts": settings.gen_prompts,
-                     "gen_tokens": settings.gen_tokens, "long_prompts": settings.long_prompts, "threads": torch.get_num_threads(), **settings.extra},
+        "settings": {
+            "batch_tokens": settings.batch_tokens,
+            "chat_conversations": settings.chat_conversations,
+            "chat_max_tokens": settings.chat_max_tokens,
+            "gen_prompts": settings.gen_prompts,
+            "gen_tokens": settings.gen_tokens,
+            "long_prompts": settings.long_prompts,
+            "threads": torch.get_num_threads(),
+            **settings.extra,
+        },
         "students": results,
         "floor": floor,
         "wall_time_s": time.time() - started,

@@ -11,31 +11,52 @@ from .harness import MAIN_TASKS, parse_limits, parse_tasks
 
 def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
     if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} {value} is invalid; expected a {'non-negative' if allow_zero else 'positive'} integer")
+        raise ValueError(
+            f"{name} {value} is invalid; expected a {'non-negative' if allow_zero else 'positive'} integer"
+        )
     return value
 
 
 @dataclass
 class EvalSettings:
-    tasks: str | tuple[str, ...] = setting(",".join(MAIN_TASKS), "comma-separated lm-eval tasks (also "
-                                           "mmlu_<subject>; none: only the held-out chat and greedy prompts)")
-    limit: str | None = setting(None, "items per task: N for every task, or task=N,... (e.g. hellaswag=2000,"
-                                "mmlu=2000); for mmlu, N is spread evenly over its 57 subjects")
-    chat_conversations: int = setting(100, "held-out ShareGPT conversations for teacher-forced KL/top-1 "
-                                      "(0 skips; max 497)")
+    tasks: str | tuple[str, ...] = setting(
+        ",".join(MAIN_TASKS),
+        "comma-separated lm-eval tasks (also "
+        "mmlu_<subject>; none: only the held-out chat and greedy prompts)",
+    )
+    limit: str | None = setting(
+        None,
+        "items per task: N for every task, or task=N,... (e.g. hellaswag=2000,"
+        "mmlu=2000); for mmlu, N is spread evenly over its 57 subjects",
+    )
+    chat_conversations: int = setting(
+        100, "held-out ShareGPT conversations for teacher-forced KL/top-1 (0 skips; max 497)"
+    )
     chat_max_tokens: int = setting(512, "tokens per conversation")
     gen_prompts: int = setting(32, "held-out prompts for greedy generation (0 skips)")
     gen_tokens: int = setting(32, "tokens generated per prompt")
     gen_max_prompt_tokens: int = setting(256, "longest rendered prompt used for generation", cli=False)
-    long_prompts: int = setting(16, "held-out long prompts (1-2k tokens: passages + a question, a document + a "
-                                "summary request) answered greedily and teacher-forced along the teacher's answer "
-                                "(0 skips)")
-    floor: bool = setting(False, "also score the teacher against itself at --floor-dtype on the agreement measures "
-                          "(chat, greedy, long prompts): the most agreement a student can be asked for")
-    floor_dtype: str = setting("other", "dtype of the floor's second teacher: other = bfloat16 when the eval runs "
-                               "in float32, else float32", choices=("other", "bfloat16", "float32", "float16"))
-    dtype: str = setting("auto", "inference dtype: auto = bf16 where the hardware has it natively, else fp32",
-                         choices=DTYPE_CHOICES)
+    long_prompts: int = setting(
+        16,
+        "held-out long prompts (1-2k tokens: passages + a question, a document + a "
+        "summary request) answered greedily and teacher-forced along the teacher's answer "
+        "(0 skips)",
+    )
+    floor: bool = setting(
+        False,
+        "also score the teacher against itself at --floor-dtype on the agreement measures "
+        "(chat, greedy, long prompts): the most agreement a student can be asked for",
+    )
+    floor_dtype: str = setting(
+        "other",
+        "dtype of the floor's second teacher: other = bfloat16 when the eval runs in float32, else float32",
+        choices=("other", "bfloat16", "float32", "float16"),
+    )
+    dtype: str = setting(
+        "auto",
+        "inference dtype: auto = bf16 where the hardware has it natively, else fp32",
+        choices=DTYPE_CHOICES,
+    )
     batch_tokens: int = setting(4096, "padded tokens per scoring batch")
     progress: bool = setting(True, "progress bars", cli=False)
     extra: dict = field(default_factory=dict, metadata={"cli": False})  # recorded in results.json
@@ -60,7 +81,12 @@ class EvalSettings:
 class SweepSettings:
     """`--sweep`: convert the source at several SwiftKV fractions (and group sizes) and plot the trade-off."""
 
-    sweep: str | None = setting(None, "convert MODEL with these SwiftKV fractions (e.g. 25%,40%,50%) and plot "
-                                "agreement against prefill-compute saving")
+    sweep: str | None = setting(
+        None,
+        "convert MODEL with these SwiftKV fractions (e.g. 25%,40%,50%) and plot "
+        "agreement against prefill-compute saving",
+    )
     sweep_group_sizes: str = setting("1", "AcrossKV group sizes to sweep, e.g. 1,3")
-    sweep_init: str = setting("lstsq", "conversion init of the sweep points", choices=("copy", "mean", "lstsq"))
+    sweep_init: str = setting(
+        "lstsq", "conversion init of the sweep points", choices=("copy", "mean", "lstsq")
+    )

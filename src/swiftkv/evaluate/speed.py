@@ -33,7 +33,9 @@ def task_requests(name: str, items: int) -> list[tuple[str, str]]:
     tasks = list(load_task(name)["tasks"].values())
     per_task = max(1, items // len(tasks))
     requests = []
-    for task in tasks[:items]:  # a group (MMLU) with more subtasks than items: one item from each of the first
+    for task in tasks[
+        :items
+    ]:  # a group (MMLU) with more subtasks than items: one item from each of the first
         task.build_all_requests(limit=per_task, rank=0, world_size=1)
         requests += [instance.args for instance in task.instances]
     return requests
@@ -49,20 +51,29 @@ def time_variant(pair, requests, roles) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swiftkv.evaluate.speed", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m swiftkv.evaluate.speed", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("model")
     parser.add_argument("--teacher", required=True)
     parser.add_argument("--items", type=int, default=40, help="items per task (arc_easy, hellaswag, mmlu)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated tasks (default %(default)s)")
+    parser.add_argument(
+        "--tasks", default=",".join(TASKS), help="comma-separated tasks (default %(default)s)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="swiftkv-eval-speed")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    pairs = {"shared": load_pair(args.model, args.teacher), "separate": load_pair(args.model, args.teacher,
-                                                                                 share_early=False)}
-    variants = {"teacher only": (pairs["separate"], (TEACHER,)), "paired, separate models": (
-        pairs["separate"], (TEACHER, STUDENT)), "paired, shared pass": (pairs["shared"], (TEACHER, STUDENT))}
+    pairs = {
+        "shared": load_pair(args.model, args.teacher),
+        "separate": load_pair(args.model, args.teacher, share_early=False),
+    }
+    variants = {
+        "teacher only": (pairs["separate"], (TEACHER,)),
+        "paired, separate models": (pairs["separate"], (TEACHER, STUDENT)),
+        "paired, shared pass": (pairs["shared"], (TEACHER, STUDENT)),
+    }
     results = {}
     for task in args.tasks.split(","):
         requests = task_requests(task, args.items)
@@ -70,16 +81,28 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for name, (pair, roles) in variants.items():
                 times[name].append(time_variant(pair, requests, roles))
-        results[task] = {"requests": len(requests), **{name: statistics.median(t) for name, t in times.items()}}
+        results[task] = {
+            "requests": len(requests),
+            **{name: statistics.median(t) for name, t in times.items()},
+        }
         row = results[task]
-        print(f"{task}: {len(requests)} requests; teacher only {row['teacher only']:.1f} s, paired separate "
-              f"{row['paired, separate models']:.1f} s, paired shared {row['paired, shared pass']:.1f} s -> "
-              f"shared/separate {row['paired, shared pass'] / row['paired, separate models']:.2f}, "
-              f"shared/teacher-only {row['paired, shared pass'] / row['teacher only']:.2f}", flush=True)
+        print(
+            f"{task}: {len(requests)} requests; teacher only {row['teacher only']:.1f} s, paired separate "
+            f"{row['paired, separate models']:.1f} s, paired shared {row['paired, shared pass']:.1f} s -> "
+            f"shared/separate {row['paired, shared pass'] / row['paired, separate models']:.2f}, "
+            f"shared/teacher-only {row['paired, shared pass'] / row['teacher only']:.2f}",
+            flush=True,
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {"model": args.model, "teacher": args.teacher, "threads": args.threads, "repeats": args.repeats,
-               "dtype": "bfloat16", "seconds_median": results}
+    payload = {
+        "model": args.model,
+        "teacher": args.teacher,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "dtype": "bfloat16",
+        "seconds_median": results,
+    }
     write_atomic(out / "speed.json", json.dumps(payload, indent=2).encode())
     plot(results, out / "speed.png")
     print(f"wrote {out / 'speed.json'}, {out / 'speed.png'}")
@@ -92,8 +115,12 @@ def plot(results: dict, path: Path) -> None:
         names = [k for k in next(iter(results.values())) if k != "requests"]
         width = 0.8 / len(names)
         for j, name in enumerate(names):
-            ax.bar([i + j * width for i in range(len(results))],
-                   [r[name] / r["requests"] * 1000 for r in results.values()], width, label=name)
+            ax.bar(
+                [i + j * width for i in range(len(results))],
+                [r[name] / r["requests"] * 1000 for r in results.values()],
+                width,
+                label=name,
+            )
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(results))], list(results))
         ax.set_ylabel("ms per request (median)")
         ax.set_title("swiftkv eval scoring cost, measured in one run", fontsize=9)

@@ -22,8 +22,12 @@ def mcnemar_exact_p(teacher_only: int, student_only: int) -> float:
     return min(1.0, 2 * tail / 2**n)
 
 
-def paired_comparison(teacher_correct: Sequence[float], student_correct: Sequence[float],
-                      teacher_pred: Sequence[int], student_pred: Sequence[int]) -> dict:
+def paired_comparison(
+    teacher_correct: Sequence[float],
+    student_correct: Sequence[float],
+    teacher_pred: Sequence[int],
+    student_pred: Sequence[int],
+) -> dict:
     """Accuracy difference (student - teacher) with its paired standard error, the agreement (same
     answer picked, right or wrong) and McNemar's test on the discordant items."""
     n = len(teacher_correct)

@@ -32,24 +32,28 @@ class ResultStore:
         self.path = Path(path) if path is not None else default_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path, timeout=60)
-        self.db.execute("CREATE TABLE IF NOT EXISTS results "
-                        "(model TEXT, key TEXT, value TEXT, PRIMARY KEY (model, key))")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS results (model TEXT, key TEXT, value TEXT, PRIMARY KEY (model, key))"
+        )
 
     def get_many(self, model: str, keys: Iterable[str]) -> dict[str, object]:
         keys = list(dict.fromkeys(keys))
         found = {}
         for start in range(0, len(keys), 500):  # SQLite limits the number of bound parameters
-            chunk = keys[start:start + 500]
+            chunk = keys[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            rows = self.db.execute(f"SELECT key, value FROM results WHERE model = ? AND key IN ({marks})",
-                                   (model, *chunk))
+            rows = self.db.execute(
+                f"SELECT key, value FROM results WHERE model = ? AND key IN ({marks})", (model, *chunk)
+            )
             found.update((key, json.loads(value)) for key, value in rows)
         return found
 
     def put_many(self, model: str, items: dict[str, object]) -> None:
         with self.db:  # one transaction per call: a crash loses at most the batch in flight
-            self.db.executemany("INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
-                                [(model, key, json.dumps(value)) for key, value in items.items()])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO results VALUES (?, ?, ?)",
+                [(model, key, json.dumps(value)) for key, value in items.items()],
+            )
 
     def close(self) -> None:
         self.db.close()

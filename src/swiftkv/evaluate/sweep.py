@@ -27,7 +27,9 @@ def parse_fractions(text: str) -> list[float]:
         except ValueError:
             value = -1.0
         if not 0 < value < 1:
-            raise ValueError(f"--sweep entry {part!r} is not a fraction in (0, 1); expected e.g. 25%,40%,50% or 0.5")
+            raise ValueError(
+                f"--sweep entry {part!r} is not a fraction in (0, 1); expected e.g. 25%,40%,50% or 0.5"
+            )
         fractions.append(value)
     return fractions
 
@@ -46,7 +48,9 @@ def sweep_points(num_layers: int, fractions: list[float], group_sizes: list[int]
         n = num_key_value_layers_for(num_layers, fraction)
         points += [(n, g) for g in group_sizes if (num_layers - n) % g == 0 and (n, g) not in points]
     if not points:
-        raise ValueError(f"no sweep point fits a {num_layers}-layer model: each G must divide the later layers")
+        raise ValueError(
+            f"no sweep point fits a {num_layers}-layer model: each G must divide the later layers"
+        )
     return points
 
 
@@ -62,8 +66,9 @@ def convert_points(source: str, points: list[tuple[int, int]], folder: Path, ini
     return paths
 
 
-def run_sweep(source: str, sweep: SweepSettings, settings: EvalSettings, out: Path,
-              cache: Path | None = None) -> list[Path]:
+def run_sweep(
+    source: str, sweep: SweepSettings, settings: EvalSettings, out: Path, cache: Path | None = None
+) -> list[Path]:
     """Convert `source` at every sweep point, evaluate each against it, write the report, the
     trade-off table and its plot into `out`."""
     layers = read_config_dict(resolve_source(source))["num_hidden_layers"]
@@ -94,14 +99,21 @@ def quality(student: StudentResult | dict) -> dict[str, float]:
 
 def tradeoff_table(results: EvalResults | dict) -> str:
     results = EvalResults.of(results)
-    lines = ["# SwiftKV trade-off sweep", "", f"Teacher: `{results.teacher}`", "",
-             "| N | G | prefill compute saved | " + " | ".join(quality(results.students[0])) + " |",
-             "|---|---|---|" + "---|" * len(quality(results.students[0]))]
+    lines = [
+        "# SwiftKV trade-off sweep",
+        "",
+        f"Teacher: `{results.teacher}`",
+        "",
+        "| N | G | prefill compute saved | " + " | ".join(quality(results.students[0])) + " |",
+        "|---|---|---|" + "---|" * len(quality(results.students[0])),
+    ]
     for student in results.students:
         info = student.pair
         values = " | ".join(f"{v:.3f}" for v in quality(student).values())
-        lines.append(f"| {info.num_key_value_layers} | {info.key_value_group_size} | "
-                     f"{student.prefill_compute_saving:.1%} | {values} |")
+        lines.append(
+            f"| {info.num_key_value_layers} | {info.key_value_group_size} | "
+            f"{student.prefill_compute_saving:.1%} | {values} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -114,8 +126,9 @@ def draw_tradeoff(results: EvalResults, ax) -> None:
     students = results.students
     groups = sorted({s.pair.key_value_group_size for s in students})
     for g in groups:
-        chosen = sorted((s for s in students if s.pair.key_value_group_size == g),
-                        key=lambda s: s.prefill_compute_saving)
+        chosen = sorted(
+            (s for s in students if s.pair.key_value_group_size == g), key=lambda s: s.prefill_compute_saving
+        )
         for measure in quality(chosen[0]):
             xs = [100 * s.prefill_compute_saving for s in chosen]
             ax.plot(xs, [quality(s)[measure] for s in chosen], marker="o", label=f"{measure}, G={g}")

@@ -11,5 +11,6 @@ from .modeling import swiftkv_parameters as swiftkv_parameters
 
 globals().update({cls.__name__: cls for cls in SWIFTKV_CLASSES})
 
-__all__ = sorted([cls.__name__ for cls in SWIFTKV_CLASSES] + ["PairHidden", "SwiftKVConfigError",
-                                                               "swiftkv_parameters"])
+__all__ = sorted(
+    [cls.__name__ for cls in SWIFTKV_CLASSES] + ["PairHidden", "SwiftKVConfigError", "swiftkv_parameters"]
+)

@@ -29,7 +29,11 @@ def is_swiftkv(config) -> bool:
     """Whether a model, its config, or config.json as a dict is SwiftKV: it names N. The one test used
     wherever a plain model and a SwiftKV model are told apart."""
     config = getattr(config, "config", config)  # a model: its config
-    value = config.get("num_key_value_layers") if isinstance(config, dict) else getattr(config, "num_key_value_layers", None)
+    value = (
+        config.get("num_key_value_layers")
+        if isinstance(config, dict)
+        else getattr(config, "num_key_value_layers", None)
+    )
     return value is not None
 
 
@@ -62,9 +66,10 @@ def with_legacy_rope_keys(config: dict) -> dict:
 def add_legacy_rope_keys(folder) -> None:
     """Rewrite `folder/config.json` (saved by transformers 5) with the legacy RoPE keys."""
 
-
     path = Path(folder) / "config.json"
-    write_atomic(path, json.dumps(with_legacy_rope_keys(json.loads(path.read_text())), indent=2, sort_keys=True) + "\n")
+    write_atomic(
+        path, json.dumps(with_legacy_rope_keys(json.loads(path.read_text())), indent=2, sort_keys=True) + "\n"
+    )
 
 
 class SwiftKVConfigMixin:
@@ -106,11 +111,15 @@ class SwiftKVConfigMixin:
         layers' original q/k/v; a folder whose later layers were trained for the student
         (`swiftkv_student_trained`, e.g. ["mlp"]) holds the student's weights under the teacher's names."""
         if self.swiftkv_trimmed:
-            return (f"it was converted with --trim: the original q/k/v projections of layers >= "
-                    f"{self.num_key_value_layers} were dropped")
+            return (
+                f"it was converted with --trim: the original q/k/v projections of layers >= "
+                f"{self.num_key_value_layers} were dropped"
+            )
         if self.swiftkv_student_trained:
-            return (f"its later layers' {', '.join(self.swiftkv_student_trained)} were distilled for the student "
-                    f"(layers >= {self.num_key_value_layers} no longer hold the teacher's weights)")
+            return (
+                f"its later layers' {', '.join(self.swiftkv_student_trained)} were distilled for the student "
+                f"(layers >= {self.num_key_value_layers} no longer hold the teacher's weights)"
+            )
         return None
 
     @property
@@ -202,5 +211,6 @@ class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
                 "sharing by map, no k_proj_swiftkv/v_proj_swiftkv), not the format swiftkv reads (ArcticTraining's "
                 "qwen3 branch: q_proj_swiftkv + q_norm_swiftkv per later layer, k/v_proj_swiftkv + k_norm_swiftkv "
                 "per AcrossKV group owner). It is refused rather than loaded with random K/V projections; convert "
-                "the original Qwen3 model with `swiftkv convert` instead")
+                "the original Qwen3 model with `swiftkv convert` instead"
+            )
         super().__post_init__(**kwargs)

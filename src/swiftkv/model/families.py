@@ -22,15 +22,18 @@ def sliding_window_refusal(config) -> str | None:
     implements, so such a model is refused rather than served with full attention (different math)."""
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None) or []
-    if window is None or (getattr(config, "use_sliding_window", True) is False
-                          and "sliding_attention" not in layer_types):
+    if window is None or (
+        getattr(config, "use_sliding_window", True) is False and "sliding_attention" not in layer_types
+    ):
         return None
     context = getattr(config, "max_position_embeddings", None)
     if context is not None and window >= context:
         return None  # a window at least as long as the context never cuts anything
-    return (f"it uses sliding-window attention (sliding_window={window}, max_position_embeddings={context}); "
-            "SwiftKV here supports full attention only. A checkpoint whose config sets sliding_window to null "
-            "(e.g. Mistral-7B-v0.2 and later) converts")
+    return (
+        f"it uses sliding-window attention (sliding_window={window}, max_position_embeddings={context}); "
+        "SwiftKV here supports full attention only. A checkpoint whose config sets sliding_window to null "
+        "(e.g. Mistral-7B-v0.2 and later) converts"
+    )
 
 
 @dataclass(frozen=True)
@@ -55,23 +58,31 @@ class Family:
         return (self.base_type, *self.other_sources)
 
 
-FAMILIES = {f.base_type: f for f in (
-    Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM, "Llama", other_sources=("mistral",)),
-    Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM, "Qwen2"),
-    Family("qwen3", Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM, "Qwen3"),
-)}
+FAMILIES = {
+    f.base_type: f
+    for f in (
+        Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM, "Llama", other_sources=("mistral",)),
+        Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM, "Qwen2"),
+        Family("qwen3", Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM, "Qwen3"),
+    )
+}
 SOURCE_FAMILIES = {source: f for f in FAMILIES.values() for source in f.source_types}
 BASE_MODEL_TYPES = tuple(SOURCE_FAMILIES)  # plain model_types that convert (llama, mistral, qwen2, qwen3)
 SUPPORTED_MODEL_TYPES = (*BASE_MODEL_TYPES, *(f.swiftkv_type for f in FAMILIES.values()))
 ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 SWIFTKV_CLASSES = tuple(cls for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
-FAMILY_NAMES = ", ".join(sorted({name for f in FAMILIES.values()
-                                 for name in (f.display, *(s.capitalize() for s in f.other_sources))}))
+FAMILY_NAMES = ", ".join(
+    sorted(
+        {name for f in FAMILIES.values() for name in (f.display, *(s.capitalize() for s in f.other_sources))}
+    )
+)
 
 
 def unsupported(model_type) -> str:
-    return (f"model_type {model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)} "
-            f"({FAMILY_NAMES} causal LMs)")
+    return (
+        f"model_type {model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)} "
+        f"({FAMILY_NAMES} causal LMs)"
+    )
 
 
 def family_of(model_type: str) -> Family:

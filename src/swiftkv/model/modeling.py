@@ -131,19 +131,34 @@ class SwiftKVAttentionMixin:
             if self.qk_norm:
                 del self.q_norm, self.k_norm
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
-                swiftkv_kv: tuple[torch.Tensor, torch.Tensor] | None = None, **kwargs):
+    def forward(
+        self,
+        hidden_states,
+        position_embeddings=None,
+        attention_mask=None,
+        past_key_values=None,
+        swiftkv_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ):
         if swiftkv_kv is None:
-            return super().forward(hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs)
+            return super().forward(
+                hidden_states, position_embeddings, attention_mask, past_key_values, **kwargs
+            )
         input_shape = hidden_states.shape[:-1]
         query = self.q_proj_swiftkv(hidden_states).view(*input_shape, -1, self.head_dim)
         if self.qk_norm:
             query = self.q_norm_swiftkv(query)
         query = apply_rope(query.transpose(1, 2), *position_embeddings)
         key, value = swiftkv_kv
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
         out, weights = attention(
-            self, query, key, value, attention_mask,
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
             dropout=0.0 if not self.training else self.attention_dropout,
             scaling=self.scaling,
             sliding_window=getattr(self, "sliding_window", None),
@@ -263,15 +278,27 @@ class SwiftKVModelMixin:
     def build_masks(self, inputs_embeds, attention_mask, past_key_values, position_ids) -> dict:
         if isinstance(attention_mask, dict):  # `generate` may have prepared them already
             return attention_mask
-        kwargs = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                      past_key_values=past_key_values, position_ids=position_ids)
+        kwargs = dict(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            position_ids=position_ids,
+        )
         masks = {"full_attention": create_causal_mask(**kwargs)}
         if any(self.layer_type(i) == "sliding_attention" for i in range(self.config.num_hidden_layers)):
             masks["sliding_attention"] = create_sliding_window_causal_mask(**kwargs)
         return masks
 
-    def embed_and_early(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                        inputs_embeds=None, **kwargs) -> EarlyOutput:
+    def embed_and_early(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        **kwargs,
+    ) -> EarlyOutput:
         """Embedding and layers < N: identical for teacher and student."""
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -285,13 +312,24 @@ class SwiftKVModelMixin:
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
         hidden = inputs_embeds
         for i in range(self.split_layer):
-            hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
-                                    position_embeddings=position_embeddings, position_ids=position_ids,
-                                    past_key_values=past_key_values, **kwargs)
+            hidden = self.layers[i](
+                hidden,
+                attention_mask=masks[self.layer_type(i)],
+                position_embeddings=position_embeddings,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
         return EarlyOutput(hidden, position_embeddings, masks, cache_position, past_key_values)
 
-    def late(self, early: EarlyOutput, student: bool, keep_rows: RowSelection = None,
-             layer_inputs: dict[int, torch.Tensor] | None = None, **kwargs) -> torch.Tensor:
+    def late(
+        self,
+        early: EarlyOutput,
+        student: bool,
+        keep_rows: RowSelection = None,
+        layer_inputs: dict[int, torch.Tensor] | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
         """Layers >= N on h_N (before the final norm). The teacher runs them as transformers does;
         the student takes every later layer's K/V from norm_swiftkv(h_N) and, with `keep_rows`,
         runs the later layers on the kept rows only. `layer_inputs`, if given, maps later-layer
@@ -302,25 +340,40 @@ class SwiftKVModelMixin:
         hidden = early.hidden_states
         for i in range(self.split_layer, self.config.num_hidden_layers):
             record_input(layer_inputs, i, hidden)
-            hidden = self.layers[i](hidden, attention_mask=early.masks[self.layer_type(i)],
-                                    position_embeddings=early.position_embeddings,
-                                    past_key_values=early.past_key_values, **kwargs)
+            hidden = self.layers[i](
+                hidden,
+                attention_mask=early.masks[self.layer_type(i)],
+                position_embeddings=early.position_embeddings,
+                past_key_values=early.past_key_values,
+                **kwargs,
+            )
         return hidden if keep_rows is None else hidden[:, keep_rows]
 
-    def late_student(self, early: EarlyOutput, keep_rows: RowSelection, layer_inputs=None, **kwargs) -> torch.Tensor:
+    def late_student(
+        self, early: EarlyOutput, keep_rows: RowSelection, layer_inputs=None, **kwargs
+    ) -> torch.Tensor:
         kv_per_group = self.swiftkv_key_values(early)
         hidden, position_embeddings, masks = select_rows(early, keep_rows)
         with student_path():
             for i in self.config.later_layers:
                 record_input(layer_inputs, i, hidden)
-                hidden = self.layers[i](hidden, attention_mask=masks[self.layer_type(i)],
-                                        position_embeddings=position_embeddings,
-                                        swiftkv_kv=kv_per_group[self.config.group_of(i)], **kwargs)
+                hidden = self.layers[i](
+                    hidden,
+                    attention_mask=masks[self.layer_type(i)],
+                    position_embeddings=position_embeddings,
+                    swiftkv_kv=kv_per_group[self.config.group_of(i)],
+                    **kwargs,
+                )
         return hidden
 
-    def forward_pair(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                     rows: torch.Tensor | None = None, probe_layer: int | None = None,
-                     shared_prefix: bool = True) -> PairHidden:
+    def forward_pair(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
+        probe_layer: int | None = None,
+        shared_prefix: bool = True,
+    ) -> PairHidden:
         """The teacher's and the student's final hidden states (after the final norm) over the same
         tokens, with layers < N computed once for both: the SwiftKV math every consumer of a
         teacher/student pair uses (calibration, distillation, evaluation).
@@ -331,7 +384,11 @@ class SwiftKVModelMixin:
         student follows the caller's grad mode. `probe_layer` also returns, for every position, the
         residual stream entering that later layer. `shared_prefix=False` runs layers < N again for
         the student (the reference way; same result)."""
-        probes = {"teacher": {probe_layer: None}, "student": {probe_layer: None}} if probe_layer is not None else {}
+        probes = (
+            {"teacher": {probe_layer: None}, "student": {probe_layer: None}}
+            if probe_layer is not None
+            else {}
+        )
         with torch.no_grad():
             early = self.embed_and_early(input_ids=input_ids, position_ids=position_ids)
             teacher = flat_rows(self.late(early, student=False, layer_inputs=probes.get("teacher")), rows)
@@ -363,20 +420,31 @@ class SwiftKVModelMixin:
 
     @merge_with_config_defaults
     @capture_outputs
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=None, keep_rows: RowSelection = None, swiftkv: bool | None = None,
-                **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        keep_rows: RowSelection = None,
+        swiftkv: bool | None = None,
+        **kwargs,
+    ):
         """`swiftkv` picks the path for this call (True: student, False: teacher); None uses
         `config.swiftkv`, the folder's default."""
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        early = self.embed_and_early(input_ids, attention_mask, position_ids, past_key_values, inputs_embeds,
-                                     **kwargs)
+        early = self.embed_and_early(
+            input_ids, attention_mask, position_ids, past_key_values, inputs_embeds, **kwargs
+        )
         wanted = self.config.swiftkv if swiftkv is None else swiftkv
         student = bool(wanted) and is_swiftkv(self.config)
         hidden = self.late(early, student=student, keep_rows=keep_rows, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden),
-                                       past_key_values=past_key_values if use_cache else None)
+        return BaseModelOutputWithPast(
+            last_hidden_state=self.norm(hidden), past_key_values=past_key_values if use_cache else None
+        )
 
 
 def check_teacher_contained(config) -> None:
@@ -384,8 +452,10 @@ def check_teacher_contained(config) -> None:
     distilled for the student): it would silently compute something that is neither model."""
     why = config.teacher_missing if is_swiftkv(config) else None
     if why:
-        raise ValueError(f"this SwiftKV checkpoint cannot run its teacher path (swiftkv=False): {why}. It can only "
-                         "run with swiftkv=True; use the source model it was converted from as the teacher.")
+        raise ValueError(
+            f"this SwiftKV checkpoint cannot run its teacher path (swiftkv=False): {why}. It can only "
+            "run with swiftkv=True; use the source model it was converted from as the teacher."
+        )
 
 
 def record_input(layer_inputs: dict | None, layer: int, hidden: torch.Tensor) -> None:
@@ -481,19 +551,44 @@ class SwiftKVForCausalLMMixin:
             check_teacher_contained(self.config)
         self.config.swiftkv = bool(enabled)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
-                swiftkv: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep: int | torch.Tensor = 0,
+        swiftkv: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
         keep_rows = rows_to_keep(logits_to_keep)
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             keep_rows=keep_rows, swiftkv=swiftkv, **kwargs)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            keep_rows=keep_rows,
+            swiftkv=swiftkv,
+            **kwargs,
+        )
         logits = self.lm_head(outputs.last_hidden_state)  # already restricted to `keep_rows` by the model
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
 
 class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMMixin, LlamaForCausalLM):

@@ -43,14 +43,14 @@ def auto_shim_source() -> str:
     """The shim: imports every family's classes (from the registry) out of the swiftkv package."""
     names = ", ".join(cls.__name__ for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
     types = " / ".join(f.swiftkv_type for f in FAMILIES.values())
-    return (f'''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
+    return f'''"""This folder is a SwiftKV checkpoint (https://arxiv.org/abs/2410.03960): its classes live in the
 swiftkv package. Load it after `import swiftkv`, or with trust_remote_code=True."""
 try:
     from swiftkv import ({names})  # noqa: F401
 except ImportError as error:
     raise ImportError("this is a SwiftKV checkpoint (model_type {types}): "
                       "install the swiftkv package to load it") from error
-''')
+'''
 
 
 AUTO_SHIM_SOURCE = auto_shim_source()
@@ -62,8 +62,10 @@ def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size:
     base_type = base_config.model_type
     sources = [t for f in FAMILIES.values() for t in f.source_types]
     if base_type not in sources:
-        raise ValueError(f"cannot convert model_type {base_type!r}: already SwiftKV or unsupported; "
-                         f"expected one of {sources}")
+        raise ValueError(
+            f"cannot convert model_type {base_type!r}: already SwiftKV or unsupported; "
+            f"expected one of {sources}"
+        )
     family = family_of(base_type)
     why = family.source_refusal(base_config)
     if why:
@@ -73,8 +75,12 @@ def swiftkv_config(base_config, num_key_value_layers: int, key_value_group_size:
     if family.base_type != base_type:  # e.g. Mistral -> Llama: keep only what the family's config knows
         known = set(family.config_class().to_dict())
         values = {k: v for k, v in values.items() if k in known}
-    return family.config_class(**values, swiftkv=True, num_key_value_layers=num_key_value_layers,
-                               key_value_group_size=key_value_group_size)
+    return family.config_class(
+        **values,
+        swiftkv=True,
+        num_key_value_layers=num_key_value_layers,
+        key_value_group_size=key_value_group_size,
+    )
 
 
 def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size: int):
@@ -125,18 +131,23 @@ def mean_linear(name: str, sources: list[torch.nn.Linear]) -> dict[str, torch.Te
 
 
 @torch.no_grad()
-def load_trained(model, tensors: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter] | None = None) -> None:
+def load_trained(
+    model, tensors: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter] | None = None
+) -> None:
     """Copy trained tensors (by parameter name) into `model`, checking names and shapes against
     `params` (default: its SwiftKV parameters)."""
     params = swiftkv_parameters(model) if params is None else params
     unknown = sorted(set(tensors) - set(params))
     if unknown:
-        raise ValueError(f"SwiftKV weights {unknown[:3]} do not exist in this model "
-                         f"(N={model.config.num_key_value_layers}, G={model.config.key_value_group_size})")
+        raise ValueError(
+            f"SwiftKV weights {unknown[:3]} do not exist in this model "
+            f"(N={model.config.num_key_value_layers}, G={model.config.key_value_group_size})"
+        )
     for name, tensor in tensors.items():
         if tensor.shape != params[name].shape:
-            raise ValueError(f"SwiftKV weight {name} has shape {tuple(tensor.shape)}; "
-                             f"expected {tuple(params[name].shape)}")
+            raise ValueError(
+                f"SwiftKV weight {name} has shape {tuple(tensor.shape)}; expected {tuple(params[name].shape)}"
+            )
         params[name].copy_(tensor.to(params[name].dtype))
 
 
@@ -162,13 +173,24 @@ def plain_teacher(model):
     return plain.eval()
 
 
-PLAIN_DROP = ("model_type", "architectures", "num_key_value_layers", "key_value_group_size", "auto_map",
-              "transformers_version")
+PLAIN_DROP = (
+    "model_type",
+    "architectures",
+    "num_key_value_layers",
+    "key_value_group_size",
+    "auto_map",
+    "transformers_version",
+)
 
 
-def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base: str,
-                        dtype: torch.dtype = torch.bfloat16, base_model: torch.nn.Module | None = None,
-                        student_rank: int | None = None) -> Path:
+def save_swiftkv_params(
+    model: torch.nn.Module,
+    folder: str | os.PathLike,
+    base: str,
+    dtype: torch.dtype = torch.bfloat16,
+    base_model: torch.nn.Module | None = None,
+    student_rank: int | None = None,
+) -> Path:
     """Write the trained SwiftKV tensors of `model` (a few MB) and their geometry into `folder`;
     each file is written beside its final name and then renamed. A model whose later layers were
     distilled for the student (`--trainable lora`) also stores how its weights differ from
@@ -178,13 +200,18 @@ def save_swiftkv_params(model: torch.nn.Module, folder: str | os.PathLike, base:
     tensors = {name: p.detach().to(dtype).contiguous() for name, p in swiftkv_parameters(model).items()}
     if not tensors:
         raise ValueError("the model has no SwiftKV parameters (q/k/v_proj_swiftkv, norm_swiftkv) to save")
-    spec = {"base": base, "num_key_value_layers": model.config.num_key_value_layers,
-            "key_value_group_size": model.config.key_value_group_size}
+    spec = {
+        "base": base,
+        "num_key_value_layers": model.config.num_key_value_layers,
+        "key_value_group_size": model.config.key_value_group_size,
+    }
     trained_modules = getattr(model.config, "swiftkv_student_trained", None)
     if trained_modules:
         if base_model is None or student_rank is None:
-            raise ValueError(f"the model's later layers' {', '.join(trained_modules)} were distilled for the student; "
-                             "pass base_model and student_rank (the run's --lora-rank) to store their difference")
+            raise ValueError(
+                f"the model's later layers' {', '.join(trained_modules)} were distilled for the student; "
+                "pass base_model and student_rank (the run's --lora-rank) to store their difference"
+            )
         deltas = student_deltas(model, base_model, student_rank)
         tensors.update({name: t.to(dtype).contiguous() for name, t in deltas.items()})
         spec |= {"student_trained": list(trained_modules), "student_rank": student_rank}
@@ -210,14 +237,18 @@ def student_deltas(model: torch.nn.Module, base_model: torch.nn.Module, rank: in
             continue
         delta = weight.float() - base[name].float()
         if delta.dim() != 2:
-            raise ValueError(f"{name} differs from the base model and is not a matrix; only low-rank differences of "
-                             "the later layers' projections can be stored (--trainable lora)")
+            raise ValueError(
+                f"{name} differs from the base model and is not a matrix; only low-rank differences of "
+                "the later layers' projections can be stored (--trainable lora)"
+            )
         u, s, vh = torch.linalg.svd(delta, full_matrices=False)
         left = float(s[rank:].norm() / s.norm()) if s.norm() > 0 else 0.0
         if left > RANK_TOLERANCE:
-            raise ValueError(f"{name} differs from the base model by more than rank {rank} ({left:.1e} of the "
-                             "difference left out); only --trainable lora students store as a few MB: serve the "
-                             "distilled folder itself")
+            raise ValueError(
+                f"{name} differs from the base model by more than rank {rank} ({left:.1e} of the "
+                "difference left out); only --trainable lora students store as a few MB: serve the "
+                "distilled folder itself"
+            )
         root = s[:rank].sqrt()  # split the singular values evenly, so both factors round alike in bf16
         factors[name + DELTA_FACTORS[0]] = u[:, :rank] * root
         factors[name + DELTA_FACTORS[1]] = root[:, None] * vh[:rank]
@@ -225,7 +256,9 @@ def student_deltas(model: torch.nn.Module, base_model: torch.nn.Module, rank: in
 
 
 @torch.no_grad()
-def apply_student_deltas(model: torch.nn.Module, tensors: dict[str, torch.Tensor], trained_modules: list[str]) -> None:
+def apply_student_deltas(
+    model: torch.nn.Module, tensors: dict[str, torch.Tensor], trained_modules: list[str]
+) -> None:
     """Add the stored rank factors to `model`'s weights and mark its config as student-trained."""
     params = dict(model.named_parameters())
     for key in [k for k in tensors if k.endswith(DELTA_FACTORS[0])]:
@@ -249,8 +282,14 @@ def read_trained(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tenso
     return json.loads((folder / "swiftkv.json").read_text()), load_file(folder / "swiftkv.safetensors")
 
 
-def write_swiftkv_folder(model, tokenizer, dst: str | os.PathLike, info: dict, force: bool = False,
-                         extra_files: dict[str, str] | None = None) -> None:
+def write_swiftkv_folder(
+    model,
+    tokenizer,
+    dst: str | os.PathLike,
+    info: dict,
+    force: bool = False,
+    extra_files: dict[str, str] | None = None,
+) -> None:
     """A SwiftKV model as an HF folder, atomically: weights, config (with `swiftkv_conversion` =
     `info` and an auto_map to the shim that points plain transformers at this package), tokenizer
     (unless None: a source without one gives a folder without one)."""
@@ -285,8 +324,10 @@ def add_auto_shim(folder: Path) -> None:
     if not is_swiftkv(config):
         return
     family = family_of(config["model_type"])
-    auto_map = {"AutoConfig": f"{AUTO_SHIM}.{family.config_class.__name__}",
-                "AutoModelForCausalLM": f"{AUTO_SHIM}.{family.model_class.__name__}"}
+    auto_map = {
+        "AutoConfig": f"{AUTO_SHIM}.{family.config_class.__name__}",
+        "AutoModelForCausalLM": f"{AUTO_SHIM}.{family.model_class.__name__}",
+    }
     if config.get("auto_map") not in (None, auto_map):
         return
     if config.get("auto_map") != auto_map:
@@ -317,8 +358,12 @@ def tokenizer_differences(student_tokenizer, teacher_tokenizer) -> list[str]:
     """How two tokenizers differ where paired scoring and distillation need them equal (empty: they do not)."""
     differences = []
     if student_tokenizer.get_vocab() != teacher_tokenizer.get_vocab():
-        differences.append(f"vocabularies differ ({len(student_tokenizer)} vs {len(teacher_tokenizer)} tokens)")
+        differences.append(
+            f"vocabularies differ ({len(student_tokenizer)} vs {len(teacher_tokenizer)} tokens)"
+        )
     for attr in ("bos_token_id", "eos_token_id"):
         if getattr(student_tokenizer, attr) != getattr(teacher_tokenizer, attr):
-            differences.append(f"{attr} {getattr(student_tokenizer, attr)} vs {getattr(teacher_tokenizer, attr)}")
+            differences.append(
+                f"{attr} {getattr(student_tokenizer, attr)} vs {getattr(teacher_tokenizer, attr)}"
+            )
     return differences

@@ -20,8 +20,13 @@ KV_CACHE_BYTES = 2 * 2**30
 def engine_kwargs(model: str, **overrides) -> dict:
     """Keyword arguments for `vllm.LLM` / `EngineArgs`: the hardware's dtype (`auto`: bf16 where it
     is native, fp32 otherwise), SwiftKV's fast prefill, and the caller's overrides (which win)."""
-    return {"model": model, "dtype": dtype_name(resolve_dtype(AUTO)), "seed": 0, **SWIFTKV_ENGINE_ARGS,
-            **overrides}
+    return {
+        "model": model,
+        "dtype": dtype_name(resolve_dtype(AUTO)),
+        "seed": 0,
+        **SWIFTKV_ENGINE_ARGS,
+        **overrides,
+    }
 
 
 @contextlib.contextmanager

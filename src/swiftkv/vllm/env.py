@@ -17,10 +17,12 @@ def thread_binding(cpus: list[int], ranks: int) -> str:
     """vLLM-CPU's binding for `ranks` tensor-parallel workers: the CPUs split into that many
     contiguous groups, one per rank, separated by '|'."""
     if ranks > len(cpus):
-        raise ValueError(f"tensor_parallel_size={ranks} needs at least {ranks} CPUs on vLLM's CPU engine (one "
-                         f"per rank); this process may use {len(cpus)}")
+        raise ValueError(
+            f"tensor_parallel_size={ranks} needs at least {ranks} CPUs on vLLM's CPU engine (one "
+            f"per rank); this process may use {len(cpus)}"
+        )
     share = len(cpus) // ranks
-    return "|".join(cpu_list_string(cpus[r * share:(r + 1) * share]) for r in range(ranks))
+    return "|".join(cpu_list_string(cpus[r * share : (r + 1) * share]) for r in range(ranks))
 
 
 def configure_cpu_env(environ: MutableMapping[str, str] | None = None, ranks: int = 1) -> dict[str, str]:
@@ -74,8 +76,10 @@ def choose_model_runner(environ: MutableMapping[str, str], on_cuda: bool) -> boo
         return False
     asked = environ.get(RUNNER_ENV, "").strip().lower()
     if asked in ("1", "true"):
-        raise ValueError(f"{RUNNER_ENV}={environ[RUNNER_ENV]}: SwiftKV is verified on vLLM's V1 model runner only "
-                         "(its fast-prefill path is the one the plugin was written against); unset it or set it to 0")
+        raise ValueError(
+            f"{RUNNER_ENV}={environ[RUNNER_ENV]}: SwiftKV is verified on vLLM's V1 model runner only "
+            "(its fast-prefill path is the one the plugin was written against); unset it or set it to 0"
+        )
     if asked in ("0", "false"):
         return False
     environ[RUNNER_ENV] = "0"

@@ -12,9 +12,11 @@ any `prompt_logprobs` that is set at all; vLLM's server answers that error with 
 
 from __future__ import annotations
 
-REFUSAL = ("prompt logprobs are not available on this server: it runs with --kv-sharing-fast-prefill (SwiftKV's "
-           "prefill skip), where prompt tokens skip the later layers. Remove prompt_logprobs (0 included) and "
-           "echo+logprobs from the request, or serve the model without --kv-sharing-fast-prefill")
+REFUSAL = (
+    "prompt logprobs are not available on this server: it runs with --kv-sharing-fast-prefill (SwiftKV's "
+    "prefill skip), where prompt tokens skip the later layers. Remove prompt_logprobs (0 included) and "
+    "echo+logprobs from the request, or serve the model without --kv-sharing-fast-prefill"
+)
 
 
 def asks_for_prompt_logprobs(params) -> bool:

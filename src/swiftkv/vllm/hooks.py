@@ -24,8 +24,10 @@ def check_neighbours(vllm_config) -> None:
     from vllm.platforms import current_platform
 
     if choose_model_runner(os.environ, current_platform.is_cuda()):
-        logger.info("SwiftKV: vLLM's V1 model runner (%s=0), the fast-prefill path the plugin is verified on",
-                    RUNNER_ENV)
+        logger.info(
+            "SwiftKV: vLLM's V1 model runner (%s=0), the fast-prefill path the plugin is verified on",
+            RUNNER_ENV,
+        )
     speculative = vllm_config.speculative_config
     check_speculative_method(speculative.method if speculative is not None else None)
     kv_cache_dtype = vllm_config.cache_config.cache_dtype

@@ -29,19 +29,26 @@ def cpu_has_fp8_kernels() -> bool:
     return bool(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def check_kv_cache_dtype(kv_cache_dtype: str | None, head_dim: int | None = None,
-                         fp8_kernels: bool | None = None) -> None:
+def check_kv_cache_dtype(
+    kv_cache_dtype: str | None, head_dim: int | None = None, fp8_kernels: bool | None = None
+) -> None:
     """One ValueError for a KV-cache dtype vLLM's CPU engine cannot run (None: the default, auto)."""
     if kv_cache_dtype is None or kv_cache_dtype == "auto":
         return
     if kv_cache_dtype not in CPU_KV_CACHE_DTYPES:
-        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported by vLLM's CPU attention; expected "
-                         f"one of {', '.join(CPU_KV_CACHE_DTYPES)}")
+        raise ValueError(
+            f"--kv-cache-dtype {kv_cache_dtype!r} is not supported by vLLM's CPU attention; expected "
+            f"one of {', '.join(CPU_KV_CACHE_DTYPES)}"
+        )
     fp8_kernels = cpu_has_fp8_kernels() if fp8_kernels is None else fp8_kernels
     if not fp8_kernels:
-        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} needs a CPU with AVX-512 or AMX (vLLM's fp8 attention "
-                         "kernels); this CPU has neither: use --kv-cache-dtype auto")
+        raise ValueError(
+            f"--kv-cache-dtype {kv_cache_dtype} needs a CPU with AVX-512 or AMX (vLLM's fp8 attention "
+            "kernels); this CPU has neither: use --kv-cache-dtype auto"
+        )
     if head_dim is not None and head_dim % FP8_HEAD_SIZE_MULTIPLE:
-        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} needs a head size divisible by "
-                         f"{FP8_HEAD_SIZE_MULTIPLE} on vLLM's CPU engine; this model's is {head_dim}: use "
-                         "--kv-cache-dtype auto")
+        raise ValueError(
+            f"--kv-cache-dtype {kv_cache_dtype} needs a head size divisible by "
+            f"{FP8_HEAD_SIZE_MULTIPLE} on vLLM's CPU engine; this model's is {head_dim}: use "
+            "--kv-cache-dtype auto"
+        )

@@ -45,13 +45,24 @@ class KVHolder(nn.Module):
     """Owns the KV cache of one AcrossKV group. Never called: the model writes its cache with
     `unified_kv_cache_update` and the group's layers read it as KV-sharing layers."""
 
-    def __init__(self, config, heads: RankHeads, cache_config: CacheConfig | None,
-                 quant_config: QuantizationConfig | None, prefix: str):
+    def __init__(
+        self,
+        config,
+        heads: RankHeads,
+        cache_config: CacheConfig | None,
+        quant_config: QuantizationConfig | None,
+        prefix: str,
+    ):
         super().__init__()
         head_dim = head_dim_of(config)
         self.attn = Attention(
-            heads.q, head_dim, head_dim**-0.5, num_kv_heads=heads.kv, cache_config=cache_config,
-            quant_config=quant_config, prefix=f"{prefix}.attn",
+            heads.q,
+            head_dim,
+            head_dim**-0.5,
+            num_kv_heads=heads.kv,
+            cache_config=cache_config,
+            quant_config=quant_config,
+            prefix=f"{prefix}.attn",
         )
 
 
@@ -84,25 +95,47 @@ class SwiftKVLaterAttention(nn.Module):
     """Query-only attention of a later layer: q_proj_swiftkv (+ q_norm_swiftkv per head for Qwen3),
     RoPE, attention over the holder cache."""
 
-    def __init__(self, config, heads: RankHeads, cache_config, quant_config, prefix: str, holder_attn_name: str,
-                 qkv_bias: bool, o_bias: bool, qk_norm: bool = False):
+    def __init__(
+        self,
+        config,
+        heads: RankHeads,
+        cache_config,
+        quant_config,
+        prefix: str,
+        holder_attn_name: str,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         head_dim = head_dim_of(config)
         self.head_dim = head_dim
         self.q_norm_swiftkv = RMSNorm(head_dim, eps=config.rms_norm_eps) if qk_norm else None
         # The projections take the global sizes (vLLM shards them); the attention runs this rank's heads.
         self.q_proj_swiftkv = ColumnParallelLinear(
-            config.hidden_size, config.num_attention_heads * head_dim, bias=qkv_bias, quant_config=quant_config,
+            config.hidden_size,
+            config.num_attention_heads * head_dim,
+            bias=qkv_bias,
+            quant_config=quant_config,
             prefix=f"{prefix}.q_proj_swiftkv",
         )
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * head_dim, config.hidden_size, bias=o_bias, quant_config=quant_config,
+            config.num_attention_heads * head_dim,
+            config.hidden_size,
+            bias=o_bias,
+            quant_config=quant_config,
             prefix=f"{prefix}.o_proj",
         )
         self.rotary_emb = make_rope(config)
         self.attn = Attention(
-            heads.q, head_dim, head_dim**-0.5, num_kv_heads=heads.kv, cache_config=cache_config,
-            quant_config=quant_config, prefix=f"{prefix}.attn", kv_sharing_target_layer_name=holder_attn_name,
+            heads.q,
+            head_dim,
+            head_dim**-0.5,
+            num_kv_heads=heads.kv,
+            cache_config=cache_config,
+            quant_config=quant_config,
+            prefix=f"{prefix}.attn",
+            kv_sharing_target_layer_name=holder_attn_name,
         )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -117,13 +150,39 @@ class SwiftKVLaterAttention(nn.Module):
 class SwiftKVLaterLayer(nn.Module):
     """Decoder layer i >= N: the teacher's layer math with the query-only SwiftKV attention."""
 
-    def __init__(self, config, heads: RankHeads, cache_config, quant_config, prefix: str, holder_attn_name: str,
-                 qkv_bias: bool, o_bias: bool, mlp_bias: bool, qk_norm: bool = False):
+    def __init__(
+        self,
+        config,
+        heads: RankHeads,
+        cache_config,
+        quant_config,
+        prefix: str,
+        holder_attn_name: str,
+        qkv_bias: bool,
+        o_bias: bool,
+        mlp_bias: bool,
+        qk_norm: bool = False,
+    ):
         super().__init__()
-        self.self_attn = SwiftKVLaterAttention(config, heads, cache_config, quant_config, f"{prefix}.self_attn",
-                                               holder_attn_name, qkv_bias, o_bias, qk_norm)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act, quant_config,
-                            bias=mlp_bias, prefix=f"{prefix}.mlp")
+        self.self_attn = SwiftKVLaterAttention(
+            config,
+            heads,
+            cache_config,
+            quant_config,
+            f"{prefix}.self_attn",
+            holder_attn_name,
+            qkv_bias,
+            o_bias,
+            qk_norm,
+        )
+        self.mlp = LlamaMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            quant_config,
+            bias=mlp_bias,
+            prefix=f"{prefix}.mlp",
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -51,9 +51,11 @@ def require_fast_prefill(vllm_config: VllmConfig) -> None:
         raise ValueError(FAST_PREFILL_HELP)
 
 
-PIPELINE_HELP = ("SwiftKV on vLLM does not support pipeline parallelism (pipeline_parallel_size={}): the later "
-                 "layers read the K/V that layer N's output produces, across any stage boundary. Use "
-                 "tensor_parallel_size to spread the model over devices, with pipeline_parallel_size=1")
+PIPELINE_HELP = (
+    "SwiftKV on vLLM does not support pipeline parallelism (pipeline_parallel_size={}): the later "
+    "layers read the K/V that layer N's output produces, across any stage boundary. Use "
+    "tensor_parallel_size to spread the model over devices, with pipeline_parallel_size=1"
+)
 
 
 def require_one_pipeline_stage(vllm_config: VllmConfig) -> None:
@@ -70,7 +72,9 @@ def require_swiftkv_config(config) -> None:
         )
     if not getattr(config, "swiftkv", True):
         # The teacher path of a SwiftKV checkpoint is the base model: serve the base model instead.
-        raise ValueError("config.swiftkv is false: vLLM serves only the SwiftKV (student) path; set swiftkv=true")
+        raise ValueError(
+            "config.swiftkv is false: vLLM serves only the SwiftKV (student) path; set swiftkv=true"
+        )
     config.check_swiftkv_geometry()
 
 
@@ -78,28 +82,44 @@ def require_swiftkv_config(config) -> None:
 class SwiftKVEarly(nn.Module):
     """Embedding, layers < N, and every AcrossKV group's K (RoPE'd) and V from norm_swiftkv(h_N)."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None, kv_bias: bool = False,
-                 heads: RankHeads, qk_norm: bool = False):
+    def __init__(
+        self,
+        *,
+        vllm_config: VllmConfig,
+        prefix: str = "",
+        make_layer=None,
+        kv_bias: bool = False,
+        heads: RankHeads,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         config = vllm_config.model_config.hf_config
         n, groups, head_dim = config.num_key_value_layers, config.num_kv_groups, head_dim_of(config)
         tp = vllm_config.parallel_config.tensor_parallel_size
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
-                                                   quant_config=vllm_config.quant_config)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config
+        )
         self.layers = nn.ModuleList([make_layer(f"{prefix}.layers.{i}") for i in range(n)])
         self.norm_swiftkv = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # All groups' K then all groups' V in one matmul: shard g = K of group g, shard groups+g = V.
         # Each shard is split over the ranks (KV heads replicated first where tp > KV heads).
         self.kv_proj_swiftkv = MergedColumnParallelLinear(
-            config.hidden_size, [heads.kv_rows(tp) * head_dim] * (2 * groups), bias=kv_bias,
-            quant_config=vllm_config.quant_config, prefix=f"{prefix}.kv_proj_swiftkv",
+            config.hidden_size,
+            [heads.kv_rows(tp) * head_dim] * (2 * groups),
+            bias=kv_bias,
+            quant_config=vllm_config.quant_config,
+            prefix=f"{prefix}.kv_proj_swiftkv",
         )
         self.k_norm_swiftkv = GroupHeadRMSNorm(groups, head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = make_rope(config)
         self.keys_size = groups * heads.kv * head_dim  # this rank's K of every group
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
@@ -120,9 +140,7 @@ class SwiftKVLate(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", make_layer=None):
         super().__init__()
         config = vllm_config.model_config.hf_config
-        self.layers = nn.ModuleList(
-            [make_layer(i) for i in config.later_layers]
-        )
+        self.layers = nn.ModuleList([make_layer(i) for i in config.later_layers])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -136,8 +154,15 @@ class SwiftKVLate(nn.Module):
 class SwiftKVModel(nn.Module):
     """`early` + eager glue + `late`. `make_early_layer(prefix)` builds vLLM's own decoder layer."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str, make_early_layer, bias: dict[str, bool],
-                 qk_norm: bool = False):
+    def __init__(
+        self,
+        *,
+        vllm_config: VllmConfig,
+        prefix: str,
+        make_early_layer,
+        bias: dict[str, bool],
+        qk_norm: bool = False,
+    ):
         super().__init__()
         from vllm.compilation.backends import (
             set_model_tag,  # importing it at module level breaks tests (as gemma3n)
@@ -149,8 +174,11 @@ class SwiftKVModel(nn.Module):
         require_one_pipeline_stage(vllm_config)
         self.config = config
         cache, quant = vllm_config.cache_config, vllm_config.quant_config
-        self.heads = heads = rank_heads(config.num_attention_heads, config.num_key_value_heads,
-                                        vllm_config.parallel_config.tensor_parallel_size)
+        self.heads = heads = rank_heads(
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            vllm_config.parallel_config.tensor_parallel_size,
+        )
         owners = config.kv_owners
         # Holders first: vLLM walks attention layers in construction order and restricts only the
         # trailing run of KV-sharing layers to the logits rows, so the holders must precede them.
@@ -160,12 +188,26 @@ class SwiftKVModel(nn.Module):
         holder_name = {o: h.attn.layer_name for o, h in zip(owners, self.swiftkv_cache.values(), strict=True)}
 
         def make_late_layer(i: int) -> nn.Module:
-            return SwiftKVLaterLayer(config, heads, cache, quant, f"{prefix}.layers.{i}",
-                                     holder_name[config.kv_owner(i)], **bias, qk_norm=qk_norm)
+            return SwiftKVLaterLayer(
+                config,
+                heads,
+                cache,
+                quant,
+                f"{prefix}.layers.{i}",
+                holder_name[config.kv_owner(i)],
+                **bias,
+                qk_norm=qk_norm,
+            )
 
         with set_model_tag("swiftkv_early"):
-            self.early = SwiftKVEarly(vllm_config=vllm_config, prefix=prefix, make_layer=make_early_layer,
-                                      kv_bias=bias["qkv_bias"], heads=heads, qk_norm=qk_norm)
+            self.early = SwiftKVEarly(
+                vllm_config=vllm_config,
+                prefix=prefix,
+                make_layer=make_early_layer,
+                kv_bias=bias["qkv_bias"],
+                heads=heads,
+                qk_norm=qk_norm,
+            )
         with set_model_tag("swiftkv_late"):
             self.late = SwiftKVLate(vllm_config=vllm_config, prefix=prefix, make_layer=make_late_layer)
         self.holder_names = list(holder_name.values())
@@ -182,8 +224,10 @@ class SwiftKVModel(nn.Module):
         if not isinstance(metadata, dict) or self.last_attn_name not in metadata:
             return None, None
         layer_metadata = metadata[self.last_attn_name]
-        return (getattr(layer_metadata, "logits_indices_padded", None),
-                getattr(layer_metadata, "num_logits_indices", None))
+        return (
+            getattr(layer_metadata, "logits_indices_padded", None),
+            getattr(layer_metadata, "num_logits_indices", None),
+        )
 
     def write_group_caches(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Each group's K/V into its holder's cache, for every token of the step. The CPU kernel needs
@@ -193,8 +237,12 @@ class SwiftKVModel(nn.Module):
         for group, name in enumerate(self.holder_names):
             unified_kv_cache_update(keys[:, group], values[:, group], name)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # The named ranges let `swiftkv bench --profile` (swiftkv/bench/profile.py) split the step's time;
         # with no profiler running they cost about a microsecond each.
         rows, num_rows = self.logits_rows()
@@ -229,11 +277,19 @@ class SwiftKVForCausalLMBase(nn.Module):
         config = vllm_config.model_config.hf_config
         self.config = config
         model_prefix = f"{prefix}.model" if prefix else "model"
-        self.model = SwiftKVModel(vllm_config=vllm_config, prefix=model_prefix,
-                                  make_early_layer=self.early_layer_factory(vllm_config), bias=self.bias_of(config),
-                                  qk_norm=self.qk_norm)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
-                                      prefix=f"{prefix}.lm_head" if prefix else "lm_head")
+        self.model = SwiftKVModel(
+            vllm_config=vllm_config,
+            prefix=model_prefix,
+            make_early_layer=self.early_layer_factory(vllm_config),
+            bias=self.bias_of(config),
+            qk_norm=self.qk_norm,
+        )
+        self.lm_head = ParallelLMHead(
+            config.vocab_size,
+            config.hidden_size,
+            quant_config=vllm_config.quant_config,
+            prefix=f"{prefix}.lm_head" if prefix else "lm_head",
+        )
         if config.tie_word_embeddings:
             self.lm_head = self.lm_head.tie_weights(self.model.early.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size, scale=getattr(config, "logit_scale", 1.0))
@@ -249,8 +305,13 @@ class SwiftKVForCausalLMBase(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         # intermediate_tensors is always None: one pipeline stage (require_one_pipeline_stage)
         return self.model(input_ids, positions, inputs_embeds)
 
@@ -269,16 +330,20 @@ class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMBase):
     @staticmethod
     def bias_of(config) -> dict[str, bool]:
         attention_bias = bool(getattr(config, "attention_bias", False))
-        return {"qkv_bias": attention_bias, "o_bias": attention_bias,
-                "mlp_bias": bool(getattr(config, "mlp_bias", False))}
+        return {
+            "qkv_bias": attention_bias,
+            "o_bias": attention_bias,
+            "mlp_bias": bool(getattr(config, "mlp_bias", False)),
+        }
 
 
 class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMBase):
     @staticmethod
     def early_layer_factory(vllm_config: VllmConfig):
         config = vllm_config.model_config.hf_config
-        return lambda prefix: Qwen2DecoderLayer(config, vllm_config.cache_config, vllm_config.quant_config,
-                                                prefix=prefix)
+        return lambda prefix: Qwen2DecoderLayer(
+            config, vllm_config.cache_config, vllm_config.quant_config, prefix=prefix
+        )
 
     @staticmethod
     def bias_of(config) -> dict[str, bool]:
@@ -294,8 +359,9 @@ class Qwen3SwiftKVForCausalLM(SwiftKVForCausalLMBase):
     @staticmethod
     def early_layer_factory(vllm_config: VllmConfig):
         config = vllm_config.model_config.hf_config
-        return lambda prefix: Qwen3DecoderLayer(config, vllm_config.cache_config, vllm_config.quant_config,
-                                                prefix=prefix)
+        return lambda prefix: Qwen3DecoderLayer(
+            config, vllm_config.cache_config, vllm_config.quant_config, prefix=prefix
+        )
 
     @staticmethod
     def bias_of(config) -> dict[str, bool]:

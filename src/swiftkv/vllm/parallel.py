@@ -26,17 +26,23 @@ class RankHeads:
 
 def rank_heads(num_heads: int, num_kv_heads: int, tp: int) -> RankHeads:
     if num_heads % tp:
-        raise ValueError(f"tensor_parallel_size={tp} does not divide num_attention_heads={num_heads}; expected "
-                         f"one of {divisors(num_heads)}")
+        raise ValueError(
+            f"tensor_parallel_size={tp} does not divide num_attention_heads={num_heads}; expected "
+            f"one of {divisors(num_heads)}"
+        )
     if num_kv_heads >= tp:
         if num_kv_heads % tp:
-            raise ValueError(f"tensor_parallel_size={tp} does not divide num_key_value_heads={num_kv_heads}; "
-                             f"expected one of {divisors(num_kv_heads)} or a multiple of {num_kv_heads} that "
-                             f"divides {num_heads}")
+            raise ValueError(
+                f"tensor_parallel_size={tp} does not divide num_key_value_heads={num_kv_heads}; "
+                f"expected one of {divisors(num_kv_heads)} or a multiple of {num_kv_heads} that "
+                f"divides {num_heads}"
+            )
         return RankHeads(num_heads // tp, num_kv_heads // tp, 1)
     if tp % num_kv_heads:
-        raise ValueError(f"tensor_parallel_size={tp} is neither a divisor nor a multiple of num_key_value_heads="
-                         f"{num_kv_heads}")
+        raise ValueError(
+            f"tensor_parallel_size={tp} is neither a divisor nor a multiple of num_key_value_heads="
+            f"{num_kv_heads}"
+        )
     return RankHeads(num_heads // tp, 1, tp // num_kv_heads)
 
 
@@ -51,5 +57,8 @@ def replicate_kv_heads(tensor: torch.Tensor, head_dim: int, replicas: int) -> to
     if replicas == 1:
         return tensor
     heads = tensor.shape[0] // head_dim
-    return tensor.reshape(heads, head_dim, *tensor.shape[1:]).repeat_interleave(replicas, dim=0).reshape(
-        heads * replicas * head_dim, *tensor.shape[1:])
+    return (
+        tensor.reshape(heads, head_dim, *tensor.shape[1:])
+        .repeat_interleave(replicas, dim=0)
+        .reshape(heads * replicas * head_dim, *tensor.shape[1:])
+    )

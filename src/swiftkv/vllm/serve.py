@@ -130,4 +130,6 @@ def parse_bytes(text: str) -> int:
     try:
         return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
     except ValueError:
-        raise ValueError(f"--kv-cache-memory {text!r} is not a size; expected bytes or e.g. 2G, 512M") from None
+        raise ValueError(
+            f"--kv-cache-memory {text!r} is not a size; expected bytes or e.g. 2G, 512M"
+        ) from None

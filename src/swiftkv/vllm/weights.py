@@ -33,7 +33,13 @@ TOP_LEVEL = {
     "lm_head": "lm_head",
 }
 SKIP = object()  # a checkpoint tensor the vLLM model deliberately does not hold
-TEACHER_ONLY = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.q_norm", "self_attn.k_norm")
+TEACHER_ONLY = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+)
 
 Route = tuple[str, "str | int | None"]
 
@@ -55,8 +61,10 @@ def route_layer(config, layer: int, module: str, suffix: str) -> Route | object:
     if module in ("self_attn.k_proj_swiftkv", "self_attn.v_proj_swiftkv", "self_attn.k_norm_swiftkv"):
         group, groups = config.group_of(layer), config.num_kv_groups
         if not config.is_kv_owner(layer):
-            raise ValueError(f"checkpoint has {module} for layer {layer}, which does not own its AcrossKV group "
-                             f"(owner: layer {config.kv_owner(layer)}, key_value_group_size={config.key_value_group_size})")
+            raise ValueError(
+                f"checkpoint has {module} for layer {layer}, which does not own its AcrossKV group "
+                f"(owner: layer {config.kv_owner(layer)}, key_value_group_size={config.key_value_group_size})"
+            )
         if module == "self_attn.k_norm_swiftkv":
             return f"model.early.k_norm_swiftkv.{suffix}", group
         shard = group if module.startswith("self_attn.k") else groups + group
@@ -77,7 +85,9 @@ def route(config, name: str) -> Route | object:
         raise ValueError(f"unexpected tensor {name!r} in the SwiftKV checkpoint: expected model.*, lm_head.*")
     layer = int(match.group(1))
     if layer >= config.num_hidden_layers:
-        raise ValueError(f"tensor {name!r} names layer {layer}, but the config has {config.num_hidden_layers} layers")
+        raise ValueError(
+            f"tensor {name!r} names layer {layer}, but the config has {config.num_hidden_layers} layers"
+        )
     module, suffix = split_suffix(match.group(2))
     return route_layer(config, layer, module, suffix)
 
@@ -85,7 +95,6 @@ def route(config, name: str) -> Route | object:
 def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
     """Load checkpoint tensors into `model` (a SwiftKVForCausalLMBase); returns the parameters set."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # routing needs no vLLM
-
 
     params = dict(model.named_parameters())
     replicas = model.model.heads.kv_replicas  # tp > KV heads: each KV head is held by several ranks
@@ -98,7 +107,9 @@ def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, to
         if ".kv_proj_swiftkv." in param_name:
             tensor = replicate_kv_heads(tensor, head_dim_of(model.config), replicas)
         if param_name not in params:
-            raise ValueError(f"checkpoint tensor {name!r} maps to {param_name!r}, which this model does not have")
+            raise ValueError(
+                f"checkpoint tensor {name!r} maps to {param_name!r}, which this model does not have"
+            )
         param = params[param_name]
         if shard is None:
             getattr(param, "weight_loader", default_weight_loader)(param, tensor)
