@@ -103,11 +103,11 @@ def test_qwen3_norms_route_to_vllm_parameters(name, expected):
 
 
 def test_qwen3_with_attention_bias_is_refused_on_vllm():
-    from swiftkv.vllm.model import Qwen3SwiftKVForCausalLM
+    from swiftkv.model.families import FAMILIES
 
     with pytest.raises(ValueError, match="no o_proj bias"):
-        Qwen3SwiftKVForCausalLM.bias_of(SimpleNamespace(attention_bias=True))
-    assert not any(Qwen3SwiftKVForCausalLM.bias_of(SimpleNamespace(attention_bias=False)).values())
+        FAMILIES["qwen3"].biases(SimpleNamespace(attention_bias=True))
+    assert not any(FAMILIES["qwen3"].biases(SimpleNamespace(attention_bias=False)).values())
 
 
 def test_model_refuses_to_build_without_fast_prefill_and_hook_switches_it_on():

@@ -1,6 +1,8 @@
 """The model families SwiftKV supports: one registry, read by conversion, loading, the package's
 exports and Auto registration, the auto_map shim written into every folder, the error messages and
-the vLLM plugin. A new family is one entry here (plus its vLLM model class in `swiftkv.vllm.model`).
+the vLLM plugin. A new Llama-like family is one entry here plus its config class (`model.config`):
+the entry's traits build its transformers classes (`modeling.swiftkv_causal_lm`) and tell the one vLLM
+model class (`swiftkv.vllm.model`) how to serve it.
 
 A family may accept several source model_types: Mistral checkpoints are Llama-shaped (same weight
 names and math, their own `head_dim`), so they convert into the Llama family (`llama_swiftkv`) as
@@ -9,10 +11,10 @@ long as they use no sliding window (`source_refusal`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig
-from .modeling import LlamaSwiftKVForCausalLM, Qwen2SwiftKVForCausalLM, Qwen3SwiftKVForCausalLM
+from .modeling import swiftkv_causal_lm
 
 
 def sliding_window_refusal(config) -> str | None:
@@ -36,14 +38,50 @@ def sliding_window_refusal(config) -> str | None:
     )
 
 
+def config_biases(config) -> dict[str, bool]:
+    """Llama's rule: `attention_bias` on q/k/v and o_proj, `mlp_bias` on the MLP."""
+    attention = bool(getattr(config, "attention_bias", False))
+    return {"qkv_bias": attention, "o_bias": attention, "mlp_bias": bool(getattr(config, "mlp_bias", False))}
+
+
+def qkv_biases(config) -> dict[str, bool]:
+    """Qwen2's rule: q/k/v always carry a bias, o_proj and the MLP never."""
+    return {"qkv_bias": True, "o_bias": False, "mlp_bias": False}
+
+
+QWEN3_ATTENTION_BIAS_HELP = (
+    "this qwen3_swiftkv config sets attention_bias=true: transformers' Qwen3 then adds a bias to q/k/v and "
+    "o_proj, but vLLM's own Qwen3 layer (which serves the early layers) has no o_proj bias, so vLLM would compute "
+    "another model. Published Qwen3 checkpoints use attention_bias=false; serve this one with transformers "
+    "(swiftkv generate/eval) instead"
+)
+
+
+def no_biases(config) -> dict[str, bool]:
+    """Qwen3's rule on vLLM: no biases; a config with attention_bias is refused (QWEN3_ATTENTION_BIAS_HELP)."""
+    if getattr(config, "attention_bias", False):
+        raise ValueError(QWEN3_ATTENTION_BIAS_HELP)
+    return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
+
+
 @dataclass(frozen=True)
 class Family:
+    """One family's traits. Its transformers classes are transformers' own `<display>...` classes of
+    `base_type` with the SwiftKV parts mixed in (built here, as `model_class`)."""
+
     base_type: str  # transformers model_type of the family's plain model, e.g. "llama"
     config_class: type  # its SwiftKV config (model_type "<base>_swiftkv")
-    model_class: type  # its SwiftKV causal LM
-    display: str  # the family's name in messages and docs
+    display: str  # the family's name in messages and docs, and its transformers class prefix
+    vllm_layer: str  # "module:Class" of vLLM's own decoder layer, which serves the early layers
+    biases: Callable[[object], dict[str, bool]] = config_biases  # which vLLM projections carry a bias
+    qk_norm: bool = False  # q/k normalised per head before RoPE (Qwen3): the student carries its own norms
     other_sources: tuple[str, ...] = ()  # further plain model_types converted into this family
     source_refusal: Callable[[object], str | None] = sliding_window_refusal
+    model_class: type = field(init=False)  # its SwiftKV causal LM
+
+    def __post_init__(self):
+        model = swiftkv_causal_lm(self.display, self.base_type, self.config_class, self.qk_norm)
+        object.__setattr__(self, "model_class", model)
 
     @property
     def swiftkv_type(self) -> str:
@@ -58,12 +96,28 @@ class Family:
         return (self.base_type, *self.other_sources)
 
 
+VLLM_MODELS = "vllm.model_executor.models"
 FAMILIES = {
     f.base_type: f
     for f in (
-        Family("llama", LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM, "Llama", other_sources=("mistral",)),
-        Family("qwen2", Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM, "Qwen2"),
-        Family("qwen3", Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM, "Qwen3"),
+        Family(
+            "llama",
+            LlamaSwiftKVConfig,
+            "Llama",
+            f"{VLLM_MODELS}.llama:LlamaDecoderLayer",
+            other_sources=("mistral",),
+        ),
+        Family(
+            "qwen2", Qwen2SwiftKVConfig, "Qwen2", f"{VLLM_MODELS}.qwen2:Qwen2DecoderLayer", biases=qkv_biases
+        ),
+        Family(
+            "qwen3",
+            Qwen3SwiftKVConfig,
+            "Qwen3",
+            f"{VLLM_MODELS}.qwen3:Qwen3DecoderLayer",
+            biases=no_biases,
+            qk_norm=True,
+        ),
     )
 }
 SOURCE_FAMILIES = {source: f for f in FAMILIES.values() for source in f.source_types}

@@ -20,6 +20,7 @@ reuse h_N for both the teacher and the student.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -31,36 +32,11 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import (
-    LlamaAttention,
-    LlamaDecoderLayer,
-    LlamaForCausalLM,
-    LlamaModel,
-    LlamaRMSNorm,
-    LlamaRotaryEmbedding,
-    eager_attention_forward,
-    rotate_half,
-)
-from transformers.models.qwen2.modeling_qwen2 import (
-    Qwen2Attention,
-    Qwen2DecoderLayer,
-    Qwen2ForCausalLM,
-    Qwen2Model,
-    Qwen2RMSNorm,
-    Qwen2RotaryEmbedding,
-)
-from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3Attention,
-    Qwen3DecoderLayer,
-    Qwen3ForCausalLM,
-    Qwen3Model,
-    Qwen3RMSNorm,
-    Qwen3RotaryEmbedding,
-)
+from transformers.models.llama.modeling_llama import eager_attention_forward, rotate_half
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
-from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig, is_swiftkv
+from .config import is_swiftkv
 
 RowSelection = slice | torch.Tensor | None
 
@@ -181,36 +157,15 @@ class SwiftKVAttentionMixin:
         return apply_rope(key.transpose(1, 2), cos, sin), value.transpose(1, 2)
 
 
-class LlamaSwiftKVAttention(SwiftKVAttentionMixin, LlamaAttention):
-    pass
+class SwiftKVDecoderLayerMixin:
+    """Unchanged layer math; its attention (`attention_class`) understands `swiftkv_kv=` (passed through
+    **kwargs)."""
 
-
-class Qwen2SwiftKVAttention(SwiftKVAttentionMixin, Qwen2Attention):
-    pass
-
-
-class Qwen3SwiftKVAttention(SwiftKVAttentionMixin, Qwen3Attention):
-    qk_norm = True
-
-
-class LlamaSwiftKVDecoderLayer(LlamaDecoderLayer):
-    """Unchanged layer math; its attention understands `swiftkv_kv=` (passed through **kwargs)."""
+    attention_class: type
 
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)
-        self.self_attn = LlamaSwiftKVAttention(config, layer_idx)
-
-
-class Qwen2SwiftKVDecoderLayer(Qwen2DecoderLayer):
-    def __init__(self, config, layer_idx: int):
-        super().__init__(config, layer_idx)
-        self.self_attn = Qwen2SwiftKVAttention(config, layer_idx)
-
-
-class Qwen3SwiftKVDecoderLayer(Qwen3DecoderLayer):
-    def __init__(self, config, layer_idx: int):
-        super().__init__(config, layer_idx)
-        self.self_attn = Qwen3SwiftKVAttention(config, layer_idx)
+        self.self_attn = self.attention_class(config, layer_idx)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -501,30 +456,6 @@ def rows_of_mask(mask, early: EarlyOutput, keep_rows, dtype) -> torch.Tensor:
     return additive.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
 
-class LlamaSwiftKVModel(SwiftKVModelMixin, LlamaModel):
-    config_class = LlamaSwiftKVConfig
-    hf_model_class = LlamaModel
-    decoder_layer_class = LlamaSwiftKVDecoderLayer
-    norm_class = LlamaRMSNorm
-    rotary_class = LlamaRotaryEmbedding
-
-
-class Qwen2SwiftKVModel(SwiftKVModelMixin, Qwen2Model):
-    config_class = Qwen2SwiftKVConfig
-    hf_model_class = Qwen2Model
-    decoder_layer_class = Qwen2SwiftKVDecoderLayer
-    norm_class = Qwen2RMSNorm
-    rotary_class = Qwen2RotaryEmbedding
-
-
-class Qwen3SwiftKVModel(SwiftKVModelMixin, Qwen3Model):
-    config_class = Qwen3SwiftKVConfig
-    hf_model_class = Qwen3Model
-    decoder_layer_class = Qwen3SwiftKVDecoderLayer
-    norm_class = Qwen3RMSNorm
-    rotary_class = Qwen3RotaryEmbedding
-
-
 # --------------------------------------------------------------------------------------------------
 # Causal LM
 # --------------------------------------------------------------------------------------------------
@@ -591,19 +522,40 @@ class SwiftKVForCausalLMMixin:
         )
 
 
-class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMMixin, LlamaForCausalLM):
-    config_class = LlamaSwiftKVConfig
-    hf_causal_lm_class = LlamaForCausalLM
-    model_class = LlamaSwiftKVModel
+# --------------------------------------------------------------------------------------------------
+# One family's classes
+# --------------------------------------------------------------------------------------------------
 
 
-class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMMixin, Qwen2ForCausalLM):
-    config_class = Qwen2SwiftKVConfig
-    hf_causal_lm_class = Qwen2ForCausalLM
-    model_class = Qwen2SwiftKVModel
+def swiftkv_causal_lm(prefix: str, base_type: str, config_class: type, qk_norm: bool) -> type:
+    """`<prefix>SwiftKVForCausalLM`: transformers' own classes of `base_type` (`<prefix>Attention`,
+    `<prefix>DecoderLayer`, `<prefix>Model`, `<prefix>ForCausalLM`, `<prefix>RMSNorm`,
+    `<prefix>RotaryEmbedding` in `transformers.models.<base_type>`) with the SwiftKV mixins above; each
+    family's registry entry (`model.families`) builds its own from its traits. The classes are exported
+    by the `swiftkv` package, which is where pickles and the folders' shim find them."""
+    hf = importlib.import_module(f"transformers.models.{base_type}.modeling_{base_type}")
 
+    def make(name: str, mixin: type, **attributes) -> type:
+        base = getattr(hf, f"{prefix}{name}")
+        new = type(f"{prefix}SwiftKV{name}", (mixin, base), {"__module__": "swiftkv", **attributes})
+        new.__qualname__ = new.__name__
+        return new
 
-class Qwen3SwiftKVForCausalLM(SwiftKVForCausalLMMixin, Qwen3ForCausalLM):
-    config_class = Qwen3SwiftKVConfig
-    hf_causal_lm_class = Qwen3ForCausalLM
-    model_class = Qwen3SwiftKVModel
+    attention = make("Attention", SwiftKVAttentionMixin, qk_norm=qk_norm)
+    layer = make("DecoderLayer", SwiftKVDecoderLayerMixin, attention_class=attention)
+    model = make(
+        "Model",
+        SwiftKVModelMixin,
+        config_class=config_class,
+        hf_model_class=getattr(hf, f"{prefix}Model"),
+        decoder_layer_class=layer,
+        norm_class=getattr(hf, f"{prefix}RMSNorm"),
+        rotary_class=getattr(hf, f"{prefix}RotaryEmbedding"),
+    )
+    return make(
+        "ForCausalLM",
+        SwiftKVForCausalLMMixin,
+        config_class=config_class,
+        hf_causal_lm_class=getattr(hf, f"{prefix}ForCausalLM"),
+        model_class=model,
+    )

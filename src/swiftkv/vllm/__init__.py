@@ -34,7 +34,7 @@ def register() -> None:
     supported = set(ModelRegistry.get_supported_archs())
     for arch in ARCHITECTURES:
         if arch not in supported:
-            ModelRegistry.register_model(arch, f"swiftkv.vllm.model:{arch}")
+            ModelRegistry.register_model(arch, "swiftkv.vllm.model:SwiftKVForCausalLM")
         MODELS_CONFIG_MAP[arch] = SwiftKVConfigHook
     install_prompt_logprobs_guard()
     if not _registered_in_process:

@@ -17,6 +17,8 @@ produced garbage.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Iterable
 
 import torch
@@ -30,11 +32,9 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from vllm.model_executor.models.llama import LlamaDecoderLayer
-from vllm.model_executor.models.qwen2 import Qwen2DecoderLayer
-from vllm.model_executor.models.qwen3 import Qwen3DecoderLayer
 
 from ..model.config import head_dim_of, is_swiftkv
+from ..model.families import Family, family_of
 from .layers import GroupHeadRMSNorm, KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
 from .parallel import RankHeads, rank_heads
 from .weights import load_swiftkv_weights
@@ -266,23 +266,36 @@ class SwiftKVModel(nn.Module):
             return h_n.index_copy(0, rows[:num_rows].long(), late[:num_rows])
 
 
-class SwiftKVForCausalLMBase(nn.Module):
-    """vLLM causal LM around SwiftKVModel. Subclasses say which vLLM decoder layer the early part uses,
-    which projections carry biases and whether q/k are normalised per head (Qwen3)."""
+def early_layer_factory(family: Family, vllm_config: VllmConfig):
+    """`prefix -> layer`: vLLM's own decoder layer of the family (`Family.vllm_layer`). Llama's takes the
+    whole vllm_config; Qwen2's and Qwen3's take the model config, cache config and quantization config."""
+    module, name = family.vllm_layer.split(":")
+    layer_class = getattr(importlib.import_module(module), name)
+    if "vllm_config" in inspect.signature(layer_class).parameters:
+        return lambda prefix: layer_class(vllm_config=vllm_config, prefix=prefix)
+    config = vllm_config.model_config.hf_config
+    return lambda prefix: layer_class(
+        config, vllm_config.cache_config, vllm_config.quant_config, prefix=prefix
+    )
 
-    qk_norm = False
+
+class SwiftKVForCausalLM(nn.Module):
+    """vLLM causal LM around SwiftKVModel, for every family: its registry entry (`model.families`) says
+    which vLLM decoder layer the early part uses, which projections carry biases and whether q/k are
+    normalised per head. The plugin registers this class under each family's architecture name."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
+        family = family_of(config.model_type)
         model_prefix = f"{prefix}.model" if prefix else "model"
         self.model = SwiftKVModel(
             vllm_config=vllm_config,
             prefix=model_prefix,
-            make_early_layer=self.early_layer_factory(vllm_config),
-            bias=self.bias_of(config),
-            qk_norm=self.qk_norm,
+            make_early_layer=early_layer_factory(family, vllm_config),
+            bias=family.biases(config),
+            qk_norm=family.qk_norm,
         )
         self.lm_head = ParallelLMHead(
             config.vocab_size,
@@ -293,14 +306,6 @@ class SwiftKVForCausalLMBase(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = self.lm_head.tie_weights(self.model.early.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size, scale=getattr(config, "logit_scale", 1.0))
-
-    @staticmethod
-    def early_layer_factory(vllm_config: VllmConfig):
-        raise NotImplementedError
-
-    @staticmethod
-    def bias_of(config) -> dict[str, bool]:
-        raise NotImplementedError
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -320,60 +325,3 @@ class SwiftKVForCausalLMBase(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return load_swiftkv_weights(self, weights)
-
-
-class LlamaSwiftKVForCausalLM(SwiftKVForCausalLMBase):
-    @staticmethod
-    def early_layer_factory(vllm_config: VllmConfig):
-        return lambda prefix: LlamaDecoderLayer(vllm_config=vllm_config, prefix=prefix)
-
-    @staticmethod
-    def bias_of(config) -> dict[str, bool]:
-        attention_bias = bool(getattr(config, "attention_bias", False))
-        return {
-            "qkv_bias": attention_bias,
-            "o_bias": attention_bias,
-            "mlp_bias": bool(getattr(config, "mlp_bias", False)),
-        }
-
-
-class Qwen2SwiftKVForCausalLM(SwiftKVForCausalLMBase):
-    @staticmethod
-    def early_layer_factory(vllm_config: VllmConfig):
-        config = vllm_config.model_config.hf_config
-        return lambda prefix: Qwen2DecoderLayer(
-            config, vllm_config.cache_config, vllm_config.quant_config, prefix=prefix
-        )
-
-    @staticmethod
-    def bias_of(config) -> dict[str, bool]:
-        return {"qkv_bias": True, "o_bias": False, "mlp_bias": False}
-
-
-class Qwen3SwiftKVForCausalLM(SwiftKVForCausalLMBase):
-    """Qwen3: early layers are vLLM's own Qwen3 decoder layers; the later attention normalises its
-    query per head with q_norm_swiftkv, the early part each group's K with its k_norm_swiftkv."""
-
-    qk_norm = True
-
-    @staticmethod
-    def early_layer_factory(vllm_config: VllmConfig):
-        config = vllm_config.model_config.hf_config
-        return lambda prefix: Qwen3DecoderLayer(
-            config, vllm_config.cache_config, vllm_config.quant_config, prefix=prefix
-        )
-
-    @staticmethod
-    def bias_of(config) -> dict[str, bool]:
-        if getattr(config, "attention_bias", False):
-            # transformers' Qwen3 then has an o_proj bias that vLLM's Qwen3 layer does not hold
-            raise ValueError(QWEN3_ATTENTION_BIAS_HELP)
-        return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
-
-
-QWEN3_ATTENTION_BIAS_HELP = (
-    "this qwen3_swiftkv config sets attention_bias=true: transformers' Qwen3 then adds a bias to q/k/v and o_proj, "
-    "but vLLM's own Qwen3 layer (which serves the early layers) has no o_proj bias, so vLLM would compute another "
-    "model. Published Qwen3 checkpoints use attention_bias=false; serve this one with transformers (swiftkv "
-    "generate/eval) instead"
-)

@@ -93,7 +93,7 @@ def route(config, name: str) -> Route | object:
 
 
 def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-    """Load checkpoint tensors into `model` (a SwiftKVForCausalLMBase); returns the parameters set."""
+    """Load checkpoint tensors into `model` (a SwiftKVForCausalLM); returns the parameters set."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # routing needs no vLLM
 
     params = dict(model.named_parameters())
