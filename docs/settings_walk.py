@@ -14,7 +14,8 @@ A stop = one function (qualified name); modules = the files those functions are 
     python docs/settings_walk.py src [--fields] [--uses]
 
 --fields: also follow a field of the object passed as an argument (`f(settings.seq_len)`), a wider
-count; --uses: list the fields each stop reads (a stop that reads one or two fields is a candidate for
+count; --source: follow the object and its `source` field only (the calls that pass settings or
+settings.source on); --uses: list the fields each stop reads (a stop that reads one or two fields is a candidate for
 taking those fields instead of the object). Today: 10 stops in 4 modules (41 in 12 with --fields); issue 24
 started from 28 in 4 at dbf2db2 (61 in 13 with --fields)."""
 
@@ -26,6 +27,7 @@ SRC = Path(sys.argv[1] if len(sys.argv) > 1 else "src") / "swiftkv"
 FIELDS = (
     "--fields" in sys.argv
 )  # also follow a field of the object passed as an argument (f(settings.seq_len))
+SOURCE = "--source" in sys.argv  # also follow settings.source (issue 35's hand count: settings or its source)
 modules = {}
 for path in SRC.rglob("*.py"):
     rel = path.relative_to(SRC.parent).with_suffix("")
@@ -187,10 +189,11 @@ def visit(qual, held, how):
                 if isinstance(a, ast.Name) and a.id in names:
                     return True
                 return (
-                    FIELDS
+                    (FIELDS or SOURCE)
                     and isinstance(a, ast.Attribute)
                     and isinstance(a.value, ast.Name)
                     and a.value.id in names
+                    and (FIELDS or a.attr == "source")
                 )
 
             passed = [(i, a) for i, a in enumerate(node.args) if holds(a)]

@@ -35,7 +35,7 @@ from .files import cache_root, cached_folder, folder_fingerprint
 from .model.config import add_legacy_rope_keys, is_swiftkv
 from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
-from .sources import load_model, load_tokenizer, read_config_dict, resolve_source
+from .sources import Source, load_model, load_tokenizer, open_source, read_config_dict
 from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
 from .vllm.env import configure_cpu_env
 
@@ -49,7 +49,9 @@ Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greed
 
 @dataclass
 class RepliesSettings:
-    source: str = setting(None, "the model whose replies are written (HF folder, .gguf or alias)", cli=False)
+    source: str | Source = setting(
+        None, "the model whose replies are written (HF folder, .gguf or alias)", cli=False
+    )
     out: str | None = setting(
         None,
         "the replies JSONL (appended to, so a killed run resumes; default: in the "
@@ -172,7 +174,7 @@ def writer_folder(settings: RepliesSettings) -> Path:
     """The HF folder whose greedy replies are written: SRC (a plain model, or a SwiftKV one for the
     student: vLLM and transformers both run a SwiftKV folder as the student), or the plain teacher
     held inside a SwiftKV SRC."""
-    folder = resolve_source(settings.source)
+    folder = open_source(settings.source).folder
     swiftkv = is_swiftkv(read_config_dict(folder))
     if settings.writer == "student":
         if not swiftkv:

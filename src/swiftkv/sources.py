@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-from .files import cached_folder
+from .files import cached_folder, model_identity
 from .model.config import add_legacy_rope_keys
 from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES, unsupported
 from .model.surgery import (
@@ -135,8 +135,60 @@ def check_gguf_head_dim(gguf_path: Path, arch: str, config) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+class Source:
+    """A model source resolved once per command: the name it was given by (an HF folder, a `.gguf` file or
+    an alias) and the HF folder that holds it. A stage opens its settings' sources once (`open_source`)
+    and passes them down; every loader takes one without resolving it again. Messages and JSON show
+    the name; `os.fspath` gives the folder."""
+
+    __slots__ = ("name", "folder")
+
+    def __init__(self, name: str, folder: Path):
+        self.name, self.folder = name, folder
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __fspath__(self) -> str:
+        return str(self.folder)
+
+    def __repr__(self) -> str:
+        return f"Source({self.name!r}, {str(self.folder)!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Source) and (self.name, self.folder) == (other.name, other.folder)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.folder))
+
+    def identity(self) -> dict:
+        """What the folder holds, wherever it lies (`files.model_identity`)."""
+        return model_identity(self.folder)
+
+    def load_model(self, dtype: torch.dtype = torch.float32):
+        """Its causal LM (plain or SwiftKV), in eval mode."""
+        return load_folder_model(self.folder, dtype)
+
+    def load_tokenizer(self):
+        return load_folder_tokenizer(self.folder)
+
+
+SourceLike = str | os.PathLike | Source
+
+
+def open_source(src: SourceLike) -> Source:
+    """`src` resolved (a Source is returned as it is: it was resolved when it was opened)."""
+    return src if isinstance(src, Source) else Source(str(src), resolve_source(src))
+
+
+def source_name(src: SourceLike | None) -> str | None:
+    """What a source was named by, for messages and JSON (None stays None)."""
+    return None if src is None else str(src)
+
+
 def resolve_source(src: str | os.PathLike) -> Path:
-    """An HF folder for `src`: an HF folder (returned as is), a `.gguf` file or an alias."""
+    """An HF folder for `src`: an HF folder (returned as is), a `.gguf` file or an alias. Called once
+    per source, by `open_source`."""
     text = str(src)
     if text == SMOLLM2_ALIAS:
         return cached_folder(SMOLLM2_ALIAS, lambda out: export_gguf(smollm2_gguf(), out))
@@ -175,9 +227,12 @@ def check_supported(folder: Path) -> dict:
     return config
 
 
-def load_model(src: str | os.PathLike, dtype: torch.dtype = torch.float32):
+def load_model(src: SourceLike, dtype: torch.dtype = torch.float32):
     """A causal LM (plain or SwiftKV) from any source, in eval mode."""
-    folder = resolve_source(src)
+    return open_source(src).load_model(dtype)
+
+
+def load_folder_model(folder: Path, dtype: torch.dtype):
     check_supported(folder)
     check_weights_present(folder)
 
@@ -201,8 +256,11 @@ def has_tokenizer(folder: Path) -> bool:
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
-def load_tokenizer(src: str | os.PathLike):
-    folder = resolve_source(src)
+def load_tokenizer(src: SourceLike):
+    return open_source(src).load_tokenizer()
+
+
+def load_folder_tokenizer(folder: Path):
     if not has_tokenizer(folder):
         raise FileNotFoundError(
             f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
@@ -244,7 +302,7 @@ def build_distilled(tensors: Path, alias: str, out: Path) -> None:
     write_swiftkv_folder(model, load_tokenizer(spec["base"]), out, info)
 
 
-def export(src: str, out: str | os.PathLike, force: bool = False) -> Path:
+def export(src: SourceLike, out: str | os.PathLike, force: bool = False) -> Path:
     """Write any source (alias, GGUF, folder) as a complete HF folder at `out`."""
-    folder = resolve_source(src)
+    folder = open_source(src).folder
     return write_model_folder(out, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True), force=force)

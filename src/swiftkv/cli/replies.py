@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..replies import RepliesSettings, write_replies
+from ..sources import open_source
 from .options import add_dataclass_options, given_values, source_help
 
 
@@ -21,6 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    cache = write_replies(RepliesSettings(source=args.src, **given_values(args, RepliesSettings)))
+    source = open_source(args.src)  # resolved once: the stage's loaders take it as it is
+    cache = write_replies(RepliesSettings(source=source, **given_values(args, RepliesSettings)))
     print(f"wrote {cache.path}: {len(cache.replies)} replies ({cache.generated} generated now)")
     return 0

@@ -23,7 +23,6 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
-from ..sources import resolve_source
 from .settings import SETTING_DEFAULTS, DistillSettings, RunIdentity
 from .world import World, barrier
 
@@ -151,7 +150,6 @@ def check_start(settings: DistillSettings) -> Path | None:
         check_new_output(settings.out, settings.force)
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
-        resolve_source(settings.source)  # a missing source is reported as such, not as another model
         check_resumable(path, settings.identity(), settings.fsdp)
     if path is not None and path.exists() and not settings.resume and not settings.force:
         raise FileExistsError(

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -33,7 +32,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from ..dtypes import DTYPE_NAMES
 from ..files import write_atomic
 from ..model.config import is_swiftkv
-from ..sources import resolve_source
+from ..sources import SourceLike, open_source
 from . import trainable
 
 GIB = 2**30
@@ -66,9 +65,10 @@ class MemoryPlan:
         ]
 
 
-def meta_model(source: str, trainable_set: str, lora_rank: int | None):
-    """The SwiftKV model of `source`'s config on the meta device, with the run's trainable set installed."""
-    folder = Path(source) if (Path(source) / "config.json").is_file() else resolve_source(source)
+def meta_model(source: SourceLike, trainable_set: str, lora_rank: int | None):
+    """The SwiftKV model of `source`'s config on the meta device, with the run's trainable set installed
+    (a folder holding only config.json is a source too)."""
+    folder = open_source(source).folder
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     if not is_swiftkv(config):
         raise ValueError(

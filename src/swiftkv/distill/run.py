@@ -15,7 +15,7 @@ from ..model.modeling import swiftkv_parameters
 from ..model.surgery import load_trained, write_model_folder
 from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
-from ..sources import load_model
+from ..sources import source_name
 from .checkpoint import RunState, check_start
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
@@ -38,6 +38,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     if not settings.out:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     settings.check_parallelism()
+    settings = settings.opened()  # a missing source is reported here, as such, before any work
     check_start(settings)
     world = init_world(settings.fsdp)
     try:
@@ -94,7 +95,7 @@ def write_output(
     lora|late|late-norms`) are merged under their original names, and the config says so: the folder
     then no longer contains its teacher."""
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
-    output = load_model(settings.source, dtype=torch.float32)
+    output = settings.source.load_model(torch.float32)
     own = swiftkv_parameters(output)
     merged = student_weights(trained, output.state_dict())
     load_trained(output, {name: tensor for name, tensor in trained.items() if name in own}, own)
@@ -113,6 +114,7 @@ def write_output(
 
 def heldout_agreement(settings: DistillSettings) -> dict:
     """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
+    settings = settings.opened()
     model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
     _, heldout = load_blocks(
         settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens, settings.seed
@@ -120,7 +122,7 @@ def heldout_agreement(settings: DistillSettings) -> dict:
     # Evaluation has no backward to size a micro-batch against: `auto` takes the CPU size on any device.
     micro = settings.micro_batch if settings.micro_batch != AUTO else CPU_MICRO_BATCH
     return {
-        "model": settings.source,
+        "model": source_name(settings.source),
         "data": settings.data,
         "heldout_tokens": settings.heldout_tokens,
         **evaluate(model, heldout, replace(settings.step_settings(), micro_batch=micro), World()),

@@ -19,18 +19,17 @@ Options given on the command line override the recipe's values.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..data.long_prompts import LONG_PROMPT_TOKENS
 from ..data.split import written_tokens
 from ..dtypes import DTYPE_CHOICES
-from ..files import model_identity
 from ..replies import ENGINES as REPLY_ENGINES
 from ..replies import PROMPT_TURNS, RepliesSettings
 from ..replies import WRITERS as REPLY_WRITERS
 from ..settings import parse_count, setting
-from ..sources import resolve_source
+from ..sources import Source, SourceLike, open_source, source_name
 from .loss import LossTerms
 from .microbatch import AUTO, parse_micro_batch
 from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
@@ -62,7 +61,7 @@ RUN_ONLY_SETTINGS = (
 
 @dataclass
 class DistillSettings:
-    source: str = setting(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
+    source: str | Source = setting(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
     recipe: str = setting(
         "swiftkv",
         "named preset of the settings below (reference = ArcticTraining's)",
@@ -73,7 +72,7 @@ class DistillSettings:
     data: str = setting(
         "sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder"
     )
-    teacher: str | None = setting(
+    teacher: str | Source | None = setting(
         None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
     )
     init: str = setting(
@@ -203,8 +202,18 @@ class DistillSettings:
     resume: bool = setting(False, "continue from the checkpoint")
     force: bool = setting(False, "overwrite OUT / start over an existing checkpoint")
 
+    def opened(self) -> DistillSettings:
+        """These settings with their model sources resolved, once, as a command starts (`open_source`):
+        everything after reads the opened `Source`s and resolves nothing again."""
+        teacher = None if self.teacher is None else open_source(self.teacher)
+        return replace(self, source=open_source(self.source), teacher=teacher)
+
+    def as_json(self) -> dict:
+        """The settings as JSON values (a source by the name it was given)."""
+        return {**asdict(self), "source": source_name(self.source), "teacher": source_name(self.teacher)}
+
     def fingerprint(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_SETTINGS}
+        return {k: v for k, v in self.as_json().items() if k not in RUN_ONLY_SETTINGS}
 
     def identity(self) -> RunIdentity:
         """What a resume of this run must match (the checkpoint's fingerprint)."""
@@ -315,7 +324,7 @@ class RunIdentity:
     """What a resumed run must match: the settings that shape its trajectory, and the model it started from."""
 
     training: dict  # DistillSettings.fingerprint() without the source
-    source: str
+    source: SourceLike
 
     def fingerprint(self, by_content: bool = True) -> dict:
         """The model is known by content (`model_identity`) where the source is a model folder, so the
@@ -323,12 +332,12 @@ class RunIdentity:
         folder is refused; by its name where it is not one (a library caller's in-memory model) or where
         the checkpoint was written before model identities (`by_content=False`)."""
         try:
-            folder = resolve_source(self.source) if by_content else None
+            source = open_source(self.source) if by_content else None  # an opened Source: as it is
         except FileNotFoundError:
-            folder = None
-        if folder is None:
-            return self.training | {"source": self.source}
-        return self.training | {MODEL_KEY + k: v for k, v in model_identity(folder).items()}
+            source = None
+        if source is None:
+            return self.training | {"source": source_name(self.source)}
+        return self.training | {MODEL_KEY + k: v for k, v in source.identity().items()}
 
 
 MODEL_KEY = "model "  # prefix of the model's identity keys in a checkpoint's fingerprint

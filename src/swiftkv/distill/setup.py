@@ -8,7 +8,7 @@ import torch
 
 from ..model.config import is_swiftkv
 from ..model.surgery import copy_init_params, load_trained, teacher_difference, tokenizer_differences
-from ..sources import load_model, load_tokenizer
+from ..sources import Source
 from .settings import REDERIVED_INITS
 from .trainable import check_trainable
 
@@ -21,13 +21,14 @@ def set_threads() -> None:
 
 
 def load_student(settings):
-    """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run."""
+    """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run.
+    `settings` are opened (`DistillSettings.opened`): their sources are resolved already."""
     settings.check_written_replies()
-    model = load_model(settings.source, dtype=torch.float32)
+    model = settings.source.load_model(torch.float32)
     check_student(model, settings.source, settings.seq_len)
     check_trainable(settings.trainable, settings.lora_rank, model.config)
     apply_init(model, settings.init, settings.source)
-    tokenizer = load_tokenizer(settings.source)
+    tokenizer = settings.source.load_tokenizer()
     if settings.teacher:
         check_teacher(model, tokenizer, settings.teacher)
     return model, tokenizer
@@ -67,16 +68,16 @@ def check_student(model, source: str, seq_len: int) -> None:
         raise ValueError(f"--seq-len {seq_len}: expected at least 2 tokens per block")
 
 
-def check_teacher(student, student_tokenizer, teacher_source: str) -> None:
+def check_teacher(student, student_tokenizer, teacher_source: Source) -> None:
     """Shared-prefix distillation is only valid when the student was converted from this teacher:
     same tokenizer, same shapes and the same weights in every teacher tensor (`teacher_difference`)."""
-    differences = tokenizer_differences(student_tokenizer, load_tokenizer(teacher_source))
+    differences = tokenizer_differences(student_tokenizer, teacher_source.load_tokenizer())
     if differences:
         raise ValueError(
             f"--teacher {teacher_source}: its tokenizer differs from the student's ({'; '.join(differences)}); "
             "expected the model the student was converted from"
         )
-    difference = teacher_difference(student, load_model(teacher_source, dtype=torch.float32))
+    difference = teacher_difference(student, teacher_source.load_model(torch.float32))
     if difference:
         raise ValueError(
             f"--teacher {teacher_source}: {difference}; the shared-prefix distillation needs the student "

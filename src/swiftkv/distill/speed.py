@@ -15,6 +15,7 @@ import torch
 from ..data.packing import load_blocks
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import distill_flops_per_token, matmul_peak
+from ..sources import source_name
 from . import trainable
 from .loss import BatchSizes
 from .setup import load_student
@@ -40,6 +41,7 @@ def timed_step(distiller, model, optimizer, blocks, step_settings, world: World)
 def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     """`steps` optimizer steps each way (after one warm-up step each), alternating; `naive=False`
     times the shared-prefix way alone (training throughput)."""
+    settings = settings.opened()
     model, tokenizer = load_student(settings)
     train, _ = load_blocks(
         settings.data,
@@ -72,7 +74,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
                 totals[name][1] += cpu
     tokens = steps * settings.batch_size * settings.seq_len
     result = {
-        "model": settings.source,
+        "model": source_name(settings.source),
         "num_key_value_layers": model.config.num_key_value_layers,
         "tokens_per_way": tokens,
         "seq_len": settings.seq_len,

@@ -17,7 +17,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -435,7 +435,7 @@ def run_summary(settings: DistillSettings, state: RunState, device: torch.device
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len
     return {
-        "settings": asdict(settings),
+        "settings": settings.as_json(),
         # What `--dtype auto` chose on this machine: the settings keep only "auto".
         "compute_dtype": dtype_name(resolve_dtype(settings.dtype, device)),
         "steps": state.step,
