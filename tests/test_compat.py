@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import swiftkv  # noqa: F401 - registers the Auto classes
-from swiftkv.convert import convert
+from swiftkv.convert import ConvertSettings, convert
 from swiftkv.model.config import add_legacy_rope_keys
 from tests.tiny import WORDS, random_student, save_tiny_teacher
 
@@ -39,14 +39,16 @@ def test_converted_folder_carries_the_rope_base_for_legacy_readers(tmp_path):
     calib = tmp_path / "calib.txt"
     calib.write_text(" ".join(WORDS[i % len(WORDS)] for i in range(3000)))
     convert(
-        str(teacher),
-        tmp_path / "skv",
-        num_key_value_layers=3,
-        key_value_group_size=1,
-        init="copy",
-        calib_data=str(calib),
-        calib_tokens=512,
-        eval_tokens=256,
+        ConvertSettings(
+            source=str(teacher),
+            out=tmp_path / "skv",
+            num_key_value_layers=3,
+            key_value_group_size=1,
+            init="copy",
+            calib_data=str(calib),
+            calib_tokens=512,
+            eval_tokens=256,
+        )
     )
     config = json.loads((tmp_path / "skv" / "config.json").read_text())
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0

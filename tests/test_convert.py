@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 import swiftkv  # noqa: F401 - registers the Auto classes
 from swiftkv.calibration import ridge_fit
 from swiftkv.cli import main
-from swiftkv.convert import convert
+from swiftkv.convert import ConvertSettings, convert
 from tests.tiny import WORDS, save_tiny_teacher
 
 N, G = 2, 2
@@ -49,7 +49,7 @@ def no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the bad input was reported")
 
-    monkeypatch.setattr("swiftkv.convert.load_model", refuse)
+    monkeypatch.setattr("swiftkv.sources.load_folder_model", refuse)  # every model load goes through it
 
 
 def run_convert(teacher_dir, dst, calib_text, **kwargs):
@@ -61,7 +61,7 @@ def run_convert(teacher_dir, dst, calib_text, **kwargs):
         calib_tokens=1024,
         eval_tokens=512,
     )
-    return convert(str(teacher_dir), dst, **{**options, **kwargs})
+    return convert(ConvertSettings(source=str(teacher_dir), out=dst, **{**options, **kwargs}))
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -401,7 +401,11 @@ def test_unknown_compute_dtype_fails_before_loading(llama_dir, tmp_path, capsys,
         cli("convert", llama_dir, tmp_path / "out", "--num-key-value-layers", N, "--compute-dtype", "float33")
     assert exited.value.code == 2 and "invalid choice: 'float33'" in one_error_line(capsys)
     with pytest.raises(ValueError, match="--compute-dtype 'float33' is unknown"):  # the library checks it too
-        convert(str(llama_dir), tmp_path / "out", num_key_value_layers=N, compute_dtype="float33")
+        convert(
+            ConvertSettings(
+                source=str(llama_dir), out=tmp_path / "out", num_key_value_layers=N, compute_dtype="float33"
+            )
+        )
     assert not list(tmp_path.iterdir())
 
 

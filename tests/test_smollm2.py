@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.convert import convert
+from swiftkv.convert import ConvertSettings, convert
 from swiftkv.generation import kv_cache_bytes, prefill
 from swiftkv.sources import SMOLLM2_ALIAS, load_model, load_tokenizer
 
@@ -20,13 +20,15 @@ def converted(tmp_path_factory):
     # 8192 calibration tokens, the default: with 2048 the ridge fit of 576 inputs barely beat copy
     # (held-out KL 1.842 vs 1.844 in fp32, and lost in bf16); with 8192 it is 0.69 vs 1.57.
     report = convert(
-        SMOLLM2_ALIAS,
-        out,
-        num_key_value_layers=15,
-        key_value_group_size=1,
-        init="lstsq",
-        calib_tokens=8192,
-        eval_tokens=1024,
+        ConvertSettings(
+            source=SMOLLM2_ALIAS,
+            out=out,
+            num_key_value_layers=15,
+            key_value_group_size=1,
+            init="lstsq",
+            calib_tokens=8192,
+            eval_tokens=1024,
+        )
     )
     return out, report
 
@@ -61,13 +63,15 @@ def test_acrosskv_cache_bytes_on_the_real_model(tmp_path):
     for g in (3, 5):
         out = tmp_path / f"g{g}"
         convert(
-            SMOLLM2_ALIAS,
-            out,
-            num_key_value_layers=15,
-            key_value_group_size=g,
-            init="copy",
-            calib_tokens=512,
-            eval_tokens=512,
+            ConvertSettings(
+                source=SMOLLM2_ALIAS,
+                out=out,
+                num_key_value_layers=15,
+                key_value_group_size=g,
+                init="copy",
+                calib_tokens=512,
+                eval_tokens=512,
+            )
         )
         student = load_model(out)
         ratio = kv_cache_bytes(prefill(student, ids).past_key_values) / teacher_bytes

@@ -30,22 +30,19 @@ from .model.surgery import (
     write_swiftkv_folder,
 )
 from .settings import setting
-from .sources import (
-    check_supported,
-    check_weights_present,
-    has_tokenizer,
-    load_model,
-    load_tokenizer,
-    resolve_source,
-)
+from .sources import Source, check_supported, check_weights_present, has_tokenizer, open_source
 
 INITS = ("copy", "mean", "lstsq")
 
 
 @dataclass
 class ConvertSettings:
-    """How to convert: the SwiftKV geometry, the init and its calibration, the output."""
+    """What to convert and how: the source, the SwiftKV geometry, the init and its calibration, the output."""
 
+    source: str | Source = setting(None, "the model converted (HF folder, .gguf file or alias)", cli=False)
+    out: str | os.PathLike | None = setting(
+        None, "the SwiftKV folder written (must not exist unless --force)", cli=False
+    )
     num_key_value_layers: int | None = setting(
         None, "N: layers >= N become SwiftKV layers (prompt tokens skip them)", flag="--num-key-value-layers"
     )
@@ -129,20 +126,20 @@ def resolve_num_key_value_layers(
     return num_key_value_layers
 
 
-def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
-    """Convert `src` (HF folder, .gguf, alias) into a SwiftKV folder at `dst`, written atomically.
-    `options` are `ConvertSettings` fields. Bad input fails before the weights are loaded."""
-    settings = ConvertSettings(**options)
+def convert(settings: ConvertSettings) -> ConversionReport:
+    """Convert `settings.source` (HF folder, .gguf, alias) into a SwiftKV folder at `settings.out`, written
+    atomically. Bad input fails before the weights are loaded."""
     out_dtype = check_settings(settings)
-    check_new_output(dst, settings.force)
+    check_new_output(settings.out, settings.force)
     started = time.time()
-    folder = resolve_source(src)
+    source = open_source(settings.source)
+    folder = source.folder
     n = checked_geometry(folder, settings)
     unmeasured = why_unmeasured(folder, settings)
-    model = build_swiftkv_model(load_model(folder, dtype=torch.float32), n, settings.key_value_group_size)
-    tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
+    model = build_swiftkv_model(source.load_model(torch.float32), n, settings.key_value_group_size)
+    tokenizer = source.load_tokenizer() if has_tokenizer(folder) else None
     report = ConversionReport(
-        str(src), settings.init, n, settings.key_value_group_size, unmeasured=unmeasured
+        source.name, settings.init, n, settings.key_value_group_size, unmeasured=unmeasured
     )
     if unmeasured:
         print(f"note: {unmeasured}; writing the {settings.init} init without calibration", flush=True)
@@ -154,22 +151,24 @@ def convert(src: str, dst: str | os.PathLike, **options) -> ConversionReport:
     if settings.trim:
         model = trimmed_copy(model)
         extra_files["README.md"] = TRIMMED_README.format(
-            source=src, n=n, g=settings.key_value_group_size, init=settings.init
+            source=source.name, n=n, g=settings.key_value_group_size, init=settings.init
         )
     if out_dtype is not None:
         model = model.to(out_dtype)
     info = {
-        "source": str(src),
+        "source": source.name,
         "init": settings.init,
         "trimmed": settings.trim,
         "top1_agreement": report.top1_agreement,
     }
-    write_swiftkv_folder(model, tokenizer, dst, info, force=settings.force, extra_files=extra_files)
+    write_swiftkv_folder(model, tokenizer, settings.out, info, force=settings.force, extra_files=extra_files)
     return report
 
 
 def check_settings(settings: ConvertSettings) -> torch.dtype | None:
     """The settings that need no model, checked first; returns the output dtype (None: as loaded)."""
+    if settings.source is None or settings.out is None:
+        raise ValueError("convert needs a source and an output folder (ConvertSettings.source and .out)")
     if settings.init not in INITS:
         raise ValueError(f"--init {settings.init!r} is unknown; expected one of {list(INITS)}")
     if (settings.num_key_value_layers is None) == (settings.swiftkv_fraction is None):

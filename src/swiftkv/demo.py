@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .convert import convert
+from .convert import ConvertSettings, convert
 from .data.chat import read_source
 from .dtypes import describe_choice, dtype_name, resolve_dtype
 from .files import write_atomic
@@ -33,7 +33,11 @@ def demo(out: str, prompt_tokens: int, question: str, dtype: str = "auto") -> di
     converted = out_dir / "smollm2-swiftkv50-lstsq"
     if not (converted / "config.json").is_file():
         print(f"converting {SMOLLM2_ALIAS} -> {converted} (N=15 of 30, lstsq init) ...")
-        print(convert(SMOLLM2_ALIAS, converted, num_key_value_layers=15, init="lstsq").summary())
+        print(
+            convert(
+                ConvertSettings(source=SMOLLM2_ALIAS, out=converted, num_key_value_layers=15, init="lstsq")
+            ).summary()
+        )
     compute = resolve_dtype(dtype)
     print(describe_choice(dtype))
     tokenizer = load_tokenizer(SMOLLM2_ALIAS)

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    report = convert(args.src, args.dst, **given_values(args, ConvertSettings))
+    report = convert(ConvertSettings(source=args.src, out=args.dst, **given_values(args, ConvertSettings)))
     print(report.summary())
     print(f"wrote {args.dst}")
     return 0

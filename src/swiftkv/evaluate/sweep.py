@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..convert import convert
+from ..convert import ConvertSettings, convert
 from ..files import atomic_file, write_atomic
 from ..model.config import num_key_value_layers_for
 from ..plots import figure
@@ -61,7 +61,11 @@ def convert_points(source: str, points: list[tuple[int, int]], folder: Path, ini
         path = folder / f"N{n}-G{g}-{init}"
         if not (path / "config.json").is_file():
             print(f"converting {source} at N={n}, G={g} ({init}) -> {path}", flush=True)
-            convert(source, path, num_key_value_layers=n, key_value_group_size=g, init=init)
+            convert(
+                ConvertSettings(
+                    source=source, out=path, num_key_value_layers=n, key_value_group_size=g, init=init
+                )
+            )
         paths.append(path)
     return paths
 
