@@ -294,11 +294,21 @@ def test_floor_needs_a_teacher_and_swiftkv_students(models, tmp_path):
     from swiftkv.evaluate.run import evaluate_models
     from swiftkv.evaluate.settings import EvalSettings
 
-    settings = EvalSettings(tasks="none", floor=True)
+    cache = str(tmp_path / "c.sqlite")
     with pytest.raises(ValueError, match="pass --teacher"):
-        evaluate_models([str(models["student"])], None, settings, tmp_path / "c.sqlite")
+        evaluate_models(
+            EvalSettings(students=[str(models["student"])], tasks="none", floor=True, cache=cache)
+        )
     with pytest.raises(ValueError, match="is not a SwiftKV model"):
-        evaluate_models([str(models["teacher"])], str(models["teacher"]), settings, tmp_path / "c.sqlite")
+        evaluate_models(
+            EvalSettings(
+                students=[str(models["teacher"])],
+                teacher=str(models["teacher"]),
+                tasks="none",
+                floor=True,
+                cache=cache,
+            )
+        )
 
 
 @pytest.mark.parametrize(

@@ -34,22 +34,12 @@ def register(subparsers) -> None:
         help="SwiftKV model(s): HF folder or alias (smollm2-135m-instruct-swiftkv50, ...); with "
         "--sweep, the source model to convert",
     )
-    parser.add_argument(
-        "--teacher",
-        default=None,
-        help="the model the students came from (folder or alias, e.g. smollm2-135m-instruct); "
-        "default: each MODEL's own teacher path (swiftkv off)",
-    )
     add_dataclass_options(parser, EvalSettings)
     parser.add_argument(
         "--threads",
         type=int,
         default=None,
         help="torch CPU threads (default: torch's; 1 is faster when other jobs load the cores)",
-    )
-    parser.add_argument("--out", default="swiftkv-eval", help="report folder (default ./swiftkv-eval)")
-    parser.add_argument(
-        "--cache", default=None, help="results cache file (default ~/.cache/swiftkv/eval/results.sqlite)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_dataclass_options(parser.add_argument_group("trade-off sweep"), SweepSettings)
@@ -58,19 +48,19 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     hf_logging.disable_progress_bar()  # per-file weight-loading bars would drown the scoring progress
-    settings = EvalSettings(**given_values(args, EvalSettings), progress=not args.no_progress)
+    settings = EvalSettings(
+        students=args.models, **given_values(args, EvalSettings), progress=not args.no_progress
+    )
     sweep = SweepSettings(**given_values(args, SweepSettings))
     if args.threads:
         torch.set_num_threads(non_negative("--threads", args.threads, allow_zero=False))
-    if args.teacher is None and len(args.models) > 1 and not sweep.sweep:
+    if settings.teacher is None and len(args.models) > 1 and not sweep.sweep:
         raise ValueError("several MODELs need --teacher (the model they were all converted from)")
     print(f"swiftkv eval: {describe_choice(settings.dtype)}", file=sys.stderr)
-    started, cache = time.time(), Path(args.cache) if args.cache else None
+    started = time.time()
     if sweep.sweep:
-        if len(args.models) != 1:
-            raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
-        paths = run_sweep(args.models[0], sweep, settings, Path(args.out), cache)
+        paths = run_sweep(settings, sweep)
     else:
-        paths = write_report(evaluate_models(args.models, args.teacher, settings, cache), Path(args.out))
+        paths = write_report(evaluate_models(settings), Path(settings.out))
     print(f"wrote {', '.join(map(str, paths))} ({time.time() - started:.0f} s)")
     return 0

@@ -17,7 +17,7 @@ import torch
 from ..files import folder_fingerprint
 from ..model.config import is_swiftkv
 from ..model.surgery import teacher_difference, tokenizer_differences
-from ..sources import check_supported, load_model, load_tokenizer, resolve_source
+from ..sources import SourceLike, check_supported, open_source
 
 STUDENT, TEACHER = "student", "teacher"
 ROLES = (TEACHER, STUDENT)
@@ -95,21 +95,24 @@ def can_run_teacher_path(model) -> bool:
 
 
 def load_pair(
-    student_src: str, teacher_src: str | None, dtype: torch.dtype = torch.bfloat16, share_early: bool = True
+    student_src: SourceLike,
+    teacher_src: SourceLike | None,
+    dtype: torch.dtype = torch.bfloat16,
+    share_early: bool = True,
 ) -> ModelPair:
     """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring.
     `share_early=False` keeps two models even when they could share layers < N (for speed comparisons)."""
-    folders = {STUDENT: resolve_source(student_src)}
+    sources = {STUDENT: open_source(student_src)}  # an opened Source is not resolved again
     if teacher_src is not None:
-        folders[TEACHER] = resolve_source(teacher_src)
-    for folder in folders.values():
-        check_causal_lm(folder)
+        sources[TEACHER] = open_source(teacher_src)
+    for source in sources.values():
+        check_causal_lm(source.folder)
     names = {STUDENT: str(student_src), TEACHER: str(teacher_src or f"{student_src} (swiftkv off)")}
-    tokenizer = load_tokenizer(folders[STUDENT])
+    tokenizer = sources[STUDENT].load_tokenizer()
     if teacher_src is not None:  # before any weights are read: a wrong pair fails fast
-        check_same_tokenizer(tokenizer, load_tokenizer(folders[TEACHER]), names)
-    student = load_model(folders[STUDENT], dtype=torch.float32)
-    keys = {STUDENT: folder_fingerprint(folders[STUDENT])}
+        check_same_tokenizer(tokenizer, sources[TEACHER].load_tokenizer(), names)
+    student = sources[STUDENT].load_model(torch.float32)
+    keys = {STUDENT: folder_fingerprint(sources[STUDENT].folder)}
     teacher = None
     if teacher_src is None:
         if not can_run_teacher_path(student):
@@ -120,8 +123,8 @@ def load_pair(
             )
         keys[TEACHER] = keys[STUDENT] + "-teacher-path"
     else:
-        teacher = load_model(folders[TEACHER], dtype=torch.float32)
-        keys[TEACHER] = folder_fingerprint(folders[TEACHER])
+        teacher = sources[TEACHER].load_model(torch.float32)
+        keys[TEACHER] = folder_fingerprint(sources[TEACHER].folder)
         if (
             share_early
             and can_run_teacher_path(student)
@@ -137,7 +140,7 @@ def load_pair(
     )
 
 
-def load_floor_pair(teacher_src: str, dtype: torch.dtype, floor_dtype: torch.dtype) -> ModelPair:
+def load_floor_pair(teacher_src: SourceLike, dtype: torch.dtype, floor_dtype: torch.dtype) -> ModelPair:
     """The teacher (in `dtype`) paired with itself in `floor_dtype` as the "student": how far the
     teacher moves from itself with precision alone, the floor of every agreement measure."""
     pair = load_pair(teacher_src, teacher_src, dtype)

@@ -1,6 +1,6 @@
 """The evaluation report: `results.json` (every number), `report.md` (tables), `report.png` (bars).
 
-`results` is what `run.evaluate_models` returns (its JSON dict, read here as `results.EvalResults`): the
+`results` is what `run.evaluate_models` returns (a `results.EvalResults`, or its JSON dict): the
 teacher, and per student its pair facts, per-task metrics with the paired comparison, chat agreement and
 generation agreement.
 """

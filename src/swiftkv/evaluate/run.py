@@ -13,8 +13,8 @@ from ..data.tokens import prompt_ids
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import prefill_compute_saving
 from ..model.config import is_swiftkv
-from ..results import TaskResult
-from ..sources import check_supported, resolve_source
+from ..results import EvalResults, TaskResult
+from ..sources import Source, check_supported, open_source
 from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
 from .loglikelihood import LoglikelihoodScorer
@@ -24,7 +24,9 @@ from .settings import EvalSettings
 from .store import ResultStore
 
 
-def evaluate_student(student: str, teacher: str | None, settings: EvalSettings, store: ResultStore) -> dict:
+def evaluate_student(
+    student: Source, teacher: Source | None, settings: EvalSettings, store: ResultStore
+) -> dict:
     started = time.time()
     pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
     if settings.long_prompts:
@@ -70,21 +72,21 @@ def floor_dtype(settings: EvalSettings) -> torch.dtype:
     return torch.bfloat16 if resolve_dtype(settings.dtype) == torch.float32 else torch.float32
 
 
-def evaluate_floor(teacher: str, settings: EvalSettings, store: ResultStore) -> dict:
+def evaluate_floor(teacher: Source, settings: EvalSettings, store: ResultStore) -> dict:
     """The teacher against itself at another dtype, on the agreement measures only."""
     started = time.time()
     pair = load_floor_pair(teacher, resolve_dtype(settings.dtype), floor_dtype(settings))
     return {"pair": describe(pair), **agreement(pair, settings, store), "seconds": time.time() - started}
 
 
-def check_floor(students: list[str], teacher: str | None) -> None:
+def check_floor(students: list[Source], teacher: Source | None) -> None:
     """--floor compares a teacher with itself, for SwiftKV students: refused before any model loads."""
     if teacher is None:
         raise ValueError("--floor scores the teacher against itself at another dtype; pass --teacher")
     for student in students:
-        if not is_swiftkv(check_supported(resolve_source(student))):
+        if not is_swiftkv(check_supported(student.folder)):
             raise ValueError(
-                f"--floor: {student!r} is not a SwiftKV model (no num_key_value_layers); the floor "
+                f"--floor: {student.name!r} is not a SwiftKV model (no num_key_value_layers); the floor "
                 "bounds how closely a SwiftKV student can follow its teacher"
             )
 
@@ -114,35 +116,38 @@ def print_task_line(student: str, task: str, result: dict) -> None:
     )
 
 
-def evaluate_models(
-    students: list[str], teacher: str | None, settings: EvalSettings, cache: Path | None = None
-) -> dict:
-    """The JSON of `results.EvalResults` (`write_report` writes it as results.json)."""
+def evaluate_models(settings: EvalSettings) -> EvalResults:
+    """Each of `settings.students` scored against `settings.teacher` (`write_report` writes the results
+    into `settings.out`). The sources are opened once, here."""
     started = time.time()
+    students = [open_source(student) for student in settings.students]
+    teacher = None if settings.teacher is None else open_source(settings.teacher)
     if settings.floor:
         check_floor(students, teacher)
-    store = ResultStore(cache)
+    store = ResultStore(Path(settings.cache) if settings.cache else None)
     try:
         results = [evaluate_student(student, teacher, settings, store) for student in students]
         floor = evaluate_floor(teacher, settings, store) if settings.floor else None
     finally:
         store.close()
-    return {
-        "teacher": teacher or f"{students[0]} (swiftkv off)",
-        "dtype": dtype_name(resolve_dtype(settings.dtype)),
-        "tasks": list(settings.tasks),
-        "limits": settings.limits,
-        "settings": {
-            "batch_tokens": settings.batch_tokens,
-            "chat_conversations": settings.chat_conversations,
-            "chat_max_tokens": settings.chat_max_tokens,
-            "gen_prompts": settings.gen_prompts,
-            "gen_tokens": settings.gen_tokens,
-            "long_prompts": settings.long_prompts,
-            "threads": torch.get_num_threads(),
-            **settings.extra,
-        },
-        "students": results,
-        "floor": floor,
-        "wall_time_s": time.time() - started,
-    }
+    return EvalResults.from_json(
+        {
+            "teacher": str(teacher or f"{students[0]} (swiftkv off)"),
+            "dtype": dtype_name(resolve_dtype(settings.dtype)),
+            "tasks": list(settings.tasks),
+            "limits": settings.limits,
+            "settings": {
+                "batch_tokens": settings.batch_tokens,
+                "chat_conversations": settings.chat_conversations,
+                "chat_max_tokens": settings.chat_max_tokens,
+                "gen_prompts": settings.gen_prompts,
+                "gen_tokens": settings.gen_tokens,
+                "long_prompts": settings.long_prompts,
+                "threads": torch.get_num_threads(),
+                **settings.extra,
+            },
+            "students": results,
+            "floor": floor,
+            "wall_time_s": time.time() - started,
+        }
+    )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..dtypes import DTYPE_CHOICES
 from ..settings import setting
+from ..sources import Source
 from .harness import MAIN_TASKS, parse_limits, parse_tasks
 
 
@@ -19,6 +20,16 @@ def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
 
 @dataclass
 class EvalSettings:
+    """What to score (the students, their teacher), how, and where the report goes."""
+
+    students: tuple = setting((), "the SwiftKV models scored (HF folders or aliases)", cli=False)
+    teacher: str | Source | None = setting(
+        None,
+        "the model the students came from (folder or alias, e.g. smollm2-135m-instruct); "
+        "default: each MODEL's own teacher path (swiftkv off)",
+    )
+    out: str = setting("swiftkv-eval", "report folder")
+    cache: str | None = setting(None, "results cache file (default ~/.cache/swiftkv/eval/results.sqlite)")
     tasks: str | tuple[str, ...] = setting(
         ",".join(MAIN_TASKS),
         "comma-separated lm-eval tasks (also "
@@ -62,6 +73,7 @@ class EvalSettings:
     extra: dict = field(default_factory=dict, metadata={"cli": False})  # recorded in results.json
 
     def __post_init__(self):
+        self.students = tuple(self.students)
         non_negative("--chat-conversations", self.chat_conversations)
         non_negative("--chat-max-tokens", self.chat_max_tokens, allow_zero=False)
         non_negative("--gen-prompts", self.gen_prompts)

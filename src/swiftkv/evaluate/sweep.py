@@ -5,6 +5,7 @@ compute the student saves: the trade-off a user needs to choose N and G.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..convert import ConvertSettings, convert
@@ -12,7 +13,7 @@ from ..files import atomic_file, write_atomic
 from ..model.config import num_key_value_layers_for
 from ..plots import figure
 from ..results import EvalResults, StudentResult
-from ..sources import read_config_dict, resolve_source
+from ..sources import Source, open_source, read_config_dict
 from .report import write_report
 from .run import evaluate_models
 from .settings import EvalSettings, SweepSettings
@@ -54,7 +55,7 @@ def sweep_points(num_layers: int, fractions: list[float], group_sizes: list[int]
     return points
 
 
-def convert_points(source: str, points: list[tuple[int, int]], folder: Path, init: str) -> list[Path]:
+def convert_points(source: Source, points: list[tuple[int, int]], folder: Path, init: str) -> list[Path]:
     """One SwiftKV folder per point, converted once and reused by later sweeps."""
     paths = []
     for n, g in points:
@@ -70,16 +71,17 @@ def convert_points(source: str, points: list[tuple[int, int]], folder: Path, ini
     return paths
 
 
-def run_sweep(
-    source: str, sweep: SweepSettings, settings: EvalSettings, out: Path, cache: Path | None = None
-) -> list[Path]:
-    """Convert `source` at every sweep point, evaluate each against it, write the report, the
-    trade-off table and its plot into `out`."""
-    layers = read_config_dict(resolve_source(source))["num_hidden_layers"]
+def run_sweep(settings: EvalSettings, sweep: SweepSettings) -> list[Path]:
+    """Convert the source (`settings.students`' one entry) at every sweep point, evaluate each against
+    it, write the report, the trade-off table and its plot into `settings.out`."""
+    if len(settings.students) != 1:
+        raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
+    source, out = open_source(settings.students[0]), Path(settings.out)
+    layers = read_config_dict(source.folder)["num_hidden_layers"]
     points = sweep_points(layers, parse_fractions(sweep.sweep), parse_group_sizes(sweep.sweep_group_sizes))
     students = convert_points(source, points, out / "models", sweep.sweep_init)
     settings.extra["sweep"] = {"points": points, "init": sweep.sweep_init}
-    results = EvalResults.from_json(evaluate_models([str(p) for p in students], source, settings, cache))
+    results = evaluate_models(replace(settings, students=tuple(map(str, students)), teacher=source))
     paths = write_report(results, out)
     with atomic_file(out / "sweep.png") as tmp:
         plot_tradeoff(results, tmp)
