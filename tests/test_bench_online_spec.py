@@ -88,7 +88,9 @@ def test_the_library_refuses_a_bad_config_before_any_server(monkeypatch, tmp_pat
     monkeypatch.setattr(online, "build_prompts", no_server)
     settings = online.online_settings({"speculative_config": {"method": "eagle3", "model": "x"}})
     with pytest.raises(ValueError, match="'eagle3' cannot run with SwiftKV.*'ngram'"):
-        online.online_bench("skv", "teacher", BenchSettings(out=str(tmp_path), dtype="float32"), settings)
+        online.online_bench(
+            BenchSettings(model="skv", baseline="teacher", out=str(tmp_path), dtype="float32"), settings
+        )
 
 
 def test_speculate_without_a_config_and_modes_together_are_errors(capsys):

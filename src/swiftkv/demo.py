@@ -12,7 +12,7 @@ from .data.chat import read_source
 from .dtypes import describe_choice, dtype_name, resolve_dtype
 from .files import write_atomic
 from .generation import chat_input_ids, generate_text, kv_cache_bytes, median_prefill_seconds, prefill
-from .sources import SMOLLM2_ALIAS, available_aliases, load_model, load_tokenizer
+from .sources import SMOLLM2_ALIAS, available_aliases, load_model, open_source
 
 DISTILLED_ALIAS = f"{SMOLLM2_ALIAS}-swiftkv50"
 
@@ -40,8 +40,8 @@ def demo(out: str, prompt_tokens: int, question: str, dtype: str = "auto") -> di
         )
     compute = resolve_dtype(dtype)
     print(describe_choice(dtype))
-    tokenizer = load_tokenizer(SMOLLM2_ALIAS)
-    teacher = load_model(SMOLLM2_ALIAS, dtype=compute)
+    source = open_source(SMOLLM2_ALIAS)
+    tokenizer, teacher = source.load_tokenizer(), source.load_model(compute)
     students = {"SwiftKV lstsq init": load_model(converted, dtype=compute)}
     if DISTILLED_ALIAS in available_aliases():
         students["SwiftKV distilled"] = load_model(DISTILLED_ALIAS, dtype=compute)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -34,7 +35,7 @@ from ..metrics import matmul_peak, prefill_flops_per_token
 from ..plots import figure
 from ..results import BenchResults
 from ..settings import setting
-from ..sources import resolve_source
+from ..sources import Source, open_source
 from ..vllm.engine import KV_CACHE_BYTES, engine_kwargs, kv_cache_tokens
 from ..vllm.env import configure_cpu_env
 from ..vllm.serve import parse_bytes
@@ -55,8 +56,11 @@ def parse_workloads(text: str) -> tuple[str, ...]:
 
 @dataclass
 class BenchSettings:
-    """What `swiftkv bench` runs with; both engines get the same values."""
+    """What `swiftkv bench` compares (the SwiftKV model and its baseline) and runs with; both engines get the
+    same values."""
 
+    model: str | Source = setting(None, "the SwiftKV model (folder or alias)", cli=False)
+    baseline: str | Source = setting(None, "the model it was converted from, served the same way", cli=False)
     kv_cache_memory: str = setting(
         f"{KV_CACHE_BYTES // 2**30}G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M"
     )
@@ -315,14 +319,17 @@ def plot(report: BenchResults | dict, path: Path) -> None:
         axis.set_title(f"SwiftKV vs baseline on vLLM, {report.settings['dtype']}: {Path(report.model).name}")
 
 
-def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloads | None = None) -> dict:
+def bench(settings: BenchSettings, workloads: Workloads | None = None) -> dict:
     """Run both models with identical settings and workloads (default: full, or quick when
     `settings.quick`); write bench.json and bench.png to `settings.out` and return the report (the JSON of
     `results.BenchResults`)."""
     engine = engine_settings(settings)
     workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
     print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)
-    model_dir, baseline_dir = str(resolve_source(model)), str(resolve_source(baseline))
+    model_dir, baseline_dir = (
+        os.fspath(open_source(settings.model)),
+        os.fspath(open_source(settings.baseline)),
+    )
     out_dir = Path(settings.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     peak = matmul_peak(resolve_dtype(settings.dtype))
@@ -342,8 +349,8 @@ def bench(model: str, baseline: str, settings: BenchSettings, workloads: Workloa
             if "e2e_req_s" in result:
                 add_e2e_breakdown(result, workloads)
     report = {
-        "model": model,
-        "baseline_model": baseline,
+        "model": str(settings.model),
+        "baseline_model": str(settings.baseline),
         "settings": engine,
         "workloads": asdict(workloads),
         "measured": list(settings.workloads),

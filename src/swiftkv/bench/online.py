@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from tqdm import tqdm
 from ..dtypes import describe_choice
 from ..files import write_atomic
 from ..settings import setting
-from ..sources import resolve_source
+from ..sources import open_source
 from ..vllm.speculative import NGRAM_EXAMPLE, check_speculative_config, speculative_options
 from .offline import engine_settings
 from .online_metrics import (
@@ -408,9 +409,9 @@ class OnlineRun:
         write_atomic(self.out_dir / "online.json", json.dumps(json_ready(self.report), indent=2))
 
 
-def online_bench(model: str, baseline: str, settings, online: OnlineSettings) -> dict:
-    """Run the online benchmark of `model` (SwiftKV) against `baseline` (its teacher) with the server
-    options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
+def online_bench(settings, online: OnlineSettings) -> dict:
+    """Run the online benchmark of `settings.model` (SwiftKV) against `settings.baseline` (its teacher) with
+    the server options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
     OUT/online.json (after every rate) and OUT/online.png, and return the report."""
     engine = engine_settings(settings)
     engine["enforce_eager"] = engine["enforce_eager"] or settings.quick
@@ -420,8 +421,8 @@ def online_bench(model: str, baseline: str, settings, online: OnlineSettings) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     rate_count = len(online.rates or online.rate_multipliers)
     report = {
-        "model": model,
-        "baseline_model": baseline,
+        "model": str(settings.model),
+        "baseline_model": str(settings.baseline),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "server_settings": engine,
         "online_settings": {f.name: getattr(online, f.name) for f in fields(online)},
@@ -441,9 +442,8 @@ def online_bench(model: str, baseline: str, settings, online: OnlineSettings) ->
         "results": {m: [None] * rate_count for m in MODELS},
         "summary": None,
     }
-    run = OnlineRun(
-        str(resolve_source(model)), str(resolve_source(baseline)), engine, online, out_dir, report
-    )
+    folders = (os.fspath(open_source(settings.model)), os.fspath(open_source(settings.baseline)))
+    run = OnlineRun(*folders, engine, online, out_dir, report)
     for number, (name, indices) in enumerate(sessions(rate_count)):
         run.session(number, name, indices)
     run.save()

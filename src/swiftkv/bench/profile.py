@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -35,9 +36,9 @@ import torch
 from ..files import write_atomic
 from ..plots import figure
 from ..results import DecodeStepsResults, ModelProfile, ProfileResults
-from ..sources import resolve_source
+from ..sources import Source, open_source
 from ..vllm.engine import engine_kwargs, in_process_engine
-from .offline import PromptMaker
+from .offline import BenchSettings, PromptMaker, engine_settings
 
 STEP, MODEL = "step", "model"
 SWIFTKV_REGIONS = ("swiftkv:early", "swiftkv:kv-write", "swiftkv:rows", "swiftkv:late")
@@ -247,27 +248,27 @@ def format_table(report: ProfileResults | dict) -> str:
     return "\n".join(rows)
 
 
-def each_model(work, model: str, baseline: str, settings: dict, scenario: dict) -> dict:
+def each_model(work, model: Source, baseline: Source, settings: dict, scenario: dict) -> dict:
     """`work(folder, settings, scenario)` for the baseline, then SwiftKV, each in its own spawned
     process (the engine core runs in it, and each model gets a fresh one)."""
 
     results = {}
-    for label, path in (("baseline", baseline), ("swiftkv", model)):
-        print(f"[profile] {label}: {path}", file=sys.stderr, flush=True)
+    for label, source in (("baseline", baseline), ("swiftkv", model)):
+        print(f"[profile] {label}: {source}", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            results[label] = pool.submit(work, str(resolve_source(path)), settings, scenario).result()
+            results[label] = pool.submit(work, os.fspath(source), settings, scenario).result()
     return results
 
 
-def both_models_report(
-    work, model: str, baseline: str, settings: dict, scenario, path: Path, derived=lambda results: {}
-) -> dict:
-    """`work` on both models (`each_model`), the report of the run (with `derived(results)` added),
-    written atomically to `path`."""
+def both_models_report(work, bench: BenchSettings, scenario, path: Path, derived=lambda results: {}) -> dict:
+    """`work` on both models of `bench` (`each_model`, their sources opened once), the report of the run
+    (with `derived(results)` added), written atomically to `path`."""
+    settings = engine_settings(bench)
+    model, baseline = open_source(bench.model), open_source(bench.baseline)
     results = each_model(work, model, baseline, settings, asdict(scenario))
     report = {
-        "model": model,
-        "baseline_model": baseline,
+        "model": model.name,
+        "baseline_model": baseline.name,
         "settings": settings,
         "scenario": asdict(scenario),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -279,20 +280,19 @@ def both_models_report(
     return report
 
 
-def profile(model: str, baseline: str, settings: dict, out: Path, scenario: Scenario) -> dict:
+def profile(bench: BenchSettings, scenario: Scenario) -> dict:
     """Profile the mixed step of both models (one process each, one after the other); write
     OUT/profile.json and return the report."""
-    return both_models_report(profile_model, model, baseline, settings, scenario, out / "profile.json")
+    return both_models_report(profile_model, bench, scenario, Path(bench.out) / "profile.json")
 
 
-def decode_steps(model: str, baseline: str, settings: dict, out: Path, scenario: DecodeScenario) -> dict:
+def decode_steps(bench: BenchSettings, scenario: DecodeScenario) -> dict:
     """Time both models' decode-only steps (one process each, same settings); write
     OUT/decode-steps.json and OUT/decode-steps.png and return the report."""
+    out = Path(bench.out)
     report = both_models_report(
         decode_steps_model,
-        model,
-        baseline,
-        settings,
+        bench,
         scenario,
         out / "decode-steps.json",
         lambda results: {

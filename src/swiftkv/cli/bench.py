@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
 
-from ..bench.offline import BenchSettings, bench, engine_settings, format_table
+from ..bench.offline import BenchSettings, bench, format_table
 from ..bench.online import OnlineSettings, online_bench, online_settings
 from ..bench.online_report import format_table as format_online_table
 from ..bench.profile import DecodeScenario, Scenario, decode_steps, format_decode_steps, profile
@@ -70,7 +69,7 @@ def chosen_mode(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     given = given_values(args, BenchSettings)
-    settings = BenchSettings(**given)
+    settings = BenchSettings(model=args.model, baseline=args.baseline, **given)
     online_given = given_values(args, OnlineSettings)
     mode = chosen_mode(args)
     if "workloads" in given and mode:
@@ -79,43 +78,43 @@ def run(args: argparse.Namespace) -> int:
             f"--{mode.replace('_', '-')}"
         )
     if mode == "online":
-        return run_online(args, settings, online_given)
+        return run_online(settings, online_given)
     if online_given:
         names = [option_name(f) for f in dataclasses.fields(OnlineSettings) if f.name in online_given]
         raise ValueError(f"{', '.join(names)} only apply with --online")
     if mode == "profile":
-        return run_profile(args, settings)
+        return run_profile(settings)
     if mode == "decode_steps":
-        return run_decode_steps(args, settings)
-    report = bench(args.model, args.baseline, settings)
+        return run_decode_steps(settings)
+    report = bench(settings)
     print(format_table(report))
     print(f"wrote {settings.out}/bench.json and {settings.out}/bench.png")
     return 0
 
 
-def run_online(args: argparse.Namespace, settings: BenchSettings, online_given: dict) -> int:
+def run_online(settings: BenchSettings, online_given: dict) -> int:
     if "speculate" in online_given and "speculative_config" not in online_given:
         raise ValueError(
             "--speculate says which servers get --speculative-config; give the config too, e.g. "
             f"--speculative-config '{NGRAM_EXAMPLE}'"
         )
-    report = online_bench(args.model, args.baseline, settings, online_settings(online_given, settings.quick))
+    report = online_bench(settings, online_settings(online_given, settings.quick))
     print(format_online_table(report))
     print(f"wrote {settings.out}/online.json and {settings.out}/online.png")
     return 0
 
 
-def run_profile(args: argparse.Namespace, settings: BenchSettings) -> int:
+def run_profile(settings: BenchSettings) -> int:
     scenario = Scenario.quick() if settings.quick else Scenario()
-    report = profile(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
+    report = profile(settings, scenario)
     print(format_profile_table(report))
     print(f"wrote {settings.out}/profile.json")
     return 0
 
 
-def run_decode_steps(args: argparse.Namespace, settings: BenchSettings) -> int:
+def run_decode_steps(settings: BenchSettings) -> int:
     scenario = DecodeScenario.quick() if settings.quick else DecodeScenario()
-    report = decode_steps(args.model, args.baseline, engine_settings(settings), Path(settings.out), scenario)
+    report = decode_steps(settings, scenario)
     print(format_decode_steps(report))
     print(f"wrote {settings.out}/decode-steps.json and {settings.out}/decode-steps.png")
     return 0

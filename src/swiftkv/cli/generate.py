@@ -9,7 +9,7 @@ from transformers import TextStreamer
 from ..dtypes import describe_choice, resolve_dtype
 from ..generation import chat_input_ids, generate_text
 from ..model.config import is_swiftkv
-from ..sources import load_model, load_tokenizer
+from ..sources import open_source
 from .options import add_dtype_option, source_help
 
 
@@ -32,7 +32,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     print(f"swiftkv generate: {describe_choice(args.dtype)}", file=sys.stderr)
-    model, tokenizer = load_model(args.model, dtype=resolve_dtype(args.dtype)), load_tokenizer(args.model)
+    source = open_source(args.model)
+    model, tokenizer = source.load_model(resolve_dtype(args.dtype)), source.load_tokenizer()
     if args.teacher and not is_swiftkv(model):
         raise ValueError(
             f"--teacher: {args.model} is not a SwiftKV model, so it has no separate teacher path"

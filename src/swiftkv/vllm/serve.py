@@ -15,7 +15,7 @@ import torch
 
 from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
 from ..model.config import head_dim_of
-from ..sources import resolve_source
+from ..sources import open_source
 from .engine import KV_CACHE_BYTES
 from .env import choose_model_runner, configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
@@ -106,7 +106,7 @@ def check_neighbour_options(folder, vllm_args: list[str]) -> None:
 def serve(model: str, vllm_args: list[str]) -> NoReturn:
     """Become vLLM's OpenAI server for a SwiftKV folder or alias (exec, so signals such as Ctrl-C or
     a supervisor's SIGTERM reach vLLM directly). `vllm_args` go to vLLM unchanged."""
-    folder = resolve_source(model)
+    folder = open_source(model).folder
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
     version = installed_vllm_version()
