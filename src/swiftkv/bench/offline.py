@@ -319,10 +319,9 @@ def plot(report: BenchResults | dict, path: Path) -> None:
         axis.set_title(f"SwiftKV vs baseline on vLLM, {report.settings['dtype']}: {Path(report.model).name}")
 
 
-def bench(settings: BenchSettings, workloads: Workloads | None = None) -> dict:
+def bench(settings: BenchSettings, workloads: Workloads | None = None) -> BenchResults:
     """Run both models with identical settings and workloads (default: full, or quick when
-    `settings.quick`); write bench.json and bench.png to `settings.out` and return the report (the JSON of
-    `results.BenchResults`)."""
+    `settings.quick`); write bench.json and bench.png to `settings.out` and return the report."""
     engine = engine_settings(settings)
     workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
     print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)
@@ -363,4 +362,4 @@ def bench(settings: BenchSettings, workloads: Workloads | None = None) -> dict:
     }
     write_atomic(out_dir / "bench.json", json.dumps(report, indent=2))
     plot(report, out_dir / "bench.png")
-    return report
+    return BenchResults.from_json(report)

@@ -41,6 +41,7 @@ from tqdm import tqdm
 
 from ..dtypes import describe_choice
 from ..files import write_atomic
+from ..results import OnlineResults
 from ..settings import setting
 from ..sources import open_source
 from ..vllm.speculative import NGRAM_EXAMPLE, check_speculative_config, speculative_options
@@ -409,7 +410,7 @@ class OnlineRun:
         write_atomic(self.out_dir / "online.json", json.dumps(json_ready(self.report), indent=2))
 
 
-def online_bench(settings, online: OnlineSettings) -> dict:
+def online_bench(settings, online: OnlineSettings) -> OnlineResults:
     """Run the online benchmark of `settings.model` (SwiftKV) against `settings.baseline` (its teacher) with
     the server options of `settings` (a `swiftkv.bench.offline.BenchSettings`; --quick also runs eager); write
     OUT/online.json (after every rate) and OUT/online.png, and return the report."""
@@ -448,4 +449,4 @@ def online_bench(settings, online: OnlineSettings) -> dict:
         run.session(number, name, indices)
     run.save()
     plot(run.report, out_dir / "online.png")
-    return run.report
+    return OnlineResults.from_json(json_ready(run.report))

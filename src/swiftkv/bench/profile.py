@@ -280,13 +280,15 @@ def both_models_report(work, bench: BenchSettings, scenario, path: Path, derived
     return report
 
 
-def profile(bench: BenchSettings, scenario: Scenario) -> dict:
+def profile(bench: BenchSettings, scenario: Scenario) -> ProfileResults:
     """Profile the mixed step of both models (one process each, one after the other); write
     OUT/profile.json and return the report."""
-    return both_models_report(profile_model, bench, scenario, Path(bench.out) / "profile.json")
+    return ProfileResults.from_json(
+        both_models_report(profile_model, bench, scenario, Path(bench.out) / "profile.json")
+    )
 
 
-def decode_steps(bench: BenchSettings, scenario: DecodeScenario) -> dict:
+def decode_steps(bench: BenchSettings, scenario: DecodeScenario) -> DecodeStepsResults:
     """Time both models' decode-only steps (one process each, same settings); write
     OUT/decode-steps.json and OUT/decode-steps.png and return the report."""
     out = Path(bench.out)
@@ -300,7 +302,7 @@ def decode_steps(bench: BenchSettings, scenario: DecodeScenario) -> dict:
         },
     )
     plot_decode_steps(report, out / "decode-steps.png")
-    return report
+    return DecodeStepsResults.from_json(report)
 
 
 def format_decode_steps(report: DecodeStepsResults | dict) -> str:
