@@ -47,3 +47,21 @@ def frozen_parameters(folder) -> int:
     model = load_model(folder)
     install(model, "swiftkv")
     return sum(p.numel() for p in model.parameters() if not p.requires_grad)
+
+
+def test_tensor_bytes_counts_the_storages_made_inside_it_until_they_are_freed():
+    import torch
+
+    from swiftkv.distill.memory import TensorBytes
+
+    weight = torch.randn(1024, 1024, requires_grad=True)  # made before: not counted
+    with TensorBytes() as counted:
+        x = torch.randn(256, 1024)  # 1 MiB
+        y = (x @ weight).relu()  # the product and its relu, 1 MiB each
+        view = y[:10]  # a view: no new storage
+        y.sum().backward()  # the weight's gradient, 4 MiB
+        del x, y, view
+    # x + product + relu + gradient alive as the backward ends (7 MiB), plus at most relu's 1 MiB backward
+    # output, depending on when autograd frees it; never the weight made before
+    assert 7.0 <= counted.peak_mib <= 8.0
+    assert counted.current == 4 * 2**20  # the gradient outlives the block

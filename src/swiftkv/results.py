@@ -414,4 +414,5 @@ class DistillSummary(Record):
     # Peak memory the steps added above the model they train, MiB per process (CPU: resident set; CUDA:
     # allocated): gradients, optimizer state and activations, to check `swiftkv distill --plan` against
     step_memory_mib: float | None = None
+    step_tensor_mib: float | None = None  # the same, tensor by tensor (memory.TensorBytes), first two steps
     history: list[dict] | None = None  # held-out evaluations and per-step losses, in step order

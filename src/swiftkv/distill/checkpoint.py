@@ -40,6 +40,7 @@ class RunState:
     # Peak memory this segment's steps added above the model they train (gradients, optimizer state,
     # activations), in MiB: what `swiftkv distill --plan` estimates beside the weights it counts
     step_memory_mib: float | None = None
+    step_tensor_mib: float | None = None  # the same counted tensor by tensor over the segment's first steps
 
 
 def inner_model(distiller: nn.Module) -> nn.Module:

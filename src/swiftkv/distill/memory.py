@@ -1,14 +1,20 @@
 """Memory a run's steps add above the model they train, measured to check `swiftkv distill --plan`.
 
-On a CPU the resident set is all there is: the peak (VmHWM) is reset when the steps start (Linux's
-/proc/self/clear_refs), so what loading the model and reading the data peaked at does not hide it. On
-CUDA, torch's allocator counts the same thing exactly."""
+Two readings. The device's: on a CPU the resident set's peak (VmHWM), reset when the steps start
+(Linux's /proc/self/clear_refs) so that loading the model and reading the data do not hide it; on CUDA
+torch's allocated peak. And the tensors' own (`TensorBytes`): the storages the steps create, alive at
+once, which is what the plan counts and what CUDA's allocated peak counts; a CPU's resident set also
+holds what its allocator freed but kept (glibc keeps freed blocks of one micro-batch beside the next)."""
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import torch
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 
 def current_mib(device: torch.device) -> float:
@@ -38,3 +44,40 @@ def status_kib(key: str) -> int:
         if line.startswith(f"{key}:"):
             return int(line.split()[1])
     raise KeyError(f"/proc/self/status has no {key}")
+
+
+class TensorBytes(TorchDispatchMode):
+    """Counts the bytes of the tensor storages that ops inside it create, from the op that creates one
+    until it is freed; `peak` is the most alive at once. Storages made before it (the model) are not
+    counted, so the peak is what the steps add above the model, tensor by tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes: dict[int, int] = {}  # id of a live storage -> its bytes
+        self.refs: dict[int, weakref.ref] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                for storage in get_untyped_storages(leaf):
+                    self.count(storage)
+        return out
+
+    def count(self, storage: torch.UntypedStorage) -> None:
+        key = id(storage)
+        if key in self.sizes:  # a view of a storage already counted
+            return
+        self.sizes[key] = storage.nbytes()
+        self.refs[key] = weakref.ref(storage, lambda _, key=key: self.free(key))
+        self.current += self.sizes[key]
+        self.peak = max(self.peak, self.current)
+
+    def free(self, key: int) -> None:
+        self.current -= self.sizes.pop(key, 0)
+        self.refs.pop(key, None)
+
+    @property
+    def peak_mib(self) -> float:
+        return round(self.peak / 2**20, 1)

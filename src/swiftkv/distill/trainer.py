@@ -335,6 +335,11 @@ def distill(
     return run_training(settings, model, tokenizer, world or World(), replies)[0]
 
 
+# The first steps of a run segment count their tensors (`memory.TensorBytes`): the first creates the
+# optimizer state, the second runs with it; a dispatch mode on every step would slow the run.
+TENSOR_COUNTED_STEPS = 2
+
+
 def run_training(
     settings: DistillSettings, model: nn.Module, tokenizer, world: World, replies=None
 ) -> tuple[RunState, nn.Module]:
@@ -372,6 +377,7 @@ def run_training(
         dynamic_ncols=True,
     )
     block_tokens = settings.batch_size * settings.seq_len
+    tensors, first = memory.TensorBytes(), state.step
     for step in progress:
         started = time.perf_counter()
         blocks = rank_blocks(train, step, settings.batch_size, world)
@@ -380,7 +386,8 @@ def run_training(
         )
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
-        loss = train_step(distiller, model, optimizer, blocks, sizes, step_settings, world)
+        with tensors if step - first < TENSOR_COUNTED_STEPS else contextlib.nullcontext():
+            loss = train_step(distiller, model, optimizer, blocks, sizes, step_settings, world)
         loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
         state.step, seconds = step + 1, time.perf_counter() - started
         state.elapsed += seconds
@@ -397,6 +404,7 @@ def run_training(
             save_checkpoint(ckpt, distiller, optimizer, state, identity, world)
     progress.close()
     state.step_memory_mib = round(memory.peak_mib(world.device) - model_mib, 1)
+    state.step_tensor_mib = tensors.peak_mib if last > first else None
     return state, distiller
 
 
@@ -447,5 +455,6 @@ def run_summary(settings: DistillSettings, state: RunState, device: torch.device
         "heldout_after": evals[-1] if evals else None,
         "final_loss": losses[-1] if losses else None,
         "step_memory_mib": state.step_memory_mib,
+        "step_tensor_mib": state.step_tensor_mib,
         "history": state.history,
     }
