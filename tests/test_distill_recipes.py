@@ -285,6 +285,34 @@ def test_hf_replies_batched_equal_greedy_one_by_one(tmp_path):
         assert reply.finished == (eos in alone)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_static_engine_replies_equal_generates(tmp_path, arch):
+    """The static engine (a batched greedy loop over a static KV cache) writes the replies transformers'
+    `generate` writes, token for token in fp32: left padding, per-row positions, early stops, and a batch
+    padded wider than its longest prompt (as CUDA pads it, to few shapes)."""
+    from transformers import AutoModelForCausalLM
+
+    from swiftkv.replies import greedy_batch
+    from swiftkv.static_greedy import static_generator, static_greedy_batch
+
+    folder = save_tiny_teacher(tmp_path / "teacher", arch)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [[5, 9, 14, 3, 7], [11, 4], [7, 7, 7, 30, 31, 2, 8, 9], [40], [3] * 17]
+    # an end-of-turn id the random model does emit, so some replies stop early
+    eos = greedy_batch(model, [prompts[0]], 3, eos_token_id=0)[0].ids[1]
+    expected = greedy_batch(model, prompts, 12, eos)
+    assert any(r.finished for r in expected) and not all(r.finished for r in expected)
+    assert static_greedy_batch(model, prompts, 12, eos) == expected
+    assert static_greedy_batch(model, prompts, 12, eos, width_step=32) == expected
+    assert static_generator(folder, 12, torch.float32, eos, rows=2, device="cpu")(prompts) == expected
+
+
+def test_static_engine_refuses_a_student_writer():
+    settings = settings_for("tiny", reply_writer="student", reply_engine="static", init="keep")
+    with pytest.raises(ValueError, match="--reply-engine static writes with a plain model"):
+        settings.check_written_replies()
+
+
 def test_load_blocks_with_teacher_and_mixed_targets(tmp_path):
     """Through the data loader a run uses: teacher targets train on the replies only; mixed takes
     half the train tokens from teacher replies and the rest from the data's own conversations; the

@@ -36,12 +36,13 @@ from .model.config import add_legacy_rope_keys, is_swiftkv
 from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
 from .sources import Source, load_model, load_tokenizer, open_source, read_config_dict
+from .static_greedy import static_generator
 from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
 from .vllm.env import configure_cpu_env
 
 GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
 WRITERS = ("teacher", "student")
-ENGINES = ("auto", "vllm", "hf")
+ENGINES = ("auto", "vllm", "hf", "static")
 PROMPT_TURNS = ("first", "every")
 
 Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greedy replies
@@ -80,7 +81,8 @@ class RepliesSettings:
     reply_tokens: int = setting(512, "max tokens of a reply")
     engine: str = setting(
         "auto",
-        "vllm, hf (transformers' generate, on CUDA when available) or auto (vllm where installed)",
+        "vllm, hf (transformers' generate, on CUDA when available), static (a batched greedy loop over a "
+        "static KV cache, CUDA graphs on a GPU; plain writers only) or auto (vllm where installed)",
         choices=ENGINES,
     )
     dtype: str = setting("auto", "compute dtype: auto = bf16 where native, else fp32", choices=DTYPE_CHOICES)
@@ -107,6 +109,14 @@ class RepliesSettings:
     def every_turn(self) -> bool:
         return self.prompt_turns == "every"
 
+    def check_engine(self) -> None:
+        """The static engine runs plain models: the teacher writes (a SwiftKV SRC's own teacher weights)."""
+        if self.engine == "static" and self.writer == "student":
+            raise ValueError(
+                "--reply-engine static writes with a plain model, and --reply-writer student is a "
+                "SwiftKV one; expected --reply-engine vllm or hf"
+            )
+
     def max_prompt_tokens(self) -> int:
         """The longest prompt the writer answers: a first turn, or a long prompt."""
         return max(MAX_PROMPT_TOKENS, self.long_prompt_tokens if self.long_share else 0)
@@ -120,6 +130,7 @@ class RepliesSettings:
 def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     """Write the missing replies of `settings` (all of them on a first run); returns the cache, whose
     `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
+    settings.check_engine()
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:
@@ -208,25 +219,28 @@ def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
     generate otherwise. The writer's folder and the engine are set up on the first call only, so a run
     whose replies are all cached builds neither."""
     engine = resolved_engine(settings)
-    device = "cuda" if engine == "hf" and torch.cuda.is_available() else "cpu"
+    device = "cuda" if engine in ("hf", "static") and torch.cuda.is_available() else "cpu"
     state = {}
 
     def generate(prompts):
         if "engine" not in state:
             writer = writer_folder(settings)
-            state["engine"] = (
-                vllm_generator(
+            dtype = resolve_dtype(settings.dtype, device)
+            if engine == "vllm":
+                state["engine"] = vllm_generator(
                     writer,
                     settings.reply_tokens,
-                    dtype_name(resolve_dtype(settings.dtype)),
+                    dtype_name(dtype),
                     eos_token_id,
                     max_prompt_tokens=settings.max_prompt_tokens(),
                 )
-                if engine == "vllm"
-                else hf_generator(
-                    writer, settings.reply_tokens, resolve_dtype(settings.dtype, device), eos_token_id, device
+            elif engine == "static":
+                rows = HF_BATCH_CUDA if device == "cuda" else HF_BATCH
+                state["engine"] = static_generator(
+                    writer, settings.reply_tokens, dtype, eos_token_id, rows, device
                 )
-            )
+            else:
+                state["engine"] = hf_generator(writer, settings.reply_tokens, dtype, eos_token_id, device)
         return state["engine"](prompts)
 
     generate.batch = generation_batch(settings)
@@ -246,7 +260,9 @@ def generation_batch(settings: RepliesSettings) -> int:
     """Prompts per generation call. It decides which examples the written prompts consume, and so
     where `--targets mixed` takes its human chats from: the writing and the reading walk share it."""
     return (
-        HF_BATCH_CUDA if resolved_engine(settings) == "hf" and torch.cuda.is_available() else GENERATION_BATCH
+        HF_BATCH_CUDA
+        if resolved_engine(settings) in ("hf", "static") and torch.cuda.is_available()
+        else GENERATION_BATCH
     )
 
 

@@ -115,8 +115,9 @@ class DistillSettings:
     )
     reply_engine: str = setting(
         "auto",
-        "what generates the replies: vllm, hf (transformers' generate, "
-        "on CUDA when available) or auto (vllm where installed)",
+        "what generates the replies: vllm, hf (transformers' generate, on CUDA when available), static (a "
+        "batched greedy loop over a static KV cache, CUDA graphs on a GPU; teacher writes only) or auto "
+        "(vllm where installed)",
         choices=REPLY_ENGINES,
     )
     trainable: str = setting(
@@ -258,6 +259,7 @@ class DistillSettings:
                 f"--prompt-turns {self.prompt_turns}: prompts are answered by the reply writer, and "
                 "--targets human trains on the data's own replies; expected --targets teacher or mixed"
             )
+        self.replies_settings().check_engine()
         if self.reply_writer != "student":
             return
         if self.targets == "human":
