@@ -11,6 +11,8 @@ arm_args() {
     c1r64b16) echo "--recipe swiftkv --trainable lora --lora-rank 64 --batch-size 16 --micro-batch 2 --lr 5.7e-3 --late-lr 2.8e-3" ;;
     # The same at 8 blocks per step (4x), both rates x2: the 16-block step missed by 0.032 held-out KL.
     c1r64b8) echo "--recipe swiftkv --trainable lora --lora-rank 64 --batch-size 8 --micro-batch 2 --lr 4e-3 --late-lr 2e-3" ;;
+    # The 2-block control in bf16 (final5's ran in fp32 on another Xeon): the larger-step arms above ran in bf16.
+    c1r64bf) echo "--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3 --dtype bfloat16" ;;
     c3) echo "--recipe swiftkv --trainable late-norms --late-lr 2e-4" ;;
     # Long prompts in the mix (item 3): a quarter of the written tokens answer 1-2k-token prompts, so a
     # block holds 2048 tokens, one block per step (the same 2048 tokens per step as R13); l0 is the same
