@@ -36,7 +36,7 @@ from .model.config import add_legacy_rope_keys, is_swiftkv
 from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
 from .sources import Source, load_model, load_tokenizer, open_source, read_config_dict
-from .static_greedy import static_generator
+from .static_greedy import in_length_order, left_padded, static_generator
 from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
 from .vllm.env import configure_cpu_env
 
@@ -375,19 +375,10 @@ def hf_generator(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
 
-    def generate(prompts: list[list[int]]) -> list[Reply]:
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        replies: dict[int, Reply] = {}
-        width = HF_BATCH_CUDA if device.startswith("cuda") else HF_BATCH
-        for start in range(0, len(order), width):
-            chunk = order[start : start + width]
-            for index, reply in zip(
-                chunk, greedy_batch(model, [prompts[i] for i in chunk], max_tokens, eos_token_id), strict=True
-            ):
-                replies[index] = reply
-        return [replies[i] for i in range(len(prompts))]
-
-    return generate
+    rows = HF_BATCH_CUDA if device.startswith("cuda") else HF_BATCH
+    return lambda prompts: in_length_order(
+        prompts, rows, lambda batch: greedy_batch(model, batch, max_tokens, eos_token_id)
+    )
 
 
 HF_BATCH = 64  # prompts per transformers generate() call on CPU
@@ -398,8 +389,7 @@ HF_BATCH_CUDA = 1024
 
 def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id: int) -> list[Reply]:
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[eos_token_id] * (width - len(p)) + p for p in prompts], device=model.device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    ids, mask = left_padded(prompts, width, eos_token_id, model.device)
     with torch.no_grad():
         out = model.generate(
             ids,
@@ -409,11 +399,8 @@ def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id:
             eos_token_id=eos_token_id,
             pad_token_id=eos_token_id,
         )
-    replies = []
-    for row in out[:, width:].tolist():
-        finished = eos_token_id in row  # generate pads a finished row with eos after its own
-        replies.append(Reply(row[: row.index(eos_token_id) + 1] if finished else row, finished))
-    return replies
+    # generate pads a finished row with eos after its own
+    return [Reply.of_row(row, eos_token_id) for row in out[:, width:].tolist()]
 
 
 def start_engine(

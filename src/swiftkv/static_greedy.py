@@ -56,8 +56,7 @@ def static_greedy_batch(
     `max_tokens`."""
     rows, width = len(prompts), -(-max(len(p) for p in prompts) // width_step) * width_step
     device = model.device
-    ids = torch.tensor([[eos_token_id] * (width - len(p)) + p for p in prompts], device=device)
-    padding = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    ids, padding = left_padded(prompts, width, eos_token_id, device)
     mask = torch.ones(rows, width + max_tokens, dtype=torch.long, device=device)
     mask[:, :width] = padding
     positions = (padding.cumsum(-1) - 1).clamp(min=0)
@@ -74,11 +73,28 @@ def static_greedy_batch(
                 break
             last = last + 1
             token = step(model, token[:, None], last, cache, torch.tensor([width + t], device=device), mask)
-    replies = []
-    for row in tokens.tolist():
-        finished = eos_token_id in row
-        replies.append(Reply(row[: row.index(eos_token_id) + 1] if finished else row, finished))
-    return replies
+    return [Reply.of_row(row, eos_token_id) for row in tokens.tolist()]
+
+
+def left_padded(
+    prompts: list[list[int]], width: int, pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of `prompts` left-padded to `width` with `pad_id`: a batch's replies then
+    start at the same column."""
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
+def in_length_order(prompts: list[list[int]], rows: int, write: Callable[[list[list[int]]], list[Reply]]):
+    """`write` over batches of `rows` prompts sorted by length (so a batch pads little); the replies come
+    back in the prompts' order."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    replies: dict[int, Reply] = {}
+    for start in range(0, len(order), rows):
+        chunk = order[start : start + rows]
+        replies.update(zip(chunk, write([prompts[i] for i in chunk]), strict=True))
+    return [replies[i] for i in range(len(prompts))]
 
 
 def compiled_step(device: torch.device) -> Step:
@@ -116,15 +132,7 @@ def static_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int, ro
     step = compiled_step(model.device)
     width_step = CUDA_WIDTH_STEP if model.device.type == "cuda" else 1
 
-    def generate(prompts: list[list[int]]):
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        replies = {}
-        for start in range(0, len(order), rows):
-            chunk = order[start : start + rows]
-            batch = static_greedy_batch(
-                model, [prompts[i] for i in chunk], max_tokens, eos_token_id, step, width_step
-            )
-            replies.update(zip(chunk, batch, strict=True))
-        return [replies[i] for i in range(len(prompts))]
+    def write(batch: list[list[int]]) -> list[Reply]:
+        return static_greedy_batch(model, batch, max_tokens, eos_token_id, step, width_step)
 
-    return generate
+    return lambda prompts: in_length_order(prompts, rows, write)

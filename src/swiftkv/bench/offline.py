@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -80,6 +80,10 @@ class BenchSettings:
         parse=parse_workloads,
     )
     out: str = setting("bench-out", "output folder for bench.json and bench.png")
+
+    def opened(self) -> BenchSettings:
+        """These settings with both models' sources resolved, once, as a benchmark starts."""
+        return replace(self, model=open_source(self.model), baseline=open_source(self.baseline))
 
 
 def engine_settings(settings: BenchSettings) -> dict:
@@ -325,10 +329,8 @@ def bench(settings: BenchSettings, workloads: Workloads | None = None) -> BenchR
     engine = engine_settings(settings)
     workloads = workloads or (Workloads.quick() if settings.quick else Workloads())
     print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)
-    model_dir, baseline_dir = (
-        os.fspath(open_source(settings.model)),
-        os.fspath(open_source(settings.baseline)),
-    )
+    settings = settings.opened()
+    model_dir, baseline_dir = os.fspath(settings.model), os.fspath(settings.baseline)
     out_dir = Path(settings.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     peak = matmul_peak(resolve_dtype(settings.dtype))

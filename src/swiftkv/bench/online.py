@@ -43,7 +43,6 @@ from ..dtypes import describe_choice
 from ..files import write_atomic
 from ..results import OnlineResults
 from ..settings import setting
-from ..sources import open_source
 from ..vllm.speculative import NGRAM_EXAMPLE, check_speculative_config, speculative_options
 from .offline import engine_settings
 from .online_metrics import (
@@ -443,8 +442,8 @@ def online_bench(settings, online: OnlineSettings) -> OnlineResults:
         "results": {m: [None] * rate_count for m in MODELS},
         "summary": None,
     }
-    folders = (os.fspath(open_source(settings.model)), os.fspath(open_source(settings.baseline)))
-    run = OnlineRun(*folders, engine, online, out_dir, report)
+    opened = settings.opened()
+    run = OnlineRun(os.fspath(opened.model), os.fspath(opened.baseline), engine, online, out_dir, report)
     for number, (name, indices) in enumerate(sessions(rate_count)):
         run.session(number, name, indices)
     run.save()

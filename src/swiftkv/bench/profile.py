@@ -36,7 +36,7 @@ import torch
 from ..files import write_atomic
 from ..plots import figure
 from ..results import DecodeStepsResults, ModelProfile, ProfileResults
-from ..sources import Source, open_source
+from ..sources import Source
 from ..vllm.engine import engine_kwargs, in_process_engine
 from .offline import BenchSettings, PromptMaker, engine_settings
 
@@ -263,12 +263,11 @@ def each_model(work, model: Source, baseline: Source, settings: dict, scenario: 
 def both_models_report(work, bench: BenchSettings, scenario, path: Path, derived=lambda results: {}) -> dict:
     """`work` on both models of `bench` (`each_model`, their sources opened once), the report of the run
     (with `derived(results)` added), written atomically to `path`."""
-    settings = engine_settings(bench)
-    model, baseline = open_source(bench.model), open_source(bench.baseline)
-    results = each_model(work, model, baseline, settings, asdict(scenario))
+    settings, opened = engine_settings(bench), bench.opened()
+    results = each_model(work, opened.model, opened.baseline, settings, asdict(scenario))
     report = {
-        "model": model.name,
-        "baseline_model": baseline.name,
+        "model": opened.model.name,
+        "baseline_model": opened.baseline.name,
         "settings": settings,
         "scenario": asdict(scenario),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -83,6 +83,13 @@ class Reply:
     ids: list[int]  # the writer's tokens, its end-of-turn token included when it stopped by itself
     finished: bool
 
+    @classmethod
+    def of_row(cls, row: list[int], eos_token_id: int) -> Reply:
+        """A batched greedy loop's row of reply tokens, padded with the end-of-turn id after a row stops:
+        cut after its first one (kept), or whole when the row never stopped."""
+        finished = eos_token_id in row
+        return cls(row[: row.index(eos_token_id) + 1] if finished else row, finished)
+
 
 def prompt_key(prompt_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:24]

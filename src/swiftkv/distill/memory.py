@@ -53,8 +53,8 @@ class TensorBytes(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.sizes: dict[int, int] = {}  # id of a live storage -> its bytes
-        self.refs: dict[int, weakref.ref] = {}
+        # id of a live storage -> (a weak reference whose callback frees it, its bytes)
+        self.alive: dict[int, tuple[weakref.ref, int]] = {}
         self.current = self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -67,16 +67,16 @@ class TensorBytes(TorchDispatchMode):
 
     def count(self, storage: torch.UntypedStorage) -> None:
         key = id(storage)
-        if key in self.sizes:  # a view of a storage already counted
+        if key in self.alive:  # a view of a storage already counted
             return
-        self.sizes[key] = storage.nbytes()
-        self.refs[key] = weakref.ref(storage, lambda _, key=key: self.free(key))
-        self.current += self.sizes[key]
+        size = storage.nbytes()
+        self.alive[key] = (weakref.ref(storage, lambda _, key=key: self.free(key)), size)
+        self.current += size
         self.peak = max(self.peak, self.current)
 
     def free(self, key: int) -> None:
-        self.current -= self.sizes.pop(key, 0)
-        self.refs.pop(key, None)
+        _, size = self.alive.pop(key, (None, 0))
+        self.current -= size
 
     @property
     def peak_mib(self) -> float:
