@@ -268,6 +268,8 @@ def write_tiny_gguf(path: Path, model, tokenizer, name: str) -> Path:
     writer.add_bos_token_id(tokenizer.bos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
+    if tokenizer.chat_template:  # as SmolLM2's GGUF carries its ChatML template
+        writer.add_chat_template(tokenizer.chat_template)
     names = {
         "input_layernorm": "attn_norm",
         "post_attention_layernorm": "ffn_norm",

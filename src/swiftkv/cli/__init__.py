@@ -13,7 +13,18 @@ import sys
 # (tests/test_layering.py checks it).
 COMMAND_MODULES = tuple(
     f"swiftkv.cli.{name}"
-    for name in ("convert", "export", "generate", "demo", "replies", "distill", "eval", "serve", "bench")
+    for name in (
+        "convert",
+        "export",
+        "generate",
+        "demo",
+        "replies",
+        "distill",
+        "eval",
+        "serve",
+        "bench",
+        "loan",
+    )
 )
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 from ..data.packing import load_blocks
-from ..model.modeling import swiftkv_parameters
-from ..model.surgery import load_trained, write_model_folder
+from ..model.surgery import write_model_folder
 from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
@@ -20,7 +19,7 @@ from .checkpoint import RunState, check_start
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
-from .trainable import STUDENT_MODULES, student_weights
+from .trainable import merge_trained
 from .trainer import evaluate, finished, run_summary, run_training, trained_tensors
 from .world import World, barrier, close_world, init_world, log
 
@@ -96,13 +95,7 @@ def write_output(
     then no longer contains its teacher."""
     # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
     output = settings.source.load_model(torch.float32)
-    own = swiftkv_parameters(output)
-    merged = student_weights(trained, output.state_dict())
-    load_trained(output, {name: tensor for name, tensor in trained.items() if name in own}, own)
-    if merged:
-        load_trained(output, merged, dict(output.named_parameters()))
-        output.config.swiftkv_student_trained = list(STUDENT_MODULES[settings.trainable])
-    output.config.swiftkv = True
+    merge_trained(output, trained, settings.trainable)
 
     def fill(tmp: Path) -> None:
         output.save_pretrained(tmp)

@@ -114,16 +114,22 @@ def device_name(device: torch.device) -> str:
 
 
 def compute_bound(
-    config, settings, train, tokens_per_s: float, dtype: torch.dtype, device: torch.device
+    config,
+    settings,
+    train,
+    tokens_per_s: float,
+    dtype: torch.dtype,
+    device: torch.device,
+    peak: float | None = None,
 ) -> dict:
     """The shared-prefix step's FLOPs per train token over the measured matmul peak in the compute
-    dtype on the training device: the tokens/s a perfectly matmul-bound step would reach, and how
-    close the run came."""
+    dtype on the training device (`peak`: measured before, alone): the tokens/s a perfectly matmul-bound
+    step would reach, and how close the run came."""
     target_fraction = float(train.loss_mask.float().mean())
     flops = distill_flops_per_token(
         config, settings.seq_len, target_fraction, late_weights=settings.trainable in ("late", "late-norms")
     )
-    peak = matmul_peak(dtype, device=device)
+    peak = peak or matmul_peak(dtype, device=device)
     return {
         "flops_per_token": round(flops),
         "matmul_peak_flops": round(peak),

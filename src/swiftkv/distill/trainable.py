@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..model.modeling import on_student_path, swiftkv_parameters
+from ..model.surgery import load_trained
 
 TRAINABLE_SETS = ("swiftkv", "lora", "late", "late-norms")
 DEFAULT_LORA_RANK = 16
@@ -166,3 +167,17 @@ def student_weights(
             factor_a = trained[f"{path}.lora_a"].detach().float()
             weights[f"{path}.weight"] = source[f"{path}.weight"].float() + tensor.detach().float() @ factor_a
     return weights
+
+
+def merge_trained(model: nn.Module, trained: dict[str, torch.Tensor], trainable: str) -> None:
+    """Put a run's trained tensors (whole, by parameter name) into `model`, a fresh SwiftKV model of the
+    run's source with no trainable set installed: the SwiftKV parameters as they are, the student-only
+    weights merged under their original names (`student_weights`), the config marked as a distilled
+    student (`swiftkv=True`; `swiftkv_student_trained` when its later layers were trained too)."""
+    own = swiftkv_parameters(model)
+    merged = student_weights(trained, model.state_dict())
+    load_trained(model, {name: tensor for name, tensor in trained.items() if name in own}, own)
+    if merged:
+        load_trained(model, merged, dict(model.named_parameters()))
+        model.config.swiftkv_student_trained = list(STUDENT_MODULES[trainable])
+    model.config.swiftkv = True

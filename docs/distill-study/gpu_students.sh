@@ -1,0 +1,50 @@
+#!/bin/bash
+# Issue 32's students on a lent GPU box (torch 2.11 + cu130, Python 3.12, transformers, no network): the
+# stage travels in two parts, then `swiftkv loan run` writes the teacher's replies, measures the trainer on
+# a Llama-3.1-8B shape and trains both students in parallel, with every result under $OUT as it comes.
+#
+#   bash docs/distill-study/gpu_students.sh stage   # here: .devdata/sk/part1 and part2 (swiftkv loan stage)
+#   bash docs/bench/gpu_check.sh stash               # shipped weights out of the tree (unstash after the loan)
+#   then two calls of the device tool from the repository root, the second at once (the box keeps /root/sk
+#   only while it is warm, 30 s after a call):
+#     carry [".devdata/sk/part1"]: bash docs/distill-study/gpu_students.sh unpack1
+#     carry [".devdata/sk/part2"], timeout_s 600: bash docs/distill-study/gpu_students.sh run
+#   then, here: swiftkv loan install <files_at>/n15 --out ... (and n22), and unstash.
+# A later loan continues from what came back: copy it to .devdata/sk/part2/previous before the second call
+# and run with RESUME=previous (its replies are reused, each student resumes from its snapshot).
+#   DRY=1 STAGE=... OUT=... bash docs/distill-study/gpu_students.sh run   # the run stage on this CPU (the suite)
+set -uo pipefail
+stage=$1
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+W=${W:-/root/sk}
+OUT=${OUT:-$W/out}
+
+need() {  # the file a stage needs, or one error naming the stage that writes it
+  [ -f "$1" ] || { echo "gpu_students.sh: $1 is missing; it is written by '$2'" >&2; exit 2; }
+}
+
+case $stage in
+  stage)
+    "$ROOT/.venv/bin/python" -m swiftkv.cli loan stage smollm2-135m-instruct --out "$ROOT/.devdata/sk" ${ARGS:-} ;;
+  unpack1)
+    need .devdata/sk/part1/teacher.tar.0 "gpu_students.sh stage (carried by the first call)"
+    mkdir -p "$W" && rm -rf "$W/part1" && cp -r .devdata/sk/part1 "$W/"
+    python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))" ;;
+  run)
+    mkdir -p "$OUT"
+    if [ -n "${DRY:-}" ]; then  # this CPU, the repository's venv, a staged tiny teacher (tests/test_loan.py)
+      PYTHONPATH=$ROOT/src "$ROOT/.venv/bin/python" -m swiftkv.cli loan run "$STAGE" --out "$OUT" --device cpu ${ARGS:-} \
+        2>&1 | tee "$OUT/loan.log"
+      exit "${PIPESTATUS[0]}"
+    fi
+    need .devdata/sk/part2/stage.json "gpu_students.sh stage (carried by the second call)"
+    need "$W/part1/teacher.tar.0" "gpu_students.sh unpack1 (the first call, at most 30 s before this one)"
+    rm -rf "$W/part2" && cp -r .devdata/sk/part2 "$W/"
+    export PYTHONPATH=$ROOT/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    resume=${RESUME:+--resume $W/part2/$RESUME}
+    # shellcheck disable=SC2086
+    python3 -m swiftkv.cli loan run "$W" --out "$OUT" --minutes "${MINUTES:-9}" $resume ${ARGS:-} 2>&1 \
+      | grep --line-buffered -v "it/s]" | tee "$OUT/loan.log"
+    exit "${PIPESTATUS[0]}" ;;
+  *) echo "gpu_students.sh: unknown stage $stage (stage, unpack1, run)" >&2; exit 2 ;;
+esac

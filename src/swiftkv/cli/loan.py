@@ -1,0 +1,58 @@
+"""`swiftkv loan stage|run|install`: students trained inside one lent GPU (see swiftkv/loan/)."""
+
+from __future__ import annotations
+
+import json
+
+from ..loan.snapshot import install
+from ..loan.stage import StageSettings, write_stage
+from ..loan.students import LoanSettings, run_loan
+from .options import add_dataclass_options, given_values, source_help
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "loan",
+        help="train students inside one lent GPU: stage here, run there, install what came back",
+        description="A GPU loan's three steps: `stage` (here, on a CPU) writes the teacher, the train prompts and "
+        "the calibration and held-out blocks into two parts, one per transfer; `run` (on the GPU, or --device cpu "
+        "as a dry-run) writes the teacher's replies, measures the trainer on an 8B shape and trains every student "
+        "in parallel, snapshotting each at least every 2 minutes; `install` turns a snapshot into a distilled "
+        "HF folder.",
+    )
+    steps = parser.add_subparsers(dest="step", metavar="STEP", required=True)
+    stage = steps.add_parser("stage", help="stage a loan's inputs (CPU)")
+    stage.add_argument("teacher", help=source_help())
+    add_dataclass_options(stage, StageSettings)
+    stage.set_defaults(func=run_stage)
+    run = steps.add_parser("run", help="the loan itself (GPU; --device cpu for the dry-run)")
+    run.add_argument("stage", help="the stage folder (part1/ and part2/)")
+    add_dataclass_options(run, LoanSettings)
+    run.set_defaults(func=run_run)
+    put = steps.add_parser("install", help="a student snapshot -> a distilled HF SwiftKV folder")
+    put.add_argument("snapshot", help="a student's folder of a loan's output (n15/, n22/, ...)")
+    put.add_argument("--out", required=True, help="the distilled folder (written atomically)")
+    put.add_argument("--teacher", default=None, help="the teacher here (default: the one the snapshot names)")
+    put.add_argument("--force", action="store_true", help="overwrite --out")
+    put.set_defaults(func=run_install)
+
+
+def run_stage(args) -> int:
+    manifest = write_stage(StageSettings(teacher=args.teacher, **given_values(args, StageSettings)))
+    print(json.dumps({k: manifest[k] for k in ("prompts", "tree_mib", "parts_mib")}))
+    return 0
+
+
+def run_run(args) -> int:
+    report = run_loan(LoanSettings(stage=args.stage, **given_values(args, LoanSettings)))
+    print(
+        json.dumps(
+            {"students": report.students, "shape": report.shape, "replies": report.replies}, default=str
+        )[:4000]
+    )
+    return 0
+
+
+def run_install(args) -> int:
+    print(f"wrote {install(args.snapshot, args.out, args.teacher, args.force)}")
+    return 0

@@ -1,0 +1,271 @@
+"""`swiftkv loan stage TEACHER --out STAGE`: everything a GPU loan trains from, staged on a CPU into two
+folders, each small enough for one transfer beside the code.
+
+A loan carries at most 64 MiB per call, the code included, and the box keeps its files only while it is
+warm. So the teacher travels as it is stored (the 98 MB GGUF of SmolLM2 is smaller than any dequantized
+copy), cut in two; the replies are not staged but written on the GPU; the lstsq init is not staged
+but fitted there from the calibration blocks convert would use. What is staged:
+
+  part1/teacher.tar.0      the first bytes of the teacher (a tar of the .gguf file, or of an HF folder)
+  part2/teacher.tar.1      the rest
+  part2/prompts.npz.xz     the train prompts as token ids: every user turn of the train chats, with the
+                           conversation before it, in the order distill's split takes them; a chat's
+                           prompts are prefixes of its last one, so each chat's tokens are stored once
+  part2/blocks.pt          the calibration blocks (convert's lstsq fit) and the held-out blocks (distill's)
+  part2/site.tar.xz        the `gguf` package transformers reads a GGUF with (GGUF teachers only)
+  part2/stage.json         what was staged and how: sizes, digests, the split's settings
+
+`need` is the one check of a staged file: a missing one is named with the stage that writes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import io
+import json
+import lzma
+import subprocess
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..calibration import token_blocks
+from ..data.chat import read_source
+from ..data.packing import pack
+from ..data.split import shuffled, take_documents
+from ..data.tokens import MAX_PROMPT_TOKENS, turn_prompts
+from ..files import atomic_output_dir
+from ..settings import parse_count, setting
+from ..sources import SMOLLM2_ALIAS, open_source, smollm2_gguf
+
+MIB = 2**20
+TRANSFER_MIB = 64  # what one call of the device tool carries, the code included
+MARGIN_MIB = 1  # left free in each part for files the tree gains before the loan
+PARTS = ("part1", "part2")
+STAGE_FILE = "stage.json"
+PROMPTS_FILE = "prompts.npz.xz"
+BLOCKS_FILE = "blocks.pt"
+SITE_FILE = "site.tar.xz"
+TEACHER_TAR = "teacher.tar"
+WEIGHTS_DIR = Path("src/swiftkv/weights")  # moved out of the tree during a loan (`gpu_students.sh stash`)
+
+
+@dataclass
+class StageSettings:
+    teacher: str = setting(None, "the teacher: an HF folder, a .gguf file or an alias", cli=False)
+    out: str | None = setting(None, "the stage folder (part1/ and part2/ inside, written atomically)")
+    data: str = setting(
+        "sharegpt", "the chats whose prompts the teacher answers on the GPU (the --data grammar)"
+    )
+    tokens: int = setting(
+        32_000_000,
+        "train tokens wanted (prompt + a full reply each); the stage stops there or where the data ends",
+        parse=parse_count,
+    )
+    heldout_tokens: int = setting(16_384, "held-out tokens (distill's --heldout-tokens)", parse=parse_count)
+    seed: int = setting(0, "the split's seed (distill's --seed)")
+    seq_len: int = setting(1024, "tokens per packed block (distill's --seq-len)")
+    reply_tokens: int = setting(64, "most tokens of a written reply (distill's --reply-tokens)")
+    calib_tokens: int = setting(8192, "calibration tokens of the lstsq init (convert's --calib-tokens)")
+    tree_mib: float | None = setting(
+        None, "MiB of the code that travels beside each part (default: measured from this checkout)"
+    )
+
+
+def need(path: Path, stage: str) -> Path:
+    """`path`, or one error naming the missing file and the stage that writes it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; it is written by {stage}")
+    return path
+
+
+def staged(stage: Path, name: str) -> Path:
+    """A staged file of part 2 (the part the run reads), checked."""
+    return need(stage / "part2" / name, "`swiftkv loan stage` (part2, carried by the second call)")
+
+
+def write_stage(settings: StageSettings) -> dict:
+    """Write the stage folder; returns its manifest (also `part2/stage.json`). Every part is checked
+    against the transfer limit before anything is written."""
+    if not settings.out:
+        raise ValueError("--out is required: the stage folder")
+    teacher = open_source(settings.teacher)
+    tokenizer = teacher.load_tokenizer()
+    split = iter(shuffled(read_source(settings.data), settings.seed))
+    heldout = take_documents(split, tokenizer, settings.heldout_tokens)  # distill's held-out part, first
+    prompts = train_prompts(settings, tokenizer, split)
+    blocks = staged_blocks(settings, tokenizer, heldout)
+    teacher_tar, teacher_path = teacher_archive(settings.teacher, teacher.folder)
+    site = gguf_site() if teacher_path.endswith(".gguf") else None
+    tree = settings.tree_mib if settings.tree_mib is not None else travelling_tree_mib()
+    room = (TRANSFER_MIB - MARGIN_MIB - tree) * MIB
+    small = {PROMPTS_FILE: prompts, BLOCKS_FILE: blocks, **({SITE_FILE: site} if site else {})}
+    rest = len(teacher_tar) - int(room)
+    if rest + sum(map(len, small.values())) > room:
+        raise ValueError(
+            f"the stage needs {(len(teacher_tar) + sum(map(len, small.values()))) / MIB:.1f} MiB, more than "
+            f"two transfers hold beside {tree:.1f} MiB of code ({2 * room / MIB:.1f} MiB); stage fewer "
+            "--tokens, or move more out of the tree"
+        )
+    files = {
+        "part1": {f"{TEACHER_TAR}.0": teacher_tar[: max(0, int(room))]},
+        "part2": {f"{TEACHER_TAR}.1": teacher_tar[max(0, int(room)) :], **small},
+    }
+    manifest = {
+        "settings": asdict(settings),
+        "teacher": {"name": str(settings.teacher), "path": teacher_path, "tar_sha256": sha256(teacher_tar)},
+        "tokenizer_eos": tokenizer.convert_tokens_to_ids(tokenizer.eos_token),
+        "prompts": prompts_summary(prompts),
+        "tree_mib": round(tree, 1),
+        "parts_mib": {p: round(sum(map(len, f.values())) / MIB, 2) for p, f in files.items()},
+    }
+    with atomic_output_dir(settings.out, force=True) as tmp:
+        for part, contents in files.items():
+            (tmp / part).mkdir()
+            for name, data in contents.items():
+                (tmp / part / name).write_bytes(data)
+        (tmp / "part2" / STAGE_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------------
+# What is staged
+# --------------------------------------------------------------------------------------------------
+
+
+def train_prompts(settings: StageSettings, tokenizer, rest) -> bytes:
+    """The train prompts distill's split would answer (`--prompt-turns every`): `rest` is the seeded
+    shuffle after the held-out documents; every user turn of each chat with its context, until `tokens` of
+    prompt + full reply. Stored as one token stream (each chat's last prompt, which holds the others as
+    prefixes; a prompt that is not one is stored on its own) plus each prompt's start and length."""
+    stream: list[int] = []
+    starts, lengths = [], []
+    wanted = settings.tokens
+    for example in rest:
+        if wanted <= 0:
+            break
+        found = [
+            ids for _, ids in turn_prompts(tokenizer, example, every_turn=True, max_tokens=MAX_PROMPT_TOKENS)
+        ]
+        if not found:
+            continue
+        base = len(stream)
+        stream += found[-1]
+        for ids in found:
+            if found[-1][: len(ids)] != ids:
+                starts.append(len(stream))
+                stream += ids
+            else:
+                starts.append(base)
+            lengths.append(len(ids))
+            wanted -= len(ids) + settings.reply_tokens
+    if not lengths:
+        raise ValueError(f"--data {settings.data!r} has no train chat with a user turn to answer")
+    return encode_ids(stream, starts, lengths)
+
+
+def encode_ids(stream: list[int], starts: list[int], lengths: list[int]) -> bytes:
+    """Token id lists as one stream plus each list's start and length, xz-compressed (uint16 ids where
+    the vocabulary allows: a prompt stream then takes 2 bytes per token before compression)."""
+    dtype = np.uint16 if max(stream, default=0) < 2**16 else np.uint32
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        tokens=np.asarray(stream, dtype=dtype),
+        starts=np.asarray(starts, dtype=np.int64),
+        lengths=np.asarray(lengths, dtype=np.int32),
+    )
+    return lzma.compress(buffer.getvalue(), preset=6)
+
+
+def encode_lists(lists: list[list[int]]) -> bytes:
+    """`encode_ids` of lists stored one after another (the written replies)."""
+    lengths = [len(ids) for ids in lists]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64).tolist() if lists else []
+    return encode_ids([t for ids in lists for t in ids], starts, lengths)
+
+
+def decode_ids(data: bytes) -> list[list[int]]:
+    """The token id lists of `encode_ids`, in order."""
+    arrays = np.load(io.BytesIO(lzma.decompress(data)))
+    tokens, starts, lengths = arrays["tokens"], arrays["starts"], arrays["lengths"]
+    return [tokens[s : s + n].astype(np.int64).tolist() for s, n in zip(starts, lengths, strict=True)]
+
+
+def prompts_summary(data: bytes) -> dict:
+    prompts = decode_ids(data)
+    return {
+        "prompts": len(prompts),
+        "prompt_tokens": sum(map(len, prompts)),
+        "compressed_mib": round(len(data) / MIB, 2),
+    }
+
+
+def staged_blocks(settings: StageSettings, tokenizer, heldout_docs) -> bytes:
+    """Convert's calibration fit blocks (its defaults: the same lstsq init as `swiftkv convert --init
+    lstsq`) and distill's held-out blocks (the same held-out KL as `swiftkv distill`)."""
+    fit, _ = token_blocks(tokenizer, settings.data, settings.calib_tokens, 2048)
+    heldout = pack(
+        heldout_docs, settings.seq_len, max_blocks=max(1, settings.heldout_tokens // settings.seq_len)
+    )
+    buffer = io.BytesIO()
+    torch.save({"calibration": torch.stack(fit), "heldout": asdict_blocks(heldout)}, buffer)
+    return buffer.getvalue()
+
+
+def asdict_blocks(blocks) -> dict[str, torch.Tensor]:
+    return {"input_ids": blocks.input_ids, "position_ids": blocks.position_ids, "loss_mask": blocks.loss_mask}
+
+
+def teacher_archive(name: str, folder: Path) -> tuple[bytes, str]:
+    """(a tar of the teacher as stored, the path inside it that `open_source` takes): the GGUF file of a
+    GGUF source (smaller than its dequantized folder), else the HF folder's files."""
+    text = str(name)
+    gguf = smollm2_gguf() if text == SMOLLM2_ALIAS else Path(text) if text.endswith(".gguf") else None
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        if gguf is not None:
+            tar.add(gguf, arcname=gguf.name)
+            inside = gguf.name
+        else:
+            for path in sorted(Path(folder).iterdir()):
+                tar.add(path, arcname=f"teacher/{path.name}")
+            inside = "teacher"
+    return buffer.getvalue(), inside
+
+
+def gguf_site() -> bytes:
+    """The installed `gguf` package with its metadata (transformers checks its version), as a tar.xz."""
+    distribution = importlib.metadata.distribution("gguf")
+    root = Path(distribution.locate_file(""))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        tar.add(root / "gguf", arcname="gguf", filter=lambda t: None if "__pycache__" in t.name else t)
+        tar.add(Path(distribution._path), arcname=Path(distribution._path).name)  # noqa: SLF001 - its dist-info
+    return buffer.getvalue()
+
+
+def travelling_tree_mib() -> float:
+    """MiB of what a call carries beside a part: the checkout's tracked and untracked-not-ignored files,
+    less the shipped weights (a loan moves them out first)."""
+    root = Path(__file__).resolve().parents[3]
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    total = 0
+    for name in filter(None, listed):
+        path = root / name.decode()
+        if path.is_file() and WEIGHTS_DIR not in path.relative_to(root).parents:
+            total += path.stat().st_size
+    return total / MIB
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

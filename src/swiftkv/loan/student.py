@@ -1,0 +1,316 @@
+"""One student of a loan, in its own process (`python -m swiftkv.loan.student RUN.json`, started by
+`students.py`), so the students share the GPU and a failure of one leaves the others training.
+
+The student is built on the device from the teacher: the SwiftKV geometry and convert's lstsq init,
+fitted on the staged calibration blocks. It trains with distill's own pieces (`trainer.prepare`,
+`train_step`, `evaluate`, `lr_at`: the recipe's trainable set, loss and schedule) on packed blocks of the
+staged prompts and the replies written in this loan, repeated in new seeded orders when the data is
+shorter than the run. Every `snapshot_seconds`, and at the deadline, it scores the held-out blocks and
+replaces its snapshot (`snapshot.py`).
+
+A run resumes from a snapshot: the trained tensors exactly, the data order and the schedule from its
+step, and a fresh optimizer whose rate warms up again over `rewarm_steps` (AdamW's moments, twice the
+trained tensors in fp32, do not fit the transfer back). A resume with another step, schedule or data is
+refused, naming the setting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..calibration import lstsq_params, teacher_stats
+from ..data.packing import Blocks, pack
+from ..data.tokens import Document
+from ..distill.loss import BatchSizes
+from ..distill.settings import DistillSettings, settings_for
+from ..distill.speed import compute_bound
+from ..distill.trainer import evaluate, lr_at, prepare, train_step
+from ..distill.world import World
+from ..dtypes import autocast, dtype_name, resolve_dtype
+from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
+from ..sources import open_source
+from .snapshot import read_snapshot, write_snapshot
+from .stage import decode_ids
+
+RIDGE = 1e-3  # convert's --ridge default: the same lstsq init as `swiftkv convert --init lstsq`
+# What a resumed run must share with the snapshot it continues: the student, the data, the step, the schedule.
+RESUME_KEYS = (
+    "teacher_digest",
+    "num_key_value_layers",
+    "recipe",
+    "tokens",
+    "seq_len",
+    "batch_size",
+    "lr",
+    "late_lr",
+    "warmup",
+    "seed",
+)
+
+
+@dataclass
+class StudentRun:
+    teacher: str  # the teacher's path here (a .gguf file or an HF folder)
+    teacher_digest: str  # the staged teacher's sha256: a resume must train the same teacher's student
+    blocks: str  # the staged blocks.pt (calibration + held-out)
+    prompts: str  # the staged prompts.npz.xz
+    replies: str  # the replies written in this loan (replies.npz.xz), aligned with the prompts
+    out: str  # this student's snapshot folder
+    num_key_value_layers: int
+    deadline: float  # unix time at which the run stops, snapshotted
+    device: str = "cuda"
+    recipe: str = "swiftkv-lora"
+    tokens: int = 32_000_000
+    seq_len: int = 1024
+    batch_size: int = 8
+    micro_batch: int | str = "auto"
+    lr: float = 4e-3
+    late_lr: float = 2e-3
+    warmup: float = 0.05
+    seed: int = 0
+    snapshot_seconds: float = 110.0  # at most 2 minutes between snapshots, one held-out pass included
+    first_report_seconds: float = 30.0  # timed steps before the first tok/s line
+    rewarm_steps: int = 50
+    peak_flops: float | None = None  # the device's matmul peak, measured once, alone, by students.py
+    resume: str | None = None  # a snapshot folder to continue
+    stop_after: int | None = None  # stop (snapshotted) after this many steps: a slice of the run
+
+
+@dataclass
+class Timing:
+    """Train tokens and seconds of this process's steps after its first (which allocates and compiles)."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return round(self.tokens / self.seconds, 1) if self.seconds else None
+
+
+def train_student(run: StudentRun) -> dict:
+    """Train until the run's tokens or its deadline; returns the last progress written."""
+    world = World(device=torch.device(run.device))
+    teacher = open_source(run.teacher)
+    staged = torch.load(run.blocks)
+    settings = distill_settings(run, teacher.name)
+    dtype = resolve_dtype(settings.dtype, world.device)
+    model = lstsq_student(teacher, run.num_key_value_layers, staged["calibration"], world.device, dtype)
+    train, data_digest = train_blocks(run, teacher.load_tokenizer())
+    heldout = Blocks(**staged["heldout"])
+    progress = new_progress(run, settings, len(train) // run.batch_size, data_digest, world.device)
+    distiller, optimizer, step_settings = prepare(settings, model, train, world)
+    trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    start = resume_into(run, progress, trained) if run.resume else 0
+    progress["micro_batch"] = step_settings.micro_batch
+    bound = speed_bound(model.config, settings, train, dtype, world.device, run.peak_flops)
+    say(
+        run,
+        f"{len(train)} blocks: {progress['total_steps']} steps of {run.batch_size} x {run.seq_len}, from step {start}",
+    )
+    timing, reported, last_snapshot = Timing(), False, time.time()
+
+    def save(step: int) -> None:
+        progress["step"] = step
+        progress["train_tokens"] = step * run.batch_size * run.seq_len
+        progress["heldout"].append({"step": step, **evaluate(model, heldout, step_settings, world)})
+        progress["tokens_per_second"] = timing.tokens_per_second
+        progress["speed"] = speed_of(timing, bound)
+        write_snapshot(Path(run.out), trained, progress)
+        say(run, f"snapshot at step {step}: held-out {json.dumps(progress['heldout'][-1])}")
+
+    if not run.resume:
+        progress["heldout"].append({"step": 0, **evaluate(model, heldout, step_settings, world)})
+    step = start
+    last = progress["total_steps"] if run.stop_after is None else min(progress["total_steps"], run.stop_after)
+    while step < last and time.time() < run.deadline:
+        began = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, progress["total_steps"], group["peak_lr"], run.warmup) * rewarm(
+                step - start, run
+            )
+        blocks = train.select(slice(step * run.batch_size, (step + 1) * run.batch_size))
+        loss = train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world)
+        if world.device.type == "cuda":
+            torch.cuda.synchronize()
+        step += 1
+        if step - start > 1:
+            timing.tokens += blocks.num_tokens
+            timing.seconds += time.perf_counter() - began
+        progress["loss"].append([step, round(loss, 4)])
+        if not reported and timing.seconds >= run.first_report_seconds:
+            reported = True
+            say(run, speed_line(speed_of(timing, bound)))
+        if time.time() - last_snapshot >= run.snapshot_seconds:
+            save(step)
+            last_snapshot = time.time()
+    save(step)
+    say(run, speed_line(speed_of(timing, bound)))
+    return progress
+
+
+def distill_settings(run: StudentRun, teacher_name: str) -> DistillSettings:
+    """The run's distill settings: its recipe, at the loan's step and rates."""
+    return settings_for(
+        teacher_name,
+        run.recipe,
+        seq_len=run.seq_len,
+        batch_size=run.batch_size,
+        micro_batch=run.micro_batch,
+        lr=run.lr,
+        late_lr=run.late_lr,
+        warmup=run.warmup,
+        seed=run.seed,
+        tokens=run.tokens,
+    )
+
+
+def lstsq_student(teacher, num_key_value_layers: int, calibration: torch.Tensor, device, dtype):
+    """The SwiftKV student over the teacher's weights with convert's lstsq init (copy init first: lstsq
+    fits through its norm_swiftkv), fitted on `device` in the compute dtype. `trainer.prepare` installs
+    the recipe's trainable set on it."""
+    model = build_swiftkv_model(teacher.load_model(torch.float32), num_key_value_layers, 1).to(device)
+    load_trained(model, copy_init_params(model))
+    with autocast(dtype, device):
+        stats = teacher_stats(model, [block.to(device) for block in calibration], desc="calibration (fit)")
+    load_trained(model, lstsq_params(model, stats, RIDGE))
+    return model
+
+
+def train_blocks(run: StudentRun, tokenizer) -> tuple[Blocks, str]:
+    """(blocks, digest of the documents): prompt + written reply documents (only the reply trains),
+    packed as distill packs them, each epoch's blocks in a new seeded order, until the run's tokens."""
+    prompts = decode_ids(Path(run.prompts).read_bytes())
+    replies = decode_ids(Path(run.replies).read_bytes())
+    documents = [
+        Document(prompt + reply, [False] * len(prompt) + [True] * len(reply))
+        for prompt, reply in zip(prompts, replies, strict=False)  # the writer may have stopped early
+        if reply
+    ]
+    if not documents:
+        raise ValueError(f"{run.replies} holds no replies: the loan wrote none before the students started")
+    digest = hashlib.sha256(json.dumps([d.ids for d in documents]).encode()).hexdigest()[:16]
+    epoch = pack(documents, run.seq_len)
+    wanted = -(-run.tokens // (run.batch_size * run.seq_len)) * run.batch_size
+    epochs = max(1, math.ceil(wanted / len(epoch)))
+    orders = [
+        torch.randperm(len(epoch), generator=torch.Generator().manual_seed(run.seed + k))
+        for k in range(epochs)
+    ]
+    return epoch.select(torch.cat(orders)[:wanted]), digest
+
+
+def new_progress(
+    run: StudentRun, settings: DistillSettings, total_steps: int, data_digest: str, device
+) -> dict:
+    return {
+        "teacher": run.teacher,
+        "teacher_digest": run.teacher_digest,
+        "num_key_value_layers": run.num_key_value_layers,
+        "key_value_group_size": 1,
+        "recipe": run.recipe,
+        "trainable": settings.trainable,
+        "lora_rank": settings.lora_rank,
+        "tokens": run.tokens,
+        "seq_len": run.seq_len,
+        "batch_size": run.batch_size,
+        "lr": run.lr,
+        "late_lr": run.late_lr,
+        "warmup": run.warmup,
+        "seed": run.seed,
+        "total_steps": total_steps,
+        "data_digest": data_digest,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "compute_dtype": dtype_name(resolve_dtype(settings.dtype, device)),
+        "resumed_from": run.resume,
+        "step": 0,
+        "heldout": [],
+        "loss": [],
+    }
+
+
+def check_resume(run: StudentRun) -> dict:
+    """The snapshot `run` resumes from, refused (naming the setting) unless it was trained with the same
+    teacher, student, data and schedule: checked before a loan does any work."""
+    _, previous = read_snapshot(run.resume)
+    for key in RESUME_KEYS:
+        if previous.get(key) != getattr(run, key):
+            raise ValueError(
+                f"--resume {run.resume}: its {key} is {previous.get(key)!r}, this run's is {getattr(run, key)!r}; "
+                "a resumed run keeps the teacher, the step, the schedule and the data of the run it continues"
+            )
+    return previous
+
+
+def resume_into(run: StudentRun, progress: dict, trained: dict[str, torch.nn.Parameter]) -> int:
+    """Load a snapshot's tensors into the installed trainable set; returns the step to continue from."""
+    check_resume(run)
+    tensors, previous = read_snapshot(run.resume)
+    if previous["data_digest"] != progress["data_digest"]:
+        raise ValueError(
+            f"--resume {run.resume}: it trained on other documents (the staged prompts or the written replies "
+            "differ); resume with the stage and the replies of the loan it came from"
+        )
+    if set(tensors) != set(trained):
+        raise ValueError(f"--resume {run.resume}: its tensors are not this run's trainable set")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            trained[name].copy_(tensor.to(trained[name].dtype))
+    progress["heldout"] = previous["heldout"]
+    progress["loss"] = previous["loss"]
+    return previous["step"]
+
+
+def rewarm(steps_done: int, run: StudentRun) -> float:
+    """The fresh optimizer of a resumed run warms up again (1 for a run from step 0)."""
+    return 1.0 if not run.resume else min(1.0, (steps_done + 1) / run.rewarm_steps)
+
+
+def speed_bound(config, settings, train, dtype, device, peak_flops) -> dict:
+    """FLOPs per train token and the device's matmul peak (`distill.speed.compute_bound`, at 1 tok/s)."""
+    return compute_bound(config, settings, train, 1.0, dtype, device, peak=peak_flops)
+
+
+def speed_of(timing: Timing, bound: dict) -> dict:
+    rate = timing.tokens_per_second or 0.0
+    return {
+        "tokens_per_second": rate,
+        "flops_per_token": bound["flops_per_token"],
+        "matmul_peak_flops": bound["matmul_peak_flops"],
+        "fraction_of_peak": round(rate * bound["flops_per_token"] / bound["matmul_peak_flops"], 4),
+    }
+
+
+def speed_line(speed: dict) -> str:
+    return (
+        f"{speed['tokens_per_second']:,.0f} tok/s = {speed['fraction_of_peak']:.1%} of the "
+        f"{speed['matmul_peak_flops'] / 1e12:.1f} TFLOP/s matmul peak ({speed['flops_per_token'] / 1e9:.2f} GFLOP/token)"
+    )
+
+
+def say(run: StudentRun, text: str) -> None:
+    print(f"[N={run.num_key_value_layers}] {text}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run = StudentRun(**json.loads(Path(argv[0]).read_text()))
+    train_student(run)
+    return 0
+
+
+def run_file(run: StudentRun, path: Path) -> Path:
+    path.write_text(json.dumps(asdict(run), indent=2))
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

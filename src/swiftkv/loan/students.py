@@ -1,0 +1,329 @@
+"""The loan itself (`swiftkv loan run STAGE --out OUT`): everything a lent GPU does, in one command, with
+every result under OUT as soon as it exists, so a loan cut at any moment brings back what it got.
+
+  1. the stage checked (a missing file is named with the stage that writes it) and the teacher put
+     back together from its two parts (digest checked);
+  2. the device's matmul peak in the compute dtype, measured alone (every fraction of peak divides by it);
+  3. the users' number: the trainer on a Llama-3.1-8B-shaped model (`shape.py`, a process of its own);
+  4. the teacher's greedy replies to the staged prompts (the static engine: a static KV cache, CUDA
+     graphs), until they are all written or the writer's time is up; OUT/replies.npz.xz;
+  5. every student trained in parallel, one process each (`student.py`), until the deadline; each
+     replaces OUT/n<N>/ (its trained tensors and progress) at least every 2 minutes.
+
+OUT/loan.json holds the device, the peak, the 8B numbers, the writer's speed and each student's latest
+progress; it is rewritten after every phase. `--device cpu` is the dry-run the suite runs on a tiny
+teacher. A run given `--resume PREVIOUS_OUT` reuses the replies written there and continues each student
+from its snapshot.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..dtypes import dtype_name, resolve_dtype
+from ..files import write_atomic
+from ..metrics import matmul_peak
+from ..settings import parse_count, setting
+from ..sources import open_source
+from ..static_greedy import static_generator
+from .snapshot import read_snapshot
+from .stage import (
+    BLOCKS_FILE,
+    PARTS,
+    PROMPTS_FILE,
+    SITE_FILE,
+    STAGE_FILE,
+    TEACHER_TAR,
+    decode_ids,
+    encode_lists,
+    need,
+    staged,
+)
+from .student import StudentRun, check_resume, run_file
+
+REPLIES_FILE = "replies.npz.xz"
+REPORT_FILE = "loan.json"
+WRITER_CHUNK = {
+    "cuda": 4096,
+    "cpu": 64,
+}  # prompts per call of the writer: the deadline is checked between calls
+WRITER_ROWS = {"cuda": 512, "cpu": 16}  # rows of one static-cache batch
+END_MARGIN_SECONDS = 25  # kept after the students' deadline for their last snapshot and this report
+
+
+@dataclass
+class LoanSettings:
+    stage: str = setting(
+        None, "the stage folder (part1/ and part2/, as `swiftkv loan stage` wrote them)", cli=False
+    )
+    out: str | None = setting(None, "where results go as they come (the device tool's $OUT)")
+    minutes: float = setting(9.0, "wall minutes of the whole command; the students stop before its end")
+    device: str = setting("cuda", "cuda, or cpu for the dry-run", choices=("cuda", "cpu"))
+    students: str = setting("15,22", "the students' N (num_key_value_layers), trained in parallel")
+    recipe: str = setting("swiftkv-lora", "the students' recipe (distill's --recipe)")
+    tokens: int = setting(
+        32_000_000, "train tokens per student (the data is repeated if shorter)", parse=parse_count
+    )
+    batch_size: int = setting(8, "blocks per optimizer step (the larger step of docs/distillation.md)")
+    micro_batch: str = setting("auto", "blocks per forward, or auto (the largest that fits)")
+    lr: float = setting(4e-3, "peak rate of the SwiftKV parameters at --batch-size 8")
+    late_lr: float = setting(2e-3, "peak rate of the student-only adapters at --batch-size 8")
+    writer_minutes: float = setting(2.5, "most minutes the teacher's replies may take")
+    shape: str = setting("llama-3.1-8b", "the users' shape measured first (`none` skips it)")
+    shape_seconds: float = setting(30.0, "timed seconds of the shape's steps")
+    shape_seq_len: int = setting(4096, "tokens per block of the shape's steps")
+    snapshot_seconds: float = setting(110.0, "most seconds between a student's snapshots")
+    resume: str | None = setting(
+        None, "a previous loan's OUT: its replies are reused, its students continued"
+    )
+    stop_after: int | None = setting(
+        None, "stop each student (snapshotted) after this many steps: a slice of the run"
+    )
+
+
+@dataclass
+class Report:
+    """OUT/loan.json, rewritten after every phase."""
+
+    settings: dict
+    device: str = ""
+    compute_dtype: str = ""
+    matmul_peak_flops: float | None = None
+    stage: dict = field(default_factory=dict)
+    shape: dict | None = None
+    replies: dict | None = None
+    students: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+
+    def write(self, out: Path) -> None:
+        write_atomic(out / REPORT_FILE, json.dumps(asdict(self), indent=2) + "\n")
+
+
+def run_loan(settings: LoanSettings) -> Report:
+    started = time.time()
+    end = started + settings.minutes * 60
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(settings.stage)
+    manifest = json.loads(staged(stage, STAGE_FILE).read_text())
+    for name in (PROMPTS_FILE, BLOCKS_FILE):
+        staged(stage, name)
+    teacher_path = assemble_teacher(stage, manifest)
+    device = torch.device(settings.device)
+    dtype = resolve_dtype("auto", device)
+    say(dtype_line(device, dtype))
+    report = Report(
+        asdict(settings), device=device_name(device), compute_dtype=dtype_name(dtype), stage=manifest
+    )
+    runs = student_runs(settings, stage, manifest, teacher_path, end - END_MARGIN_SECONDS)
+    report.matmul_peak_flops = round(matmul_peak(dtype, device=device))
+    for run in runs:
+        run.peak_flops = report.matmul_peak_flops
+    say(f"{report.device}: {dtype_name(dtype)} matmul peak {report.matmul_peak_flops / 1e12:.1f} TFLOP/s")
+    report.seconds["setup"] = round(time.time() - started, 1)
+    report.write(out)
+    if settings.shape != "none":
+        report.shape = measure_shape(settings, report.matmul_peak_flops)
+        report.seconds["shape"] = round(time.time() - started, 1)
+        report.write(out)
+    report.replies = write_teacher_replies(settings, stage, manifest, teacher_path, dtype, out)
+    report.seconds["replies"] = round(time.time() - started, 1)
+    report.write(out)
+    report.students = train_students(runs, stage, out, report)
+    report.seconds["students"] = round(time.time() - started, 1)
+    report.write(out)
+    return report
+
+
+def assemble_teacher(stage: Path, manifest: dict) -> Path:
+    """The teacher's two parts joined, checked against the staged digest, unpacked beside the stage; the
+    `gguf` package unpacked there too and put on the path (a GGUF teacher needs it)."""
+    parts = [
+        need(stage / "part1" / f"{TEACHER_TAR}.0", "`swiftkv loan stage` (part1, carried by the first call)"),
+        staged(stage, f"{TEACHER_TAR}.1"),
+    ]
+    work = stage / "work"
+    work.mkdir(exist_ok=True)
+    data = b"".join(part.read_bytes() for part in parts)
+    if hashlib.sha256(data).hexdigest() != manifest["teacher"]["tar_sha256"]:
+        raise ValueError(
+            f"the teacher's parts in {stage}/{'|'.join(PARTS)} do not join into the staged teacher (digest "
+            "differs): both parts must come from the same `swiftkv loan stage` run"
+        )
+    tar_path = work / TEACHER_TAR
+    tar_path.write_bytes(data)
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(work, filter="data")
+    site = stage / "part2" / SITE_FILE
+    if site.is_file():
+        with tarfile.open(site) as tar:
+            tar.extractall(work / "site", filter="data")
+        sys.path.insert(0, str(work / "site"))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(work / "site"), os.environ.get("PYTHONPATH")])
+        )
+    return work / manifest["teacher"]["path"]
+
+
+def dtype_line(device: torch.device, dtype: torch.dtype) -> str:
+    """The compute dtype, with the reason when it is not bf16 on a GPU (never a silent slow path)."""
+    if device.type == "cuda" and dtype != torch.bfloat16:
+        return f"compute dtype {dtype_name(dtype)}: this GPU ({device_name(device)}) does not support bf16"
+    return f"compute dtype {dtype_name(dtype)} on {device_name(device)}"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def measure_shape(settings: LoanSettings, peak: float) -> dict:
+    """The shape's numbers from its own process (its 8B model leaves with it), or the reason it failed."""
+    command = [
+        sys.executable,
+        "-m",
+        "swiftkv.loan.shape",
+        "--shape",
+        settings.shape,
+        "--seconds",
+        str(settings.shape_seconds),
+        "--seq-len",
+        str(settings.shape_seq_len),
+        "--device",
+        settings.device,
+        "--peak-flops",
+        str(peak),
+        "--out",
+        str(Path(settings.out) / "shape.json.tmp"),
+    ]
+    say(f"shape {settings.shape}: seq {settings.shape_seq_len}, {settings.shape_seconds:.0f} s of steps")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=settings.shape_seconds + 150)
+    result_path = Path(settings.out) / "shape.json.tmp"
+    if done.returncode != 0 or not result_path.is_file():
+        say(f"shape {settings.shape} failed: {done.stderr[-2000:]}")
+        return {"shape": settings.shape, "error": done.stderr[-2000:]}
+    result = json.loads(result_path.read_text())
+    result_path.unlink()
+    say(
+        f"shape {settings.shape}: {result['tokens_per_second']:,.0f} tok/s = {result['fraction_of_bound']:.1%} of peak, "
+        f"{result['peak_memory_mib'] / 1024:.1f} GiB peak, {result['gpu_hours_per_100m_tokens']} GPU-hours per 100M tokens"
+    )
+    return result
+
+
+def write_teacher_replies(
+    settings, stage: Path, manifest: dict, teacher_path: Path, dtype, out: Path
+) -> dict:
+    """The teacher's greedy replies to the staged prompts, in order, until all are written or the
+    writer's minutes are up (a previous loan's replies are reused); OUT/replies.npz.xz."""
+    prompts = decode_ids(staged(stage, PROMPTS_FILE).read_bytes())
+    reused = decode_ids((Path(settings.resume) / REPLIES_FILE).read_bytes()) if settings.resume else []
+    written: list[list[int]] = []
+    kind = settings.device
+    started = time.time()
+    if len(reused) < len(prompts):
+        generate = static_generator(
+            open_source(teacher_path).folder,
+            manifest["settings"]["reply_tokens"],
+            dtype,
+            manifest["tokenizer_eos"],
+            WRITER_ROWS[kind],
+            kind,
+        )
+        stop = started + settings.writer_minutes * 60
+        while len(reused) + len(written) < len(prompts) and time.time() < stop:
+            done = len(reused) + len(written)
+            written += [reply.ids for reply in generate(prompts[done : done + WRITER_CHUNK[kind]])]
+            rate = len(written) / (time.time() - started)
+            say(f"replies: {len(reused) + len(written)} of {len(prompts)} ({rate:.0f}/s)")
+        del generate
+        gc.collect()
+        if kind == "cuda":
+            torch.cuda.empty_cache()
+    seconds = time.time() - started
+    write_atomic(out / REPLIES_FILE, encode_lists(reused + written))
+    return {
+        "prompts": len(prompts),
+        "reused": len(reused),
+        "written": len(written),
+        "reply_tokens": sum(map(len, reused + written)),
+        "seconds": round(seconds, 1),
+        "replies_per_second": round(len(written) / seconds, 1) if written else None,
+    }
+
+
+def student_runs(
+    settings: LoanSettings, stage: Path, manifest: dict, teacher_path: Path, deadline: float
+) -> list[StudentRun]:
+    """One run per student, each checked against the snapshot it resumes before any work."""
+    out = Path(settings.out)
+    runs = [
+        StudentRun(
+            teacher=str(teacher_path),
+            teacher_digest=manifest["teacher"]["tar_sha256"],
+            blocks=str(staged(stage, BLOCKS_FILE)),
+            prompts=str(staged(stage, PROMPTS_FILE)),
+            replies=str(out / REPLIES_FILE),
+            out=str(out / f"n{n}"),
+            num_key_value_layers=n,
+            deadline=deadline,
+            device=settings.device,
+            recipe=settings.recipe,
+            tokens=settings.tokens,
+            seq_len=manifest["settings"]["seq_len"],
+            batch_size=settings.batch_size,
+            micro_batch=int(settings.micro_batch) if settings.micro_batch.isdigit() else settings.micro_batch,
+            lr=settings.lr,
+            late_lr=settings.late_lr,
+            seed=manifest["settings"]["seed"],
+            snapshot_seconds=settings.snapshot_seconds,
+            resume=str(Path(settings.resume) / f"n{n}") if settings.resume else None,
+            stop_after=settings.stop_after,
+        )
+        for n in [int(text) for text in settings.students.split(",")]
+    ]
+    for run in runs:
+        if run.resume:
+            check_resume(run)
+    return runs
+
+
+def train_students(runs: list[StudentRun], stage: Path, out: Path, report: Report) -> dict:
+    """Every student in its own process until the deadline; their latest progress by N."""
+    processes = {}
+    for run in runs:
+        path = run_file(run, stage / "work" / f"student-n{run.num_key_value_layers}.json")
+        processes[run.num_key_value_layers] = subprocess.Popen(
+            [sys.executable, "-m", "swiftkv.loan.student", str(path)]
+        )
+    for n, process in processes.items():
+        try:
+            code = process.wait(timeout=max(1.0, runs[0].deadline - time.time() + END_MARGIN_SECONDS - 5))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = "killed at the command's end"
+        report.students = {**report.students, n: student_result(out / f"n{n}", code)}
+        report.write(out)
+    return report.students
+
+
+def student_result(folder: Path, code) -> dict:
+    """A student's latest snapshot progress (no loss history) and its process's exit."""
+    if not (folder / "0.safetensors").is_file():
+        return {"exit": code, "snapshot": None}
+    _, progress = read_snapshot(folder)
+    return {"exit": code, **{k: v for k, v in progress.items() if k != "loss"}}
+
+
+def say(text: str) -> None:
+    print(f"[loan {time.strftime('%H:%M:%S')}] {text}", flush=True)

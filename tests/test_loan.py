@@ -1,0 +1,187 @@
+"""The students' GPU loan (swiftkv/loan/, docs/distill-study/gpu_students.sh): staged here, run in its CPU
+mode on a tiny GGUF teacher by the same script a lent GPU runs, then what it brought back installed and
+loaded. The stage's parts are cut as on a real loan (the teacher split across both)."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from swiftkv.data.chat import read_source
+from swiftkv.data.split import shuffled, take_documents
+from swiftkv.data.tokens import turn_prompts
+from swiftkv.loan.snapshot import install, read_snapshot
+from swiftkv.loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, write_stage
+from swiftkv.loan.student import StudentRun, train_student
+from swiftkv.model.config import is_swiftkv
+from swiftkv.model.modeling import swiftkv_parameters
+from swiftkv.sources import load_model, load_tokenizer
+from tests.tiny import byte_tokenizer, random_chats, random_teacher, write_jsonl, write_tiny_gguf
+
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "docs" / "distill-study" / "gpu_students.sh"
+SEQ_LEN, REPLY_TOKENS = 256, 16
+# The tree beside each part, chosen so that the tiny teacher (~1 MiB) is cut across both parts.
+TREE_MIB = TRANSFER_MIB - 1 - 0.7
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loan")
+    tokenizer = byte_tokenizer()
+    teacher = random_teacher("llama", vocab_size=len(tokenizer), max_position_embeddings=2048)
+    gguf = write_tiny_gguf(folder / "tiny.gguf", teacher, tokenizer, "tiny-llama")
+    chats = write_jsonl(folder / "chats.jsonl", random_chats(120, turns=3, words=10))
+    settings = StageSettings(
+        teacher=str(gguf),
+        out=str(folder / "stage"),
+        data=str(chats),
+        tokens=30_000,
+        heldout_tokens=1024,
+        seq_len=SEQ_LEN,
+        reply_tokens=REPLY_TOKENS,
+        calib_tokens=1024,
+        tree_mib=TREE_MIB,
+    )
+    return folder, settings, write_stage(settings)
+
+
+def test_the_stage_holds_every_train_prompt_in_two_parts_under_the_transfer_limit(staged):
+    folder, settings, manifest = staged
+    stage = Path(settings.out)
+    assert (stage / "part1" / "teacher.tar.0").stat().st_size > 0
+    assert (stage / "part2" / "teacher.tar.1").stat().st_size > 0  # the teacher is cut across both parts
+    for part in ("part1", "part2"):
+        size = sum(f.stat().st_size for f in (stage / part).iterdir())
+        assert size + TREE_MIB * MIB <= TRANSFER_MIB * MIB
+    # The prompts are distill's every-turn prompts of the same split, in order, stored once per chat.
+    tokenizer = load_tokenizer(str(folder / "tiny.gguf"))
+    rest = iter(shuffled(read_source(settings.data), settings.seed))
+    take_documents(rest, tokenizer, settings.heldout_tokens)
+    expected = [ids for example in rest for _, ids in turn_prompts(tokenizer, example, every_turn=True)]
+    prompts = decode_ids((stage / "part2" / "prompts.npz.xz").read_bytes())
+    assert prompts == expected[: len(prompts)] and len(prompts) == manifest["prompts"]["prompts"] > 100
+
+
+def test_a_stage_two_transfers_cannot_hold_is_refused_before_writing(staged, tmp_path):
+    _, settings, _ = staged
+    too_big = StageSettings(
+        **{**settings.__dict__, "out": str(tmp_path / "s"), "tree_mib": TRANSFER_MIB - 1.3}
+    )
+    with pytest.raises(ValueError, match="more than two transfers hold"):
+        write_stage(too_big)
+    assert not (tmp_path / "s").exists()
+
+
+def dry_run(stage: Path, out: Path, args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRY": "1", "STAGE": str(stage), "OUT": str(out), "ARGS": args}
+    return subprocess.run(["bash", str(SCRIPT), "run"], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_loan_script_trains_both_students_and_what_it_brings_back_installs(staged, tmp_path):
+    folder, settings, _ = staged
+    out = tmp_path / "out"
+    args = (
+        "--minutes 1.5 --students 3,4 --shape tiny --shape-seconds 2 --shape-seq-len 256 --batch-size 2 "
+        "--tokens 40k --snapshot-seconds 8 --writer-minutes 0.5"
+    )
+    result = dry_run(Path(settings.out), out, args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads((out / "loan.json").read_text())
+    assert report["device"] == "cpu" and report["matmul_peak_flops"] > 0
+    assert report["shape"]["tokens_per_second"] > 0 and report["shape"]["fraction_of_bound"] > 0
+    assert report["replies"]["written"] == report["replies"]["prompts"]
+    for n in ("3", "4"):
+        student = report["students"][n]
+        assert student["exit"] == 0 and student["step"] == student["total_steps"] == 79
+        assert student["heldout"][0]["step"] == 0 and student["heldout"][-1]["step"] == 79
+        assert student["speed"]["fraction_of_peak"] > 0
+    log = (out / "loan.log").read_text()
+    assert "tok/s =" in log and "of the" in log  # the speed line, printed as the students run
+    # What the device tool brings back: at most 8 files, each under 16 MiB, at most 2 folders down.
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(p.stat().st_size <= 16 * MIB for p in files)
+    assert all(len(p.relative_to(out).parts) <= 3 for p in files)
+    tensors, progress = read_snapshot(out / "n3")
+    installed = install(out / "n3", tmp_path / "n3-folder", teacher=str(folder / "tiny.gguf"))
+    model = load_model(installed)
+    assert is_swiftkv(model) and model.config.num_key_value_layers == 3
+    own = swiftkv_parameters(model)
+    for name, tensor in tensors.items():
+        if name in own:
+            assert torch.equal(own[name].detach(), tensor.float())
+    teacher = load_model(str(folder / "tiny.gguf"))
+    later = model.config.later_layers[0]
+    merged = model.model.layers[later].self_attn.o_proj.weight
+    assert not torch.equal(merged, teacher.model.layers[later].self_attn.o_proj.weight)  # the adapter, merged
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 40, 41, 42]])).logits
+    assert torch.isfinite(logits).all() and progress["step"] == 79
+
+
+def student_run(settings: StageSettings, folder: Path, out: Path, **changes) -> StudentRun:
+    stage = Path(settings.out)
+    return StudentRun(
+        **{
+            "teacher": str(folder / "tiny.gguf"),
+            "teacher_digest": "tiny",
+            "blocks": str(stage / "part2" / "blocks.pt"),
+            "prompts": str(stage / "part2" / "prompts.npz.xz"),
+            "replies": str(folder / "replies.npz.xz"),
+            "out": str(out),
+            "num_key_value_layers": 4,
+            "deadline": 2e9,
+            "device": "cpu",
+            "tokens": 20_000,
+            "seq_len": SEQ_LEN,
+            "batch_size": 2,
+            "snapshot_seconds": 1e9,
+            "rewarm_steps": 3,
+            **changes,
+        }
+    )
+
+
+def test_a_cut_run_resumes_from_its_snapshot_and_a_changed_schedule_is_refused(staged, tmp_path):
+    folder, settings, _ = staged
+    from swiftkv.loan.stage import encode_lists
+
+    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
+    (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
+    first = train_student(student_run(settings, folder, tmp_path / "a", stop_after=5))
+    assert first["step"] == 5 and first["total_steps"] == 40
+    resumed = train_student(student_run(settings, folder, tmp_path / "b", resume=str(tmp_path / "a")))
+    assert resumed["step"] == 40 and [s for s, _ in resumed["loss"]] == list(range(1, 41))
+    assert [h["step"] for h in resumed["heldout"]] == [0, 5, 40]
+    with pytest.raises(ValueError, match="its batch_size is 2, this run's is 4"):
+        train_student(student_run(settings, folder, tmp_path / "c", resume=str(tmp_path / "a"), batch_size=4))
+
+
+def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_them(staged, tmp_path):
+    _, settings, _ = staged
+    env = {**os.environ, "W": str(tmp_path / "box")}
+    for step, missing in (
+        ("unpack1", ".devdata/sk/part1/teacher.tar.0"),
+        ("run", ".devdata/sk/part2/stage.json"),
+    ):
+        result = subprocess.run(
+            ["bash", str(SCRIPT), step], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 2 and f"{missing} is missing; it is written by" in result.stderr
+    part1 = Path(settings.out) / "part1"
+    moved = part1.with_name("part1-away")
+    part1.rename(moved)
+    try:
+        result = dry_run(Path(settings.out), tmp_path / "out", "--shape none")
+    finally:
+        moved.rename(part1)
+    assert result.returncode == 2
+    assert (
+        "teacher.tar.0 is missing; it is written by `swiftkv loan stage` (part1, carried by the first call)"
+        in (result.stdout + result.stderr)
+    )
