@@ -56,6 +56,7 @@ RUN_ONLY_SETTINGS = (
     "reply_engine",
     "fsdp",
     "activation_checkpointing",
+    "compile",
 )
 
 
@@ -192,6 +193,12 @@ class DistillSettings:
     activation_checkpointing: bool = setting(
         False,
         "recompute each decoder layer's activations in the backward instead of keeping them (long sequences)",
+    )
+    compile: bool = setting(
+        False,
+        "torch.compile each decoder layer (dynamic shapes: the student's kept positions change every step), "
+        "for GPUs whose small-model steps are launch-bound; the first failure falls back to the plain "
+        "layers, with the reason printed",
     )
     seed: int = setting(0, "data split and order")
     eval_every: int = setting(50, "steps between held-out evaluations")

@@ -18,6 +18,7 @@ import math
 import sys
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from . import memory, microbatch, sharding, trainable
 from .checkpoint import RunState, inner_model, load_checkpoint, save_checkpoint, trained_parameters
+from .compiled import CompiledLayers
 from .loss import BatchSizes, LossTerms, distill_loss
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
 from .world import World, all_reduce, log
@@ -356,7 +358,7 @@ def run_training(
             "--seq-len"
         )
     short_of_tokens(settings, total_steps * settings.batch_size * settings.seq_len, world)
-    distiller, optimizer, step_settings = prepare(settings, model, train, world)
+    distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     model_mib = memory.current_mib(world.device)
     memory.reset_peak(world.device)
     identity = settings.identity()
@@ -364,7 +366,9 @@ def run_training(
     state.total_steps = total_steps
     state.micro_batch = step_settings.micro_batch
     if not state.history:
-        state.history.append({"step": 0, **evaluate(model, heldout, step_settings, world, distiller)})
+        state.history.append(
+            {"step": 0, **compiled.run(evaluate, model, heldout, step_settings, world, distiller)}
+        )
         log(world, f"held-out before: {json.dumps(state.history[-1])}")
     last = total_steps if settings.stop_after is None else min(total_steps, settings.stop_after)
     progress = tqdm(
@@ -387,7 +391,7 @@ def run_training(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
         with tensors if step - first < TENSOR_COUNTED_STEPS else contextlib.nullcontext():
-            loss = train_step(distiller, model, optimizer, blocks, sizes, step_settings, world)
+            loss = compiled.run(train_step, distiller, model, optimizer, blocks, sizes, step_settings, world)
         loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
         state.step, seconds = step + 1, time.perf_counter() - started
         state.elapsed += seconds
@@ -396,7 +400,10 @@ def run_training(
         state.history.append({"step": state.step, "loss": loss, "lr": lr})
         if state.step % settings.eval_every == 0 or state.step == total_steps:
             state.history.append(
-                {"step": state.step, **evaluate(model, heldout, step_settings, world, distiller)}
+                {
+                    "step": state.step,
+                    **compiled.run(evaluate, model, heldout, step_settings, world, distiller),
+                }
             )
             if world.is_main:
                 progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
@@ -408,12 +415,18 @@ def run_training(
     return state, distiller
 
 
-def prepare(
-    settings: DistillSettings, model: nn.Module, train: Blocks, world: World
-) -> tuple[nn.Module, torch.optim.Optimizer, StepSettings]:
+class Prepared(NamedTuple):
+    distiller: nn.Module  # as this world trains it (sharded, DDP-wrapped or plain)
+    optimizer: torch.optim.Optimizer
+    step: StepSettings  # with --micro-batch resolved
+    compiled: CompiledLayers  # run steps through it: --compile's fallback to the plain layers
+
+
+def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: World) -> Prepared:
     """The model on its device with its trainable set installed and frozen weights in the compute dtype;
     the distiller as this world trains it (sharded under --fsdp, which must precede the optimizer);
-    the optimizer; the step settings with --micro-batch resolved."""
+    the optimizer; the step settings with --micro-batch resolved; the layers compiled with --compile
+    (after the micro-batch probe, which would otherwise compile every size it tries)."""
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
@@ -422,8 +435,9 @@ def prepare(
     step_settings = sized_micro_batch(model, train, settings.step_settings(), settings.batch_size, world)
     if settings.activation_checkpointing:
         sharding.checkpoint_layers(model)
+    compiled = CompiledLayers(model, settings.compile, lambda text: log(world, text))
     distiller = wrap(distiller_for(model, step_settings), world, compute_dtype)
-    return distiller, optimizer_for(model, settings), step_settings
+    return Prepared(distiller, optimizer_for(model, settings), step_settings, compiled)
 
 
 def trained_tensors(distiller: nn.Module, world: World) -> dict[str, torch.Tensor]:

@@ -83,7 +83,13 @@ def random_blocks(count: int, seq_len: int, vocab: int, seed: int = 0) -> Blocks
 
 
 def measure(
-    shape: str, seq_len: int, batch_size: int, seconds: float, device: str, peak: float | None = None
+    shape: str,
+    seq_len: int,
+    batch_size: int,
+    seconds: float,
+    device: str,
+    peak: float | None = None,
+    compile_layers: bool = False,
 ) -> dict:
     """Steps of `batch_size` blocks of `seq_len` tokens until `seconds` of timed steps (at least 3, after
     one warm-up step)."""
@@ -91,16 +97,20 @@ def measure(
     started = time.time()
     model = random_student(shape, world.device)
     built = time.time() - started
-    settings = settings_for("random", "swiftkv", seq_len=seq_len, batch_size=batch_size, tokens=seq_len)
+    settings = settings_for(
+        "random", "swiftkv", seq_len=seq_len, batch_size=batch_size, tokens=seq_len, compile=compile_layers
+    )
     dtype = resolve_dtype(settings.dtype, world.device)
     train = random_blocks(batch_size * 64, seq_len, model.config.vocab_size)
-    distiller, optimizer, step_settings = prepare(settings, model, train, world)
+    distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
     tokens, timed, step = 0, 0.0, 0
     while step < 4 or (timed < seconds and step < len(train) // batch_size):
         blocks = train.select(slice(step * batch_size, (step + 1) * batch_size))
         began = time.perf_counter()
-        train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world)
+        compiled.run(
+            train_step, distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world
+        )
         sync()
         if step:  # the first step allocates and warms up
             tokens += blocks.num_tokens
@@ -116,6 +126,7 @@ def measure(
         "seq_len": seq_len,
         "batch_size": batch_size,
         "micro_batch": step_settings.micro_batch,
+        "compiled": compiled.active,
         "dtype": dtype_name(dtype),
         "device": torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else "cpu",
         "timed_steps": step - 1,
@@ -137,12 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peak-flops", type=float, default=None, help="the device's matmul peak, measured before"
     )
+    parser.add_argument("--compile", action="store_true", help="distill's --compile")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     peak = args.peak_flops
     if peak is None:
         peak = matmul_peak(resolve_dtype("auto", torch.device(args.device)), device=args.device)
-    result = measure(args.shape, args.seq_len, args.batch_size, args.seconds, args.device, peak)
+    result = measure(args.shape, args.seq_len, args.batch_size, args.seconds, args.device, peak, args.compile)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result), flush=True)
     return 0

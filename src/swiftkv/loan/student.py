@@ -79,6 +79,7 @@ class StudentRun:
     snapshot_seconds: float = 110.0  # at most 2 minutes between snapshots, one held-out pass included
     first_report_seconds: float = 30.0  # timed steps before the first tok/s line
     rewarm_steps: int = 50
+    compile: bool = False  # distill's --compile (each decoder layer through torch.compile, falling back)
     peak_flops: float | None = None  # the device's matmul peak, measured once, alone, by students.py
     resume: str | None = None  # a snapshot folder to continue
     stop_after: int | None = None  # stop (snapshotted) after this many steps: a slice of the run
@@ -107,10 +108,11 @@ def train_student(run: StudentRun) -> dict:
     train, data_digest = train_blocks(run, teacher.load_tokenizer())
     heldout = Blocks(**staged["heldout"])
     progress = new_progress(run, settings, len(train) // run.batch_size, data_digest, world.device)
-    distiller, optimizer, step_settings = prepare(settings, model, train, world)
+    distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
     start = resume_into(run, progress, trained) if run.resume else 0
     progress["micro_batch"] = step_settings.micro_batch
+    progress["compiled"] = compiled.active
     bound = speed_bound(model.config, settings, train, dtype, world.device, run.peak_flops)
     say(
         run,
@@ -121,14 +123,16 @@ def train_student(run: StudentRun) -> dict:
     def save(step: int) -> None:
         progress["step"] = step
         progress["train_tokens"] = step * run.batch_size * run.seq_len
-        progress["heldout"].append({"step": step, **evaluate(model, heldout, step_settings, world)})
+        scores = compiled.run(evaluate, model, heldout, step_settings, world)
+        progress["heldout"].append({"step": step, **scores})
         progress["tokens_per_second"] = timing.tokens_per_second
         progress["speed"] = speed_of(timing, bound)
         write_snapshot(Path(run.out), trained, progress)
         say(run, f"snapshot at step {step}: held-out {json.dumps(progress['heldout'][-1])}")
 
     if not run.resume:
-        progress["heldout"].append({"step": 0, **evaluate(model, heldout, step_settings, world)})
+        scores = compiled.run(evaluate, model, heldout, step_settings, world)
+        progress["heldout"].append({"step": 0, **scores})
     step = start
     last = progress["total_steps"] if run.stop_after is None else min(progress["total_steps"], run.stop_after)
     while step < last and time.time() < run.deadline:
@@ -138,7 +142,9 @@ def train_student(run: StudentRun) -> dict:
                 step - start, run
             )
         blocks = train.select(slice(step * run.batch_size, (step + 1) * run.batch_size))
-        loss = train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world)
+        loss = compiled.run(
+            train_step, distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world
+        )
         if world.device.type == "cuda":
             torch.cuda.synchronize()
         step += 1
@@ -170,6 +176,7 @@ def distill_settings(run: StudentRun, teacher_name: str) -> DistillSettings:
         warmup=run.warmup,
         seed=run.seed,
         tokens=run.tokens,
+        compile=run.compile,
     )
 
 

@@ -79,6 +79,11 @@ class LoanSettings:
     micro_batch: str = setting("auto", "blocks per forward, or auto (the largest that fits)")
     lr: float = setting(4e-3, "peak rate of the SwiftKV parameters at --batch-size 8")
     late_lr: float = setting(2e-3, "peak rate of the student-only adapters at --batch-size 8")
+    compile: bool = setting(
+        True,
+        "distill's --compile for the students and the shape (each decoder layer through torch.compile; the "
+        "first failure falls back to the plain layers, with the reason printed)",
+    )
     writer_minutes: float = setting(2.5, "most minutes the teacher's replies may take")
     shape: str = setting("llama-3.1-8b", "the users' shape measured first (`none` skips it)")
     shape_seconds: float = setting(30.0, "timed seconds of the shape's steps")
@@ -203,6 +208,7 @@ def measure_shape(settings: LoanSettings, peak: float) -> dict:
         settings.device,
         "--peak-flops",
         str(peak),
+        *(["--compile"] if settings.compile else []),
         "--out",
         str(Path(settings.out) / "shape.json.tmp"),
     ]
@@ -289,6 +295,7 @@ def student_runs(
             snapshot_seconds=settings.snapshot_seconds,
             resume=str(Path(settings.resume) / f"n{n}") if settings.resume else None,
             stop_after=settings.stop_after,
+            compile=settings.compile,
         )
         for n in [int(text) for text in settings.students.split(",")]
     ]

@@ -1,0 +1,67 @@
+"""--compile: every decoder layer through `torch.compile`, with the plain path as the fallback.
+
+A small model's step on a GPU is bound by kernel launches, not by its matmuls (the one H100 run so far
+reached about 1% of the bf16 peak): compiling a decoder layer fuses its norms, rotary embedding and
+activation into few kernels. Each layer is compiled, not the whole step: the student's later layers see
+a different number of positions every step (the prefill skip keeps only the rows the loss reads), which
+`dynamic=True` takes as one symbolic size instead of a recompile per shape, and a layer is the unit
+FSDP2 shards too. Compiling can fail where it was never tried (a new GPU, a torch version): the first
+failure turns it off for the rest of the run, says why, and reruns that step on the plain path, so a
+run always trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch import nn
+
+T = TypeVar("T")
+
+
+class CompiledLayers:
+    """The model's decoder layers compiled (or not, with `enabled=False`); `run` calls a step through
+    them and falls back to the plain layers when the compiled ones fail."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        enabled: bool,
+        log: Callable[[str], None],
+        backend: str | Callable = "inductor",
+    ):
+        self.model = model
+        self.layers = list(model.model.layers) if enabled else []
+        self.log = log
+        for layer in self.layers:
+            layer.compile(dynamic=True, backend=backend)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.layers)
+
+    def run(self, step: Callable[..., T], *args) -> T:
+        """`step(*args)`; if the compiled layers fail, the plain ones from now on and `step(*args)` again
+        (the failed attempt's gradients cleared)."""
+        if not self.active:
+            return step(*args)
+        try:
+            return step(*args)
+        except Exception as error:  # noqa: BLE001 - any compile failure: the plain layers still train
+            self.turn_off(reason_of(error))
+            self.model.zero_grad(set_to_none=True)
+            return step(*args)
+
+    def turn_off(self, reason: str) -> None:
+        for layer in self.layers:
+            layer._compiled_call_impl = None  # noqa: SLF001 - what nn.Module.compile() set
+        self.layers = []
+        torch._dynamo.reset()  # noqa: SLF001 - drop the failed graphs
+        self.log(f"--compile: the compiled layers failed ({reason}); training on the plain path")
+
+
+def reason_of(error: BaseException, limit: int = 300) -> str:
+    """The error on one line (dynamo's wrapper names the failing backend, then its error, on the next)."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"[:limit]
