@@ -185,3 +185,24 @@ def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_th
         "teacher.tar.0 is missing; it is written by `swiftkv loan stage` (part1, carried by the first call)"
         in (result.stdout + result.stderr)
     )
+
+
+def test_a_failing_static_writer_falls_back_to_generate_and_says_why(staged, tmp_path, monkeypatch, capsys):
+    from swiftkv.loan import students
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("StaticCache takes other arguments here")
+
+    _, settings, manifest = staged
+    monkeypatch.setattr(students, "static_generator", broken)
+    loan = students.LoanSettings(stage=settings.out, out=str(tmp_path), device="cpu")
+    stage = Path(settings.out)
+    teacher = students.assemble_teacher(stage, manifest)
+    report = students.write_teacher_replies(loan, stage, manifest, teacher, torch.float32, tmp_path)
+    assert report["engine"] == "hf" and report["written"] == report["prompts"]
+    assert (
+        "static engine failed (RuntimeError: StaticCache takes other arguments here)"
+        in capsys.readouterr().out
+    )
+    replies = decode_ids((tmp_path / "replies.npz.xz").read_bytes())
+    assert len(replies) == report["prompts"] and all(0 < len(r) <= REPLY_TOKENS for r in replies)

@@ -31,9 +31,11 @@ from pathlib import Path
 
 import torch
 
+from ..distill.compiled import reason_of
 from ..dtypes import dtype_name, resolve_dtype
 from ..files import write_atomic
 from ..metrics import matmul_peak
+from ..replies import hf_generator
 from ..settings import parse_count, setting
 from ..sources import open_source
 from ..static_greedy import static_generator
@@ -81,12 +83,14 @@ class LoanSettings:
     late_lr: float = setting(2e-3, "peak rate of the student-only adapters at --batch-size 8")
     compile: bool = setting(
         True,
-        "distill's --compile for the students and the shape (each decoder layer through torch.compile; the "
-        "first failure falls back to the plain layers, with the reason printed)",
+        "distill's --compile for the students (each decoder layer through torch.compile; the first failure "
+        "falls back to the plain layers, with the reason printed)",
     )
     writer_minutes: float = setting(2.5, "most minutes the teacher's replies may take")
     shape: str = setting("llama-3.1-8b", "the users' shape measured first (`none` skips it)")
-    shape_seconds: float = setting(30.0, "timed seconds of the shape's steps")
+    shape_seconds: float = setting(
+        20.0, "timed seconds of the shape's steps (eager, as `swiftkv distill` runs)"
+    )
     shape_seq_len: int = setting(4096, "tokens per block of the shape's steps")
     snapshot_seconds: float = setting(110.0, "most seconds between a student's snapshots")
     resume: str | None = setting(
@@ -145,6 +149,7 @@ def run_loan(settings: LoanSettings) -> Report:
     report.replies = write_teacher_replies(settings, stage, manifest, teacher_path, dtype, out)
     report.seconds["replies"] = round(time.time() - started, 1)
     report.write(out)
+    open_source(teacher_path)  # the teacher's HF folder built once, before the students load it
     report.students = train_students(runs, stage, out, report)
     report.seconds["students"] = round(time.time() - started, 1)
     report.write(out)
@@ -208,16 +213,19 @@ def measure_shape(settings: LoanSettings, peak: float) -> dict:
         settings.device,
         "--peak-flops",
         str(peak),
-        *(["--compile"] if settings.compile else []),
         "--out",
         str(Path(settings.out) / "shape.json.tmp"),
     ]
     say(f"shape {settings.shape}: seq {settings.shape_seq_len}, {settings.shape_seconds:.0f} s of steps")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=settings.shape_seconds + 150)
     result_path = Path(settings.out) / "shape.json.tmp"
-    if done.returncode != 0 or not result_path.is_file():
-        say(f"shape {settings.shape} failed: {done.stderr[-2000:]}")
-        return {"shape": settings.shape, "error": done.stderr[-2000:]}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=settings.shape_seconds + 120)
+        error = None if done.returncode == 0 and result_path.is_file() else done.stderr[-2000:]
+    except subprocess.TimeoutExpired:
+        error = f"no result within {settings.shape_seconds + 120:.0f} s"
+    if error is not None:
+        say(f"shape {settings.shape} failed: {error}")
+        return {"shape": settings.shape, "error": error}
     result = json.loads(result_path.read_text())
     result_path.unlink()
     say(
@@ -238,18 +246,27 @@ def write_teacher_replies(
     kind = settings.device
     started = time.time()
     if len(reused) < len(prompts):
-        generate = static_generator(
+        folder, reply_tokens, eos = (
             open_source(teacher_path).folder,
             manifest["settings"]["reply_tokens"],
-            dtype,
             manifest["tokenizer_eos"],
-            WRITER_ROWS[kind],
-            kind,
         )
+        engine = "static"
+        try:
+            generate = static_generator(folder, reply_tokens, dtype, eos, WRITER_ROWS[kind], kind)
+        except Exception as error:  # noqa: BLE001 - transformers' generate still writes
+            engine, generate = fallback_writer(error, folder, reply_tokens, dtype, eos, kind)
         stop = started + settings.writer_minutes * 60
         while len(reused) + len(written) < len(prompts) and time.time() < stop:
             done = len(reused) + len(written)
-            written += [reply.ids for reply in generate(prompts[done : done + WRITER_CHUNK[kind]])]
+            chunk = prompts[done : done + WRITER_CHUNK[kind]]
+            try:
+                written += [reply.ids for reply in generate(chunk)]
+            except Exception as error:  # noqa: BLE001
+                if engine != "static":
+                    raise
+                engine, generate = fallback_writer(error, folder, reply_tokens, dtype, eos, kind)
+                continue
             rate = len(written) / (time.time() - started)
             say(f"replies: {len(reused) + len(written)} of {len(prompts)} ({rate:.0f}/s)")
         del generate
@@ -259,6 +276,7 @@ def write_teacher_replies(
     seconds = time.time() - started
     write_atomic(out / REPLIES_FILE, encode_lists(reused + written))
     return {
+        "engine": engine if written else None,
         "prompts": len(prompts),
         "reused": len(reused),
         "written": len(written),
@@ -266,6 +284,12 @@ def write_teacher_replies(
         "seconds": round(seconds, 1),
         "replies_per_second": round(len(written) / seconds, 1) if written else None,
     }
+
+
+def fallback_writer(error: Exception, folder, reply_tokens: int, dtype, eos: int, kind: str):
+    """transformers' generate, when the static engine fails on this box (said, with the reason)."""
+    say(f"static engine failed ({reason_of(error)}); writing with transformers' generate")
+    return "hf", hf_generator(folder, reply_tokens, dtype, eos, kind)
 
 
 def student_runs(
