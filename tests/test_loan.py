@@ -87,7 +87,7 @@ def test_the_loan_script_trains_both_students_and_what_it_brings_back_installs(s
     folder, settings, _ = staged
     out = tmp_path / "out"
     args = (
-        "--minutes 1.5 --students 3,4 --shape tiny --shape-seconds 2 --shape-seq-len 256 --batch-size 2 "
+        "--minutes 4 --students 3,4 --shape tiny --shape-seconds 2 --shape-seq-len 256 --batch-size 2 "
         "--tokens 40k --snapshot-seconds 8 --writer-minutes 0.5 --no-compile"
     )
     result = dry_run(Path(settings.out), out, args)
