@@ -39,8 +39,10 @@ case $stage in
     fi
     need .devdata/sk/part2/stage.json "gpu_students.sh stage (carried by the second call)"
     need "$W/part1/teacher.tar.0" "gpu_students.sh unpack1 (the first call, at most 30 s before this one)"
-    rm -rf "$W/part2" && cp -r .devdata/sk/part2 "$W/"
-    export PYTHONPATH=$ROOT/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    rm -rf "$W/part2" "$W/site" && cp -r .devdata/sk/part2 "$W/"
+    # The gguf package the box lacks, on the path before Python starts (transformers checks for it once).
+    mkdir -p "$W/site" && tar -C "$W/site" -xJf "$W/part2/site.tar.xz"
+    export PYTHONPATH=$W/site:$ROOT/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
     resume=${RESUME:+--resume $W/part2/$RESUME}
     # shellcheck disable=SC2086
     python3 -m swiftkv.cli loan run "$W" --out "$OUT" --minutes "${MINUTES:-9}" $resume ${ARGS:-} 2>&1 \

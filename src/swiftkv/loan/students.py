@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import importlib.util
+import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -157,12 +158,18 @@ def run_loan(settings: LoanSettings) -> Report:
 
 
 def assemble_teacher(stage: Path, manifest: dict) -> Path:
-    """The teacher's two parts joined, checked against the staged digest, unpacked beside the stage; the
-    `gguf` package unpacked there too and put on the path (a GGUF teacher needs it)."""
+    """The teacher's two parts joined, checked against the staged digest, unpacked beside the stage. A GGUF
+    teacher needs the `gguf` package, which the box lacks: the stage carries it (part2/site.tar.xz), and it
+    must be on PYTHONPATH before Python starts (transformers checks for it once), as gpu_students.sh does."""
     parts = [
         need(stage / "part1" / f"{TEACHER_TAR}.0", "`swiftkv loan stage` (part1, carried by the first call)"),
         staged(stage, f"{TEACHER_TAR}.1"),
     ]
+    if manifest["teacher"]["path"].endswith(".gguf") and importlib.util.find_spec("gguf") is None:
+        raise FileNotFoundError(
+            f"the teacher is a GGUF file and the gguf package is not importable here; unpack "
+            f"{stage}/part2/{SITE_FILE} into a folder on PYTHONPATH before starting (gpu_students.sh run does)"
+        )
     work = stage / "work"
     work.mkdir(exist_ok=True)
     data = b"".join(part.read_bytes() for part in parts)
@@ -171,18 +178,8 @@ def assemble_teacher(stage: Path, manifest: dict) -> Path:
             f"the teacher's parts in {stage}/{'|'.join(PARTS)} do not join into the staged teacher (digest "
             "differs): both parts must come from the same `swiftkv loan stage` run"
         )
-    tar_path = work / TEACHER_TAR
-    tar_path.write_bytes(data)
-    with tarfile.open(tar_path) as tar:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(work, filter="data")
-    site = stage / "part2" / SITE_FILE
-    if site.is_file():
-        with tarfile.open(site) as tar:
-            tar.extractall(work / "site", filter="data")
-        sys.path.insert(0, str(work / "site"))
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(work / "site"), os.environ.get("PYTHONPATH")])
-        )
     return work / manifest["teacher"]["path"]
 
 
