@@ -32,7 +32,7 @@ from ..data.tokens import Document
 from ..distill.loss import BatchSizes
 from ..distill.settings import DistillSettings, settings_for
 from ..distill.speed import compute_bound
-from ..distill.trainer import evaluate, lr_at, prepare, train_step
+from ..distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
 from ..distill.world import World
 from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
@@ -97,70 +97,118 @@ class Timing:
         return round(self.tokens / self.seconds, 1) if self.seconds else None
 
 
+@dataclass
+class Session:
+    """One student's training as it runs: the model, its blocks, the prepared step and its progress."""
+
+    run: StudentRun
+    world: World
+    model: torch.nn.Module
+    train: Blocks
+    heldout: Blocks
+    prepared: Prepared
+    trained: dict[str, torch.nn.Parameter]
+    progress: dict
+    bound: dict  # FLOPs per token and the device's matmul peak
+    timing: Timing
+
+    def step(self, step: int, start: int) -> None:
+        """Optimizer step `step` (a resumed run's rate re-warms from `start`), timed after its first."""
+        run, (distiller, optimizer, step_settings, compiled) = self.run, self.prepared
+        began = time.perf_counter()
+        for group in optimizer.param_groups:
+            peak = lr_at(step, self.progress["total_steps"], group["peak_lr"], run.warmup)
+            group["lr"] = peak * rewarm(step - start, run)
+        blocks = self.train.select(slice(step * run.batch_size, (step + 1) * run.batch_size))
+        sizes = BatchSizes.of(blocks)
+        loss = compiled.run(
+            train_step,
+            distiller,
+            self.model,
+            optimizer,
+            blocks,
+            sizes,
+            step_settings,
+            self.world,
+        )
+        if self.world.device.type == "cuda":
+            torch.cuda.synchronize()
+        if step > start:
+            self.timing.tokens += blocks.num_tokens
+            self.timing.seconds += time.perf_counter() - began
+        self.progress["loss"].append([step + 1, round(loss, 4)])
+
+    def score(self, step: int) -> None:
+        """Held-out KL / top-1 at `step`, into the progress."""
+        _, _, step_settings, compiled = self.prepared
+        scores = compiled.run(evaluate, self.model, self.heldout, step_settings, self.world)
+        self.progress["heldout"].append({"step": step, **scores})
+
+    def snapshot(self, step: int) -> None:
+        """Score the held-out blocks and replace the snapshot with this step's tensors and progress."""
+        self.progress |= {
+            "step": step,
+            "train_tokens": step * self.run.batch_size * self.run.seq_len,
+            "tokens_per_second": self.timing.tokens_per_second,
+        }
+        self.score(step)
+        self.progress["speed"] = speed_of(self.timing, self.bound)
+        write_snapshot(Path(self.run.out), self.trained, self.progress)
+        say(self.run, f"snapshot at step {step}: held-out {json.dumps(self.progress['heldout'][-1])}")
+
+
 def train_student(run: StudentRun) -> dict:
-    """Train until the run's tokens or its deadline; returns the last progress written."""
-    world = World(device=torch.device(run.device))
+    """Train until the run's tokens, its `stop_after` or its deadline; returns the last progress written."""
+    session = start_session(run)
+    start = resume_into(run, session.progress, session.trained) if run.resume else 0
+    if not run.resume:
+        session.score(0)
+    total = session.progress["total_steps"]
+    say(
+        run,
+        f"{len(session.train)} blocks: {total} steps of {run.batch_size} x {run.seq_len}, from step {start}",
+    )
+    last = total if run.stop_after is None else min(total, run.stop_after)
+    reported, last_snapshot, step = False, time.time(), start
+    while step < last and time.time() < run.deadline:
+        session.step(step, start)
+        step += 1
+        if not reported and session.timing.seconds >= run.first_report_seconds:
+            reported = True
+            say(run, speed_line(speed_of(session.timing, session.bound)))
+        if time.time() - last_snapshot >= run.snapshot_seconds:
+            session.snapshot(step)
+            last_snapshot = time.time()
+    session.snapshot(step)
+    say(run, speed_line(speed_of(session.timing, session.bound)))
+    return session.progress
+
+
+def start_session(run: StudentRun) -> Session:
+    """The student built on the device (lstsq init), its blocks, distill's prepared step, a fresh progress."""
+    device = torch.device(run.device)
     teacher = open_source(run.teacher)
     staged = torch.load(run.blocks)
     settings = distill_settings(run, teacher.name)
-    dtype = resolve_dtype(settings.dtype, world.device)
-    model = lstsq_student(teacher, run.num_key_value_layers, staged["calibration"], world.device, dtype)
+    dtype = resolve_dtype(settings.dtype, device)
+    model = lstsq_student(teacher, run.num_key_value_layers, staged["calibration"], device, dtype)
     train, data_digest = train_blocks(run, teacher.load_tokenizer())
-    heldout = Blocks(**staged["heldout"])
-    progress = new_progress(run, settings, len(train) // run.batch_size, data_digest, world.device)
-    distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
-    trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    start = resume_into(run, progress, trained) if run.resume else 0
-    progress["micro_batch"] = step_settings.micro_batch
-    progress["compiled"] = compiled.active
-    bound = speed_bound(model.config, settings, train, dtype, world.device, run.peak_flops)
-    say(
+    progress = new_progress(run, settings, len(train) // run.batch_size, data_digest, device)
+    world = World(device=device)
+    prepared = prepare(settings, model, train, world)
+    progress |= {"micro_batch": prepared.step.micro_batch, "compiled": prepared.compiled.active}
+    return Session(
         run,
-        f"{len(train)} blocks: {progress['total_steps']} steps of {run.batch_size} x {run.seq_len}, from step {start}",
+        world,
+        model,
+        train,
+        Blocks(**staged["heldout"]),
+        prepared,
+        {name: p for name, p in model.named_parameters() if p.requires_grad},
+        progress,
+        speed_bound(model.config, settings, train, dtype, device, run.peak_flops),
+        Timing(),
     )
-    timing, reported, last_snapshot = Timing(), False, time.time()
-
-    def save(step: int) -> None:
-        progress["step"] = step
-        progress["train_tokens"] = step * run.batch_size * run.seq_len
-        scores = compiled.run(evaluate, model, heldout, step_settings, world)
-        progress["heldout"].append({"step": step, **scores})
-        progress["tokens_per_second"] = timing.tokens_per_second
-        progress["speed"] = speed_of(timing, bound)
-        write_snapshot(Path(run.out), trained, progress)
-        say(run, f"snapshot at step {step}: held-out {json.dumps(progress['heldout'][-1])}")
-
-    if not run.resume:
-        scores = compiled.run(evaluate, model, heldout, step_settings, world)
-        progress["heldout"].append({"step": 0, **scores})
-    step = start
-    last = progress["total_steps"] if run.stop_after is None else min(progress["total_steps"], run.stop_after)
-    while step < last and time.time() < run.deadline:
-        began = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, progress["total_steps"], group["peak_lr"], run.warmup) * rewarm(
-                step - start, run
-            )
-        blocks = train.select(slice(step * run.batch_size, (step + 1) * run.batch_size))
-        loss = compiled.run(
-            train_step, distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world
-        )
-        if world.device.type == "cuda":
-            torch.cuda.synchronize()
-        step += 1
-        if step - start > 1:
-            timing.tokens += blocks.num_tokens
-            timing.seconds += time.perf_counter() - began
-        progress["loss"].append([step, round(loss, 4)])
-        if not reported and timing.seconds >= run.first_report_seconds:
-            reported = True
-            say(run, speed_line(speed_of(timing, bound)))
-        if time.time() - last_snapshot >= run.snapshot_seconds:
-            save(step)
-            last_snapshot = time.time()
-    save(step)
-    say(run, speed_line(speed_of(timing, bound)))
-    return progress
 
 
 def distill_settings(run: StudentRun, teacher_name: str) -> DistillSettings:
