@@ -16,6 +16,9 @@ arm_args() {
     c1r64b8x3) echo "--recipe swiftkv --trainable lora --lora-rank 64 --batch-size 8 --micro-batch 2 --lr 6e-3 --late-lr 3e-3 --dtype bfloat16" ;;
     # The 2-block control in bf16 (final5's ran in fp32 on another Xeon): the larger-step arms above ran in bf16.
     c1r64bf) echo "--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3 --dtype bfloat16" ;;
+    # Students trained on a lent GPU (`swiftkv loan`): only their trainable set matters here, to ship them with
+    # `final5.sh loan ship15 ship22` once `swiftkv loan install <files>/n15 --out /work/runs/final5-loan-n15` (and n22) ran.
+    loan) echo "--recipe swiftkv-lora" ;;
     c3) echo "--recipe swiftkv --trainable late-norms --late-lr 2e-4" ;;
     # Long prompts in the mix (item 3): a quarter of the written tokens answer 1-2k-token prompts, so a
     # block holds 2048 tokens, one block per step (the same 2048 tokens per step as R13); l0 is the same
