@@ -33,7 +33,7 @@ case $stage in
   run)
     mkdir -p "$OUT"
     if [ -n "${DRY:-}" ]; then  # this CPU, the repository's venv, a staged tiny teacher (tests/test_loan.py)
-      PYTHONPATH=$ROOT/src "$ROOT/.venv/bin/python" -m swiftkv.cli loan run "$STAGE" --out "$OUT" --device cpu ${ARGS:-} \
+      PYTHONPATH=$ROOT/src TQDM_DISABLE=1 "$ROOT/.venv/bin/python" -m swiftkv.cli loan run "$STAGE" --out "$OUT" --device cpu ${ARGS:-} \
         2>&1 | tee "$OUT/loan.log"
       exit "${PIPESTATUS[0]}"
     fi
@@ -42,11 +42,12 @@ case $stage in
     rm -rf "$W/part2" "$W/site" && cp -r .devdata/sk/part2 "$W/"
     # The gguf package the box lacks, on the path before Python starts (transformers checks for it once).
     mkdir -p "$W/site" && tar -C "$W/site" -xJf "$W/part2/site.tar.xz"
-    export PYTHONPATH=$W/site:$ROOT/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+    # No progress bars: a bar's carriage returns would glue the next printed line onto it in the log.
+    export PYTHONPATH=$W/site:$ROOT/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
+      TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
     resume=${RESUME:+--resume $W/part2/$RESUME}
     # shellcheck disable=SC2086
-    python3 -m swiftkv.cli loan run "$W" --out "$OUT" --minutes "${MINUTES:-9}" $resume ${ARGS:-} 2>&1 \
-      | grep --line-buffered -v "it/s]" | tee "$OUT/loan.log"
+    python3 -m swiftkv.cli loan run "$W" --out "$OUT" --minutes "${MINUTES:-9}" $resume ${ARGS:-} 2>&1 | tee "$OUT/loan.log"
     exit "${PIPESTATUS[0]}" ;;
   *) echo "gpu_students.sh: unknown stage $stage (stage, unpack1, run)" >&2; exit 2 ;;
 esac
