@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..calibration import token_blocks
+from ..convert import ConvertSettings
 from ..data.chat import read_source
 from ..data.packing import pack
 from ..data.split import shuffled, take_documents
@@ -70,7 +71,9 @@ class StageSettings:
     seed: int = setting(0, "the split's seed (distill's --seed)")
     seq_len: int = setting(1024, "tokens per packed block (distill's --seq-len)")
     reply_tokens: int = setting(64, "most tokens of a written reply (distill's --reply-tokens)")
-    calib_tokens: int = setting(8192, "calibration tokens of the lstsq init (convert's --calib-tokens)")
+    calib_tokens: int = setting(
+        ConvertSettings.calib_tokens, "calibration tokens of the lstsq init (convert's --calib-tokens)"
+    )
     tree_mib: float | None = setting(
         None, "MiB of the code that travels beside each part (default: measured from this checkout)"
     )
@@ -208,7 +211,7 @@ def prompts_summary(data: bytes) -> dict:
 def staged_blocks(settings: StageSettings, tokenizer, heldout_docs) -> bytes:
     """Convert's calibration fit blocks (its defaults: the same lstsq init as `swiftkv convert --init
     lstsq`) and distill's held-out blocks (the same held-out KL as `swiftkv distill`)."""
-    fit, _ = token_blocks(tokenizer, settings.data, settings.calib_tokens, 2048)
+    fit, _ = token_blocks(tokenizer, settings.data, settings.calib_tokens, ConvertSettings.eval_tokens)
     heldout = pack(
         heldout_docs, settings.seq_len, max_blocks=max(1, settings.heldout_tokens // settings.seq_len)
     )

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ..calibration import lstsq_params, teacher_stats
+from ..convert import ConvertSettings
 from ..data.packing import Blocks, pack
 from ..data.tokens import Document
 from ..distill.loss import BatchSizes
@@ -40,7 +41,7 @@ from ..sources import open_source
 from .snapshot import read_snapshot, write_snapshot
 from .stage import decode_ids
 
-RIDGE = 1e-3  # convert's --ridge default: the same lstsq init as `swiftkv convert --init lstsq`
+RIDGE = ConvertSettings.ridge  # convert's default: the same lstsq init as `swiftkv convert --init lstsq`
 # What a resumed run must share with the snapshot it continues: the student, the data, the step, the schedule.
 RESUME_KEYS = (
     "teacher_digest",
