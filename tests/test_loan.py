@@ -14,7 +14,7 @@ from swiftkv.data.chat import read_source
 from swiftkv.data.split import shuffled, take_documents
 from swiftkv.data.tokens import turn_prompts
 from swiftkv.loan.snapshot import install, read_snapshot
-from swiftkv.loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, write_stage
+from swiftkv.loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, encode_lists, write_stage
 from swiftkv.loan.student import StudentRun, train_student
 from swiftkv.model.config import is_swiftkv
 from swiftkv.model.modeling import swiftkv_parameters
@@ -149,8 +149,6 @@ def student_run(settings: StageSettings, folder: Path, out: Path, **changes) -> 
 
 def test_a_cut_run_resumes_from_its_snapshot_and_a_changed_schedule_is_refused(staged, tmp_path):
     folder, settings, _ = staged
-    from swiftkv.loan.stage import encode_lists
-
     prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
     (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
     first = train_student(student_run(settings, folder, tmp_path / "a", stop_after=5))
@@ -204,8 +202,11 @@ def test_a_failing_static_writer_falls_back_to_generate_and_says_why(staged, tmp
         "static engine failed (RuntimeError: StaticCache takes other arguments here)"
         in capsys.readouterr().out
     )
-    replies = decode_ids((tmp_path / "replies.npz.xz").read_bytes())
+    written = (tmp_path / "replies.npz.xz").read_bytes()
+    replies = decode_ids(written)
     assert len(replies) == report["prompts"] and all(0 < len(r) <= REPLY_TOKENS for r in replies)
+    # A resumed loan writes the replies it reused again; the students know their data by these bytes.
+    assert encode_lists(replies) == written
 
 
 def test_the_loans_lstsq_student_is_converts(tmp_path):

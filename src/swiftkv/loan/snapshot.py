@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from ..distill.trainable import install as install_trainable
 from ..distill.trainable import merge_trained
 from ..files import atomic_output_dir
-from ..model.surgery import build_swiftkv_model, write_swiftkv_folder
+from ..model.surgery import build_swiftkv_model, load_trained, write_swiftkv_folder
 from ..sources import open_source
 
 FILE_LIMIT = 15 * 2**20  # bytes of tensors per file: the device tool returns files of at most 16 MiB
@@ -46,21 +46,25 @@ def write_snapshot(folder: Path, tensors: dict[str, torch.Tensor], progress: dic
             save_file(shard, str(tmp / f"{index}.safetensors"), metadata=metadata)
 
 
-def read_snapshot(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
-    """(tensors, progress) of a snapshot folder, checked whole."""
-    folder = Path(folder)
-    first = folder / "0.safetensors"
+def read_progress(folder: str | os.PathLike) -> dict:
+    """A snapshot's progress alone (its first file's metadata: no tensor is read)."""
+    first = Path(folder) / "0.safetensors"
     if not first.is_file():
         raise FileNotFoundError(
             f"{first} is missing: {folder} is not a loan snapshot (written by `swiftkv loan run`)"
         )
-    tensors, progress, count = {}, None, None
-    index = 0
+    with safe_open(first, "pt") as shard:
+        return json.loads(shard.metadata()[PROGRESS_KEY])
+
+
+def read_snapshot(folder: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, progress) of a snapshot folder, checked whole."""
+    folder = Path(folder)
+    progress = read_progress(folder)
+    tensors, count, index = {}, None, 0
     while (folder / f"{index}.safetensors").is_file():
         with safe_open(folder / f"{index}.safetensors", "pt") as shard:
-            metadata = shard.metadata() or {}
-            count = int(metadata.get("shard", "1/1").split("/")[1])
-            progress = json.loads(metadata[PROGRESS_KEY]) if index == 0 else progress
+            count = int((shard.metadata() or {}).get("shard", "1/1").split("/")[1])
             tensors.update({name: shard.get_tensor(name) for name in shard.keys()})  # noqa: SIM118
         index += 1
     if index != count:
@@ -85,9 +89,7 @@ def install(
     tensors, progress = read_snapshot(snapshot)
     source = open_source(teacher or progress["teacher"])
     teacher_model = source.load_model(torch.float32)
-    _, expected = student_model(copy.deepcopy(teacher_model), progress)
-    with torch.no_grad():
-        load_trained_checked(tensors, expected, snapshot)
+    load_trained_set(*student_model(copy.deepcopy(teacher_model), progress), tensors, snapshot)
     model = build_swiftkv_model(
         teacher_model, progress["num_key_value_layers"], progress["key_value_group_size"]
     )
@@ -97,20 +99,15 @@ def install(
     return Path(out)
 
 
-def load_trained_checked(
-    tensors: dict[str, torch.Tensor], expected: dict[str, torch.nn.Parameter], where
+def load_trained_set(
+    model: torch.nn.Module, trained: dict[str, torch.nn.Parameter], tensors: dict[str, torch.Tensor], where
 ) -> None:
-    """The snapshot holds exactly the trained set of its settings, each tensor of its parameter's shape."""
-    if set(tensors) != set(expected):
-        extra, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
-        raise ValueError(
-            f"{where}: tensors {extra[:3]} are not trained by its settings; missing {missing[:3]}"
-        )
-    for name, tensor in tensors.items():
-        if tensor.shape != expected[name].shape:
-            raise ValueError(
-                f"{where}: {name} has shape {tuple(tensor.shape)}; expected {tuple(expected[name].shape)}"
-            )
+    """Copy a snapshot's tensors into `model`'s installed trainable set (`trained`, by name): exactly that
+    set (no tensor missing or extra), each of its parameter's shape (`surgery.load_trained` checks those)."""
+    missing = sorted(set(trained) - set(tensors))
+    if missing:
+        raise ValueError(f"{where}: the snapshot lacks trained tensors of its settings: {missing[:3]}")
+    load_trained(model, tensors, trained)
 
 
 def progress_summary(progress: dict) -> dict:

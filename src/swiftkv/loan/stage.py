@@ -100,7 +100,7 @@ def write_stage(settings: StageSettings) -> dict:
     tokenizer = teacher.load_tokenizer()
     split = iter(shuffled(read_source(settings.data), settings.seed))
     heldout = take_documents(split, tokenizer, settings.heldout_tokens)  # distill's held-out part, first
-    prompts = train_prompts(settings, tokenizer, split)
+    prompts, prompts_summary = train_prompts(settings, tokenizer, split)
     blocks = staged_blocks(settings, tokenizer, heldout)
     teacher_tar, teacher_path = teacher_archive(settings.teacher, teacher.folder)
     site = gguf_site() if teacher_path.endswith(".gguf") else None
@@ -122,7 +122,7 @@ def write_stage(settings: StageSettings) -> dict:
         "settings": asdict(settings),
         "teacher": {"name": str(settings.teacher), "path": teacher_path, "tar_sha256": sha256(teacher_tar)},
         "tokenizer_eos": tokenizer.convert_tokens_to_ids(tokenizer.eos_token),
-        "prompts": prompts_summary(prompts),
+        "prompts": prompts_summary,
         "tree_mib": round(tree, 1),
         "parts_mib": {p: round(sum(map(len, f.values())) / MIB, 2) for p, f in files.items()},
     }
@@ -140,11 +140,12 @@ def write_stage(settings: StageSettings) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
-def train_prompts(settings: StageSettings, tokenizer, rest) -> bytes:
+def train_prompts(settings: StageSettings, tokenizer, rest) -> tuple[bytes, dict]:
     """The train prompts distill's split would answer (`--prompt-turns every`): `rest` is the seeded
     shuffle after the held-out documents; every user turn of each chat with its context, until `tokens` of
     prompt + full reply. Stored as one token stream (each chat's last prompt, which holds the others as
-    prefixes; a prompt that is not one is stored on its own) plus each prompt's start and length."""
+    prefixes; a prompt that is not one is stored on its own) plus each prompt's start and length; with
+    their count, tokens and compressed size."""
     stream: list[int] = []
     starts, lengths = [], []
     wanted = settings.tokens
@@ -168,7 +169,12 @@ def train_prompts(settings: StageSettings, tokenizer, rest) -> bytes:
             wanted -= len(ids) + settings.reply_tokens
     if not lengths:
         raise ValueError(f"--data {settings.data!r} has no train chat with a user turn to answer")
-    return encode_ids(stream, starts, lengths)
+    data = encode_ids(stream, starts, lengths)
+    return data, {
+        "prompts": len(lengths),
+        "prompt_tokens": sum(lengths),
+        "compressed_mib": round(len(data) / MIB, 2),
+    }
 
 
 def encode_ids(stream: list[int], starts: list[int], lengths: list[int]) -> bytes:
@@ -199,15 +205,6 @@ def decode_ids(data: bytes) -> list[list[int]]:
     return [tokens[s : s + n].astype(np.int64).tolist() for s, n in zip(starts, lengths, strict=True)]
 
 
-def prompts_summary(data: bytes) -> dict:
-    prompts = decode_ids(data)
-    return {
-        "prompts": len(prompts),
-        "prompt_tokens": sum(map(len, prompts)),
-        "compressed_mib": round(len(data) / MIB, 2),
-    }
-
-
 def staged_blocks(settings: StageSettings, tokenizer, heldout_docs) -> bytes:
     """Convert's calibration fit blocks (its defaults: the same lstsq init as `swiftkv convert --init
     lstsq`) and distill's held-out blocks (the same held-out KL as `swiftkv distill`)."""
@@ -216,12 +213,8 @@ def staged_blocks(settings: StageSettings, tokenizer, heldout_docs) -> bytes:
         heldout_docs, settings.seq_len, max_blocks=max(1, settings.heldout_tokens // settings.seq_len)
     )
     buffer = io.BytesIO()
-    torch.save({"calibration": torch.stack(fit), "heldout": asdict_blocks(heldout)}, buffer)
+    torch.save({"calibration": torch.stack(fit), "heldout": vars(heldout)}, buffer)
     return buffer.getvalue()
-
-
-def asdict_blocks(blocks) -> dict[str, torch.Tensor]:
-    return {"input_ids": blocks.input_ids, "position_ids": blocks.position_ids, "loss_mask": blocks.loss_mask}
 
 
 def teacher_archive(name: str, folder: Path) -> tuple[bytes, str]:

@@ -38,7 +38,7 @@ from ..distill.world import World
 from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
 from ..sources import open_source
-from .snapshot import read_snapshot, write_snapshot
+from .snapshot import load_trained_set, read_snapshot, write_snapshot
 from .stage import decode_ids
 
 RIDGE = ConvertSettings.ridge  # convert's default: the same lstsq init as `swiftkv convert --init lstsq`
@@ -161,7 +161,7 @@ class Session:
 def train_student(run: StudentRun) -> dict:
     """Train until the run's tokens, its `stop_after` or its deadline; returns the last progress written."""
     session = start_session(run)
-    start = resume_into(run, session.progress, session.trained) if run.resume else 0
+    start = resume_into(run, session.progress, session.model, session.trained) if run.resume else 0
     if not run.resume:
         session.score(0)
     total = session.progress["total_steps"]
@@ -244,8 +244,8 @@ def lstsq_student(teacher, num_key_value_layers: int, calibration: torch.Tensor,
 def train_blocks(run: StudentRun, tokenizer) -> tuple[Blocks, str]:
     """(blocks, digest of the documents): prompt + written reply documents (only the reply trains),
     packed as distill packs them, each epoch's blocks in a new seeded order, until the run's tokens."""
-    prompts = decode_ids(Path(run.prompts).read_bytes())
-    replies = decode_ids(Path(run.replies).read_bytes())
+    prompts_data, replies_data = Path(run.prompts).read_bytes(), Path(run.replies).read_bytes()
+    prompts, replies = decode_ids(prompts_data), decode_ids(replies_data)
     documents = [
         Document(prompt + reply, [False] * len(prompt) + [True] * len(reply))
         for prompt, reply in zip(prompts, replies, strict=False)  # the writer may have stopped early
@@ -253,7 +253,7 @@ def train_blocks(run: StudentRun, tokenizer) -> tuple[Blocks, str]:
     ]
     if not documents:
         raise ValueError(f"{run.replies} holds no replies: the loan wrote none before the students started")
-    digest = hashlib.sha256(json.dumps([d.ids for d in documents]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(prompts_data + replies_data).hexdigest()[:16]  # what the documents are made of
     epoch = pack(documents, run.seq_len)
     wanted = -(-run.tokens // (run.batch_size * run.seq_len)) * run.batch_size
     epochs = max(1, math.ceil(wanted / len(epoch)))
@@ -293,33 +293,27 @@ def new_progress(
     }
 
 
-def check_resume(run: StudentRun) -> dict:
-    """The snapshot `run` resumes from, refused (naming the setting) unless it was trained with the same
-    teacher, student, data and schedule: checked before a loan does any work."""
-    _, previous = read_snapshot(run.resume)
+def check_resume(run: StudentRun, previous: dict) -> None:
+    """Refuse (naming the setting) a resume from a snapshot whose progress, `previous`, was trained with
+    another teacher, student, data or schedule: checked before a loan does any work."""
     for key in RESUME_KEYS:
         if previous.get(key) != getattr(run, key):
             raise ValueError(
                 f"--resume {run.resume}: its {key} is {previous.get(key)!r}, this run's is {getattr(run, key)!r}; "
                 "a resumed run keeps the teacher, the step, the schedule and the data of the run it continues"
             )
-    return previous
 
 
-def resume_into(run: StudentRun, progress: dict, trained: dict[str, torch.nn.Parameter]) -> int:
+def resume_into(run: StudentRun, progress: dict, model, trained: dict[str, torch.nn.Parameter]) -> int:
     """Load a snapshot's tensors into the installed trainable set; returns the step to continue from."""
-    check_resume(run)
     tensors, previous = read_snapshot(run.resume)
+    check_resume(run, previous)
     if previous["data_digest"] != progress["data_digest"]:
         raise ValueError(
             f"--resume {run.resume}: it trained on other documents (the staged prompts or the written replies "
             "differ); resume with the stage and the replies of the loan it came from"
         )
-    if set(tensors) != set(trained):
-        raise ValueError(f"--resume {run.resume}: its tensors are not this run's trainable set")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            trained[name].copy_(tensor.to(trained[name].dtype))
+    load_trained_set(model, trained, tensors, run.resume)
     progress["heldout"] = previous["heldout"]
     progress["loss"] = previous["loss"]
     return previous["step"]

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..distill.compiled import reason_of
+from ..distill.microbatch import AUTO, parse_micro_batch
 from ..dtypes import dtype_name, resolve_dtype
 from ..files import write_atomic
 from ..metrics import matmul_peak
@@ -40,7 +41,7 @@ from ..replies import hf_generator
 from ..settings import parse_count, setting
 from ..sources import open_source
 from ..static_greedy import static_generator
-from .snapshot import read_snapshot
+from .snapshot import read_progress
 from .stage import (
     BLOCKS_FILE,
     PARTS,
@@ -57,10 +58,8 @@ from .student import StudentRun, check_resume, run_file
 
 REPLIES_FILE = "replies.npz.xz"
 REPORT_FILE = "loan.json"
-WRITER_CHUNK = {
-    "cuda": 4096,
-    "cpu": 64,
-}  # prompts per call of the writer: the deadline is checked between calls
+# Prompts per call of the writer: the deadline is checked between calls.
+WRITER_CHUNK = {"cuda": 4096, "cpu": 64}
 WRITER_ROWS = {"cuda": 512, "cpu": 16}  # rows of one static-cache batch
 END_MARGIN_SECONDS = 25  # kept after the students' deadline for their last snapshot and this report
 
@@ -79,7 +78,9 @@ class LoanSettings:
         32_000_000, "train tokens per student (the data is repeated if shorter)", parse=parse_count
     )
     batch_size: int = setting(8, "blocks per optimizer step (the larger step of docs/distillation.md)")
-    micro_batch: str = setting("auto", "blocks per forward, or auto (the largest that fits)")
+    micro_batch: int | str = setting(
+        AUTO, "blocks per forward, or auto (the largest that fits)", parse=parse_micro_batch
+    )
     lr: float = setting(4e-3, "peak rate of the SwiftKV parameters at --batch-size 8")
     late_lr: float = setting(2e-3, "peak rate of the student-only adapters at --batch-size 8")
     compile: bool = setting(
@@ -248,18 +249,16 @@ def write_teacher_replies(
             manifest["settings"]["reply_tokens"],
             manifest["tokenizer_eos"],
         )
-        engine = "static"
-        try:
-            generate = static_generator(folder, reply_tokens, dtype, eos, WRITER_ROWS[kind], kind)
-        except Exception as error:  # noqa: BLE001 - transformers' generate still writes
-            engine, generate = fallback_writer(error, folder, reply_tokens, dtype, eos, kind)
+        engine, generate = "static", None
         stop = started + settings.writer_minutes * 60
         while len(reused) + len(written) < len(prompts) and time.time() < stop:
             done = len(reused) + len(written)
-            chunk = prompts[done : done + WRITER_CHUNK[kind]]
-            try:
-                written += [reply.ids for reply in generate(chunk)]
-            except Exception as error:  # noqa: BLE001
+            try:  # the static engine, built at its first chunk; transformers' generate if it fails
+                generate = generate or static_generator(
+                    folder, reply_tokens, dtype, eos, WRITER_ROWS[kind], kind
+                )
+                written += [reply.ids for reply in generate(prompts[done : done + WRITER_CHUNK[kind]])]
+            except Exception as error:  # noqa: BLE001 - transformers' generate still writes
                 if engine != "static":
                     raise
                 engine, generate = fallback_writer(error, folder, reply_tokens, dtype, eos, kind)
@@ -309,7 +308,7 @@ def student_runs(
             tokens=settings.tokens,
             seq_len=manifest["settings"]["seq_len"],
             batch_size=settings.batch_size,
-            micro_batch=int(settings.micro_batch) if settings.micro_batch.isdigit() else settings.micro_batch,
+            micro_batch=settings.micro_batch,
             lr=settings.lr,
             late_lr=settings.late_lr,
             seed=manifest["settings"]["seed"],
@@ -322,7 +321,7 @@ def student_runs(
     ]
     for run in runs:
         if run.resume:
-            check_resume(run)
+            check_resume(run, read_progress(run.resume))
     return runs
 
 
@@ -349,7 +348,7 @@ def student_result(folder: Path, code) -> dict:
     """A student's latest snapshot progress (no loss history) and its process's exit."""
     if not (folder / "0.safetensors").is_file():
         return {"exit": code, "snapshot": None}
-    _, progress = read_snapshot(folder)
+    progress = read_progress(folder)
     return {"exit": code, **{k: v for k, v in progress.items() if k != "loss"}}
 
 
