@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from ..data.packing import Blocks, positions_from_starts
+from ..data.packing import Blocks
 from ..distill.loss import BatchSizes
 from ..distill.settings import settings_for
 from ..distill.speed import compute_bound, peak_memory_mib
@@ -59,27 +59,22 @@ HOURS_PER_100M = 1e8 / 3600
 
 
 def random_student(shape: str, device: torch.device, seed: int = 0):
-    """A SwiftKV model of `shape` at N = L/2 with random weights, built on `device` directly."""
+    """A SwiftKV model of `shape` at N = L/2 with random weights (transformers' own init, seeded), built on
+    `device` directly."""
     config = swiftkv_config(LlamaConfig(**SHAPES[shape]), SHAPES[shape]["num_hidden_layers"] // 2, 1)
     model_class = family_of("llama").model_class
     torch.manual_seed(seed)
     with torch.device(device):
-        model = model_class(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.02) if parameter.dim() > 1 else parameter.fill_(1.0)
-    return model.eval()
+        return model_class(config).eval()
 
 
 def random_blocks(count: int, seq_len: int, vocab: int, seed: int = 0) -> Blocks:
     """Random token blocks, one document each, the last TRAINED_SHARE of each block's positions trained."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (count, seq_len), generator=generator)
-    starts = torch.zeros(count, seq_len, dtype=torch.bool)
-    starts[:, 0] = True
     mask = torch.zeros(count, seq_len, dtype=torch.bool)
     mask[:, int(seq_len * (1 - TRAINED_SHARE)) : -1] = True
-    return Blocks(ids, positions_from_starts(starts), mask)
+    return Blocks(ids, torch.arange(seq_len).repeat(count, 1), mask)
 
 
 def measure(
