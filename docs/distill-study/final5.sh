@@ -7,6 +7,9 @@
 #               from final5-replies-ids.jsonl.xz beside this script on a machine that has none)
 #     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
 #     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
+# RUN (default final5-ARM) names the run's files; REPLIES (default replies-final5.jsonl, seeded from it when
+# it is another file) the reply file; REPLY_ENGINE (default vllm) its writer, e.g. static on a CPU with fast
+# bf16, where it writes a few replies per second against vLLM-CPU's one.
 # Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed);
 # EVAL_STUDENTS="ALIAS..." names the students a ship stage scores (default: both).
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
@@ -27,32 +30,34 @@ TOKENS=${TOKENS:-2000896}
 # The teacher's replies as token ids only (key, reply_ids, finished; no ShareGPT text), kept in the repository
 # so that a new machine skips the replies it holds: the reply cache reads such records as it reads its own.
 IDS="$(cd "$(dirname "$0")" && pwd)/final5-replies-ids.jsonl.xz"
+RUN=${RUN:-final5-$ARM} REPLIES=${REPLIES:-replies-final5.jsonl} REPLY_ENGINE=${REPLY_ENGINE:-vllm}
 cd /work/runs
 if [ ! -f replies-final5.jsonl ]; then
   if [ -f "$IDS" ]; then xz -dc "$IDS" > replies-final5.jsonl; else cp replies-64.jsonl replies-final5.jsonl; fi
 fi
+[ -f "$REPLIES" ] || cp replies-final5.jsonl "$REPLIES"
 for n in 15 22; do
   [ -f n$n-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$n-lstsq --num-key-value-layers $n --init lstsq \
     > convert$n.log 2>&1 || exit 1
 done
 
 replies() {  # the short prompts' replies of the run's split (an arm with --long-share adds its long ones in distill)
-  $SK replies n15-lstsq --out replies-final5.jsonl --tokens $TOKENS --heldout-tokens 16384 --seed 0 \
-    --reply-tokens 64 --engine vllm >> replies-final5.log 2>&1
+  $SK replies n15-lstsq --out "$REPLIES" --tokens $TOKENS --heldout-tokens 16384 --seed 0 \
+    --reply-tokens 64 --engine "$REPLY_ENGINE" >> "${REPLIES%.jsonl}.log" 2>&1
 }
 distill() {  # N
-  local out=final5-$ARM-n$1
+  local out=$RUN-n$1
   [ -f $out/config.json ] && return
   local res="" stop=""; [ -f $out.ckpt/checkpoint.pt ] && res="--resume"
   [ -n "$STOP_AFTER" ] && stop="--stop-after $STOP_AFTER"
   /usr/bin/time -v -a -o $out-time.txt $SK distill n$1-lstsq --tokens $TOKENS --heldout-tokens 16384 --seq-len 1024 \
-    --batch-size 2 --micro-batch 1 --eval-every 100 --checkpoint-every 8 --seed 0 --teacher-data replies-final5.jsonl \
-    --reply-engine vllm $ARGS --out $out --json $out.json $res $stop >> $out.log 2>&1
+    --batch-size 2 --micro-batch 1 --eval-every 100 --checkpoint-every 8 --seed 0 --teacher-data "$REPLIES" \
+    --reply-engine "$REPLY_ENGINE" $ARGS --out $out --json $out.json $res $stop >> $out.log 2>&1
 }
 ship() {  # N, alias: install the tensors, score both students with the docs/eval-full command plus --floor
-  local n=$1 alias=$2 out=final5-$ARM-n$1
+  local n=$1 alias=$2 out=$RUN-n$1
   [ -f $out/config.json ] || return 1
-  [ -f shipped5-n$n.txt ] && return
+  [ -f $RUN-shipped-n$n.txt ] && return
   # A --trainable lora student also stores its later layers' difference from the base as rank factors.
   local rank; rank=$(echo "$ARGS" | sed -n 's/.*--lora-rank \([0-9]*\).*/\1/p')
   $PY -c "import swiftkv; from swiftkv.sources import load_model as L
@@ -65,10 +70,10 @@ s(L('$out'), '$PYTHONPATH/swiftkv/weights/$alias', base='smollm2-135m-instruct',
   # teacher, so a CPU too slow for both in one session scores the new one alone and its row compares.
   # shellcheck disable=SC2086
   /usr/bin/time -v $SK eval ${EVAL_STUDENTS:-smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25} \
-    --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-final5-n$n --no-progress \
-    > eval-final5-n$n.log 2>&1 || return 1
-  $SK generate $alias "What is the capital of France?" > paris5-n$n.txt 2> paris5-n$n.err
-  date > shipped5-n$n.txt
+    --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-$RUN-n$n --no-progress \
+    > eval-$RUN-n$n.log 2>&1 || return 1
+  $SK generate $alias "What is the capital of France?" > paris-$RUN-n$n.txt 2> paris-$RUN-n$n.err
+  date > $RUN-shipped-n$n.txt
 }
 for stage in $STAGES; do
   case $stage in
