@@ -16,6 +16,9 @@ arm_args() {
     c1r64b8x3) echo "--recipe swiftkv --trainable lora --lora-rank 64 --batch-size 8 --micro-batch 2 --lr 6e-3 --late-lr 3e-3 --dtype bfloat16" ;;
     # The 2-block control in bf16 (final5's ran in fp32 on another Xeon): the larger-step arms above ran in bf16.
     c1r64bf) echo "--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3 --dtype bfloat16" ;;
+    # Issue 32 item 5, more tokens on a CPU: the bf16 control over every user turn (first turns hold ~5.4M
+    # tokens of ShareGPT's train split, fewer than the 8M this arm trains on).
+    c1r64bfe) echo "--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3 --dtype bfloat16 --prompt-turns every" ;;
     # Students trained on a lent GPU (`swiftkv loan`): only their trainable set matters here, to ship them with
     # `final5.sh loan ship15 ship22` once `swiftkv loan install <files>/n15 --out /work/runs/final5-loan-n15` (and n22) ran.
     loan) echo "--recipe swiftkv-lora" ;;

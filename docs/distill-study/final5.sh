@@ -42,8 +42,9 @@ for n in 15 22; do
 done
 
 replies() {  # the short prompts' replies of the run's split (an arm with --long-share adds its long ones in distill)
+  local turns; turns=$(echo "$ARGS" | sed -n 's/.*--prompt-turns \([a-z]*\).*/\1/p')
   $SK replies n15-lstsq --out "$REPLIES" --tokens $TOKENS --heldout-tokens 16384 --seed 0 \
-    --reply-tokens 64 --engine "$REPLY_ENGINE" >> "${REPLIES%.jsonl}.log" 2>&1
+    --reply-tokens 64 --engine "$REPLY_ENGINE" --prompt-turns "${turns:-first}" >> "${REPLIES%.jsonl}.log" 2>&1
 }
 distill() {  # N
   local out=$RUN-n$1

@@ -7,7 +7,8 @@ rows x (prompt width + reply tokens)), and every decode step then has the same s
 row, one fixed attention mask (a slot not written yet is hidden by causality, not by the mask), positions
 counted per row from the left padding. On CUDA the step is compiled once with CUDA graphs
 (`torch.compile`, mode "reduce-overhead") and replayed; if that fails, the step runs eagerly and the reason
-is printed. On a CPU it runs eagerly. Equal to `generate`'s greedy replies, token for token, in fp32
+is printed. On a CPU it runs eagerly, with attention that reads the grouped K/V heads in place
+(`model.attention`). Equal to `generate`'s greedy replies, token for token, in fp32
 (tests/test_replies.py).
 """
 
@@ -21,6 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
 from .data.tokens import Reply
+from .model.attention import attention_for
 from .model.config import is_swiftkv
 
 # A batch's prompt width is rounded up to a multiple of this on CUDA: every new shape is a new CUDA graph
@@ -124,7 +126,9 @@ def compiled_step(device: torch.device) -> Step:
 def static_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int, rows: int, device: str):
     """`replies.Generate` of the plain model in `folder`: batches of `rows` prompts, sorted by length so
     a batch pads little."""
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation=attention_for(device)
+    ).to(device).eval()
     if is_swiftkv(model):
         raise ValueError(
             f"{folder}: the static engine writes with plain models; use --reply-engine vllm or hf"
