@@ -45,6 +45,9 @@ GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
 # each pads to near its own prompts' length (a random 64 pads to its longest: every-turn prompts average
 # ~390 tokens and reach 1,024). About 3 minutes of writing at ~2.5 replies/s, lost at most by a kill.
 STATIC_POOL_CPU = 512
+# Most tokens of a written reply, for this stage and distill alike: the cache file is named after it, so a
+# stage run with distill's defaults writes the file distill then reads.
+REPLY_TOKENS = 64
 WRITERS = ("teacher", "student")
 ENGINES = ("auto", "vllm", "hf", "static")
 PROMPT_TURNS = ("first", "every")
@@ -82,7 +85,7 @@ class RepliesSettings:
         32_768, "held-out tokens of the split, skipped (distill's --heldout-tokens)", parse=parse_count
     )
     seed: int = setting(0, "the split's seed (distill's --seed)")
-    reply_tokens: int = setting(512, "max tokens of a reply")
+    reply_tokens: int = setting(REPLY_TOKENS, "max tokens of a reply (distill's --reply-tokens)")
     engine: str = setting(
         "auto",
         "vllm, hf (transformers' generate, on CUDA when available), static (a batched greedy loop over a "

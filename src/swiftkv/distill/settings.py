@@ -26,7 +26,7 @@ from ..data.long_prompts import LONG_PROMPT_TOKENS
 from ..data.split import written_tokens
 from ..dtypes import DTYPE_CHOICES
 from ..replies import ENGINES as REPLY_ENGINES
-from ..replies import PROMPT_TURNS, RepliesSettings
+from ..replies import PROMPT_TURNS, REPLY_TOKENS, RepliesSettings
 from ..replies import WRITERS as REPLY_WRITERS
 from ..settings import parse_count, setting
 from ..sources import Source, SourceLike, open_source, source_name
@@ -99,7 +99,7 @@ class DistillSettings:
     teacher_data: str | None = setting(
         None, "JSONL cache of the written replies (default: in the swiftkv cache)"
     )
-    reply_tokens: int = setting(64, "max tokens of a written reply")
+    reply_tokens: int = setting(REPLY_TOKENS, "max tokens of a written reply")
     long_share: float = setting(
         0.0,
         "share of the written-reply train tokens that answer long prompts (1-2k "
