@@ -3,6 +3,8 @@
 # on CPU, then the same full-suite eval command as docs/eval-full with the floor row added.
 #
 #   final5.sh ARM [STAGE...]     ARM: an arm of arms4.sh (its distill options); STAGES (default all):
+#     ids       REPLIES as token ids only, beside this script as <REPLIES minus .jsonl>-ids.jsonl.xz, to commit
+#               (a machine without REPLIES seeds it from there, else from final5's replies)
 #     replies   the teacher's replies for 2M tokens (vLLM; appended, so an interrupted run resumes; seeded
 #               from final5-replies-ids.jsonl.xz beside this script on a machine that has none)
 #     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
@@ -35,7 +37,11 @@ cd /work/runs
 if [ ! -f replies-final5.jsonl ]; then
   if [ -f "$IDS" ]; then xz -dc "$IDS" > replies-final5.jsonl; else cp replies-64.jsonl replies-final5.jsonl; fi
 fi
-[ -f "$REPLIES" ] || cp replies-final5.jsonl "$REPLIES"
+# Another run's replies as ids only, beside this script (the ids stage writes it, to commit).
+RUN_IDS="$(dirname "$IDS")/${REPLIES%.jsonl}-ids.jsonl.xz"
+if [ ! -f "$REPLIES" ]; then
+  if [ -f "$RUN_IDS" ]; then xz -dc "$RUN_IDS" > "$REPLIES"; else cp replies-final5.jsonl "$REPLIES"; fi
+fi
 for n in 15 22; do
   [ -f n$n-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$n-lstsq --num-key-value-layers $n --init lstsq \
     > convert$n.log 2>&1 || exit 1
@@ -45,6 +51,16 @@ replies() {  # the short prompts' replies of the run's split (an arm with --long
   local turns; turns=$(echo "$ARGS" | sed -n 's/.*--prompt-turns \([a-z]*\).*/\1/p')
   $SK replies n15-lstsq --out "$REPLIES" --tokens $TOKENS --heldout-tokens 16384 --seed 0 \
     --reply-tokens 64 --engine "$REPLY_ENGINE" --prompt-turns "${turns:-first}" >> "${REPLIES%.jsonl}.log" 2>&1
+}
+ids() {  # the reply file as token ids only (no ShareGPT text), to commit: a new machine seeds from it
+  $PY -c "import json, sys
+for line in open('$REPLIES'):
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:  # a torn last line of a writer still running
+        continue
+    print(json.dumps({k: record[k] for k in ('key', 'reply_ids', 'finished')}))" | xz -9 > "$RUN_IDS.tmp" \
+    && mv "$RUN_IDS.tmp" "$RUN_IDS"
 }
 distill() {  # N
   local out=$RUN-n$1
@@ -79,6 +95,7 @@ s(L('$out'), '$PYTHONPATH/swiftkv/weights/$alias', base='smollm2-135m-instruct',
 for stage in $STAGES; do
   case $stage in
     replies) replies || exit 1 ;;
+    ids) ids || exit 1 ;;
     n15) distill 15 || exit 1 ;;
     n22) distill 22 || exit 1 ;;
     ship15) ship 15 smollm2-135m-instruct-swiftkv50 || exit 1 ;;
