@@ -126,9 +126,11 @@ def compiled_step(device: torch.device) -> Step:
 def static_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int, rows: int, device: str):
     """`replies.Generate` of the plain model in `folder`: batches of `rows` prompts, sorted by length so
     a batch pads little."""
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation=attention_for(device)
-    ).to(device).eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention_for(device))
+        .to(device)
+        .eval()
+    )
     if is_swiftkv(model):
         raise ValueError(
             f"{folder}: the static engine writes with plain models; use --reply-engine vllm or hf"
