@@ -43,7 +43,8 @@ from .vllm.env import configure_cpu_env
 GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
 # Prompts per static-engine call on a CPU: its 64-row batches are cut from this many sorted by length, so
 # each pads to near its own prompts' length (a random 64 pads to its longest: every-turn prompts average
-# ~390 tokens and reach 1,024). About 3 minutes of writing at ~2.5 replies/s, lost at most by a kill.
+# ~456 tokens and reach 1,024). At most a few minutes of writing (1.4-1.6 replies/s on the AMX Xeon) is
+# lost by a kill, since the replies are appended call by call.
 STATIC_POOL_CPU = 512
 # Most tokens of a written reply, for this stage and distill alike: the cache file is named after it, so a
 # stage run with distill's defaults writes the file distill then reads.

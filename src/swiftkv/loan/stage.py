@@ -40,6 +40,7 @@ from ..data.packing import pack
 from ..data.split import shuffled, take_documents
 from ..data.tokens import MAX_PROMPT_TOKENS, turn_prompts
 from ..files import atomic_output_dir
+from ..replies import REPLY_TOKENS
 from ..settings import parse_count, setting
 from ..sources import SMOLLM2_ALIAS, open_source, smollm2_gguf
 
@@ -70,7 +71,7 @@ class StageSettings:
     heldout_tokens: int = setting(16_384, "held-out tokens (distill's --heldout-tokens)", parse=parse_count)
     seed: int = setting(0, "the split's seed (distill's --seed)")
     seq_len: int = setting(1024, "tokens per packed block (distill's --seq-len)")
-    reply_tokens: int = setting(64, "most tokens of a written reply (distill's --reply-tokens)")
+    reply_tokens: int = setting(REPLY_TOKENS, "most tokens of a written reply (distill's --reply-tokens)")
     calib_tokens: int = setting(
         ConvertSettings.calib_tokens, "calibration tokens of the lstsq init (convert's --calib-tokens)"
     )
