@@ -307,6 +307,60 @@ def test_static_engine_replies_equal_generates(tmp_path, arch):
     assert static_generator(folder, 12, torch.float32, eos, rows=2, device="cpu")(prompts) == expected
 
 
+def test_static_engine_with_cudas_attention_paths_writes_the_same_replies(tmp_path, monkeypatch):
+    """The attention the static writer runs on CUDA (decode steps folded over the grouped K/V heads, a
+    masked prompt through transformers' sdpa), taken here on a CPU: the replies `generate` writes."""
+    from transformers import AutoModelForCausalLM
+
+    from swiftkv.model import attention
+    from swiftkv.replies import greedy_batch
+    from swiftkv.static_greedy import static_generator
+
+    folder = save_tiny_teacher(tmp_path / "teacher", "llama")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompts = [[5, 9, 14, 3, 7], [11, 4], [7, 7, 7, 30, 31, 2, 8, 9], [40], [3] * 17]
+    eos = greedy_batch(model, [prompts[0]], 3, eos_token_id=0)[0].ids[1]
+    expected = greedy_batch(model, prompts, 12, eos)
+    taken = []
+    monkeypatch.setattr(attention, "folded_decode", record(attention.folded_decode, taken, "fold"))
+    monkeypatch.setattr(
+        attention, "sdpa_attention_forward", record(attention.sdpa_attention_forward, taken, "sdpa")
+    )
+    monkeypatch.setattr(attention, "fused_kernels", lambda device: True)
+    assert static_generator(folder, 12, torch.float32, eos, rows=5, device="cpu")(prompts) == expected
+    assert {"fold", "sdpa"} <= set(taken)
+
+
+def record(function, taken: list, name: str):
+    def recorded(*args, **kwargs):
+        taken.append(name)
+        return function(*args, **kwargs)
+
+    return recorded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_folded_decode_equals_attention_over_repeated_heads(dtype):
+    """A decode step's query heads folded onto their K/V head give what SDPA gives over the K/V heads
+    repeated (as transformers' sdpa repeats them), masked slots included."""
+    from torch.nn import functional as F
+
+    from swiftkv.model.attention import folded_decode
+
+    torch.manual_seed(0)
+    rows, heads, kv_heads, slots, dim = 3, 6, 2, 11, 8
+    query = torch.randn(rows, heads, 1, dim, dtype=dtype)
+    key, value = (torch.randn(rows, kv_heads, slots, dim, dtype=dtype) for _ in range(2))
+    mask = torch.ones(rows, 1, 1, slots, dtype=torch.bool)
+    mask[0, ..., :4] = False
+    repeated = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1), attn_mask=mask, scale=0.3
+    )
+    folded = folded_decode(query, key, value, mask, 0.3)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(folded, repeated.transpose(1, 2), atol=tolerance, rtol=tolerance)
+
+
 def test_static_engine_refuses_a_student_writer():
     settings = settings_for("tiny", reply_writer="student", reply_engine="static", init="keep")
     with pytest.raises(ValueError, match="--reply-engine static writes with a plain model"):

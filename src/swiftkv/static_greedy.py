@@ -7,7 +7,7 @@ rows x (prompt width + reply tokens)), and every decode step then has the same s
 row, one fixed attention mask (a slot not written yet is hidden by causality, not by the mask), positions
 counted per row from the left padding. On CUDA the step is compiled once with CUDA graphs
 (`torch.compile`, mode "reduce-overhead") and replayed; if that fails, the step runs eagerly and the reason
-is printed. On a CPU it runs eagerly, with attention that reads the grouped K/V heads in place
+is printed. On a CPU it runs eagerly. Its attention reads the grouped K/V heads in place on both
 (`model.attention`). Equal to `generate`'s greedy replies, token for token, in fp32
 (tests/test_replies.py).
 """
