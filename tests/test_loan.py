@@ -209,6 +209,62 @@ def test_a_failing_static_writer_falls_back_to_generate_and_says_why(staged, tmp
     assert encode_lists(replies) == written
 
 
+def test_replies_written_ahead_travel_in_the_stage_and_the_loan_writes_only_the_rest(staged, tmp_path):
+    """`--replies` stages the replies a CPU wrote ahead (plain or .xz records, keyed by prompt) for the
+    prompts from the first up to the first they do not answer; the loan reuses them and writes the rest."""
+    import lzma
+
+    from swiftkv.data.tokens import Reply, prompt_key
+    from swiftkv.loan import students
+    from swiftkv.replies import append_replies
+
+    _, settings, _ = staged
+    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
+    ahead = {prompt_key(p): Reply(p[-3:], True) for p in prompts[:10] + prompts[11:14]}  # a gap at 10
+    append_replies(tmp_path / "ahead.jsonl", ahead)
+    (tmp_path / "ahead.jsonl.xz").write_bytes(lzma.compress((tmp_path / "ahead.jsonl").read_bytes()))
+    for source in ("ahead.jsonl", "ahead.jsonl.xz"):
+        out = tmp_path / f"stage-{source}"
+        manifest = write_stage(
+            StageSettings(**{**settings.__dict__, "out": str(out), "replies": str(tmp_path / source)})
+        )
+        assert manifest["replies"]["staged"] == 10
+        assert decode_ids((out / "part2" / "replies.npz.xz").read_bytes()) == [p[-3:] for p in prompts[:10]]
+    loan = students.LoanSettings(stage=str(out), out=str(tmp_path / "out"), device="cpu")
+    teacher = students.assemble_teacher(out, manifest)
+    report = students.write_teacher_replies(loan, out, manifest, teacher, torch.float32, tmp_path)
+    assert report["reused"] == 10 and report["written"] == len(prompts) - 10
+    replies = decode_ids((tmp_path / "replies.npz.xz").read_bytes())
+    assert replies[:10] == [p[-3:] for p in prompts[:10]] and len(replies) == len(prompts)
+
+
+def test_replies_written_ahead_that_do_not_fit_the_stage_are_refused_before_writing(staged, tmp_path):
+    from swiftkv.data.tokens import Reply, prompt_key
+    from swiftkv.replies import append_replies
+
+    _, settings, _ = staged
+    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
+    cases = {
+        "long.jsonl": (
+            {prompt_key(prompts[0]): Reply([5] * (REPLY_TOKENS + 1), False)},
+            "more than --reply-tokens",
+        ),
+        "other.jsonl": ({prompt_key([1, 2, 3]): Reply([5], True)}, "answers none of the staged prompts"),
+    }
+    for name, (records, message) in cases.items():
+        append_replies(tmp_path / name, records)
+        stage = StageSettings(
+            **{**settings.__dict__, "out": str(tmp_path / "s"), "replies": str(tmp_path / name)}
+        )
+        with pytest.raises(ValueError, match=message):
+            write_stage(stage)
+        assert not (tmp_path / "s").exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        write_stage(
+            StageSettings(**{**settings.__dict__, "out": str(tmp_path / "s"), "replies": "none.jsonl"})
+        )
+
+
 def test_the_loans_lstsq_student_is_converts(tmp_path):
     """The loan fits the lstsq init on the device from the staged calibration blocks; it must be the init
     `swiftkv convert --init lstsq` writes from the same data (measured on SmolLM2 N = 15 here: held-out KL

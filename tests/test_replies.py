@@ -192,3 +192,23 @@ def test_a_run_short_of_data_says_how_many_tokens_it_trains(tmp_path, capsys):
     assert "gives 4,096 train tokens of the 8,192 asked" in capsys.readouterr().err
     short_of_tokens(run, 8192, World())
     assert capsys.readouterr().err == ""
+
+
+def test_a_compressed_reply_file_is_read_and_never_appended_to(tmp_path):
+    """Reply ids kept as .jsonl.xz (as in the repository) read like the plain file; asked for a reply it
+    lacks, the cache refuses before generating, since appending text would break the archive."""
+    import lzma
+
+    from swiftkv.data.tokens import prompt_key
+    from swiftkv.replies import append_replies
+
+    append_replies(tmp_path / "r.jsonl", {prompt_key([4, 5]): Reply([7, 2], True)})
+    packed = tmp_path / "r.jsonl.xz"
+    packed.write_bytes(lzma.compress((tmp_path / "r.jsonl").read_bytes()))
+    assert read_replies(packed) == read_replies(tmp_path / "r.jsonl")
+    calls: list = []
+    cache = ReplyCache(packed, fake_writer(calls))
+    assert cache.get([[4, 5]]) == [Reply([7, 2], True)]
+    with pytest.raises(ValueError, match="lacks 1 of the replies asked for"):
+        cache.get([[4, 5], [6]])
+    assert calls == [] and read_replies(packed) == read_replies(tmp_path / "r.jsonl")

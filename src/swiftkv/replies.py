@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import lzma
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -279,16 +280,24 @@ def generation_batch(settings: RepliesSettings) -> int:
 
 
 def read_replies(path: Path) -> dict[str, Reply]:
-    """Complete records of `path`; a torn last line (a kill mid-write) is cut off the file."""
+    """Complete records of `path`; a torn last line (a kill mid-write) is cut off the file. A `.xz` file
+    (the records' ids as kept in the repository) is read as it is."""
     if not path.is_file():
         return {}
+    if path.suffix == ".xz":
+        return reply_records(lzma.decompress(path.read_bytes()).decode("utf-8"), path)
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     if len(complete) != len(data):
         with path.open("r+b") as handle:
             handle.truncate(len(complete))
+    return reply_records(complete.decode("utf-8"), path)
+
+
+def reply_records(text: str, path: Path) -> dict[str, Reply]:
+    """The replies of a reply file's lines, by prompt key (the first of a repeated key)."""
     replies: dict[str, Reply] = {}
-    for number, line in enumerate(complete.decode("utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             record = json.loads(line)
             replies.setdefault(record["key"], Reply(record["reply_ids"], record["finished"]))
@@ -330,6 +339,11 @@ class ReplyCache:
     def get(self, prompts: list[list[int]], chats: list[list[dict]] | None = None) -> list[Reply]:
         keys = [prompt_key(p) for p in prompts]
         missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self.replies}
+        if missing and self.path.suffix == ".xz":
+            raise ValueError(
+                f"{self.path} lacks {len(missing)} of the replies asked for, and a .xz reply file is only read; "
+                "decompress it (xz -dk) and pass the .jsonl to write the rest into it"
+            )
         if missing:
             new = dict(zip(missing, self.generate(list(missing.values())), strict=True))
             append_replies(

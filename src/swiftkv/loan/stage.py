@@ -3,8 +3,9 @@ folders, each small enough for one transfer beside the code.
 
 A loan carries at most 64 MiB per call, the code included, and the box keeps its files only while it is
 warm. So the teacher travels as it is stored (the 98 MB GGUF of SmolLM2 is smaller than any dequantized
-copy), cut in two; the replies are not staged but written on the GPU; the lstsq init is not staged
-but fitted there from the calibration blocks convert would use. What is staged:
+copy), cut in two; the replies are written on the GPU, except those written ahead on a CPU (`--replies`);
+the lstsq init is not staged but fitted there from the calibration blocks convert would use. What is
+staged:
 
   part1/teacher.tar.0      the first bytes of the teacher (a tar of the .gguf file, or of an HF folder)
   part2/teacher.tar.1      the rest
@@ -12,6 +13,8 @@ but fitted there from the calibration blocks convert would use. What is staged:
                            conversation before it, in the order distill's split takes them; a chat's
                            prompts are prefixes of its last one, so each chat's tokens are stored once
   part2/blocks.pt          the calibration blocks (convert's lstsq fit) and the held-out blocks (distill's)
+  part2/replies.npz.xz     with --replies: the teacher's replies written ahead, to the prompts from the
+                           first up to the first one they do not answer; the loan writes only the rest
   part2/site.tar.xz        the `gguf` package transformers reads a GGUF with (GGUF teachers only)
   part2/stage.json         what was staged and how: sizes, digests, the split's settings
 
@@ -38,9 +41,9 @@ from ..convert import ConvertSettings
 from ..data.chat import read_source
 from ..data.packing import pack
 from ..data.split import shuffled, take_documents
-from ..data.tokens import MAX_PROMPT_TOKENS, turn_prompts
+from ..data.tokens import MAX_PROMPT_TOKENS, prompt_key, turn_prompts
 from ..files import atomic_output_dir
-from ..replies import REPLY_TOKENS
+from ..replies import REPLY_TOKENS, read_replies
 from ..settings import parse_count, setting
 from ..sources import SMOLLM2_ALIAS, open_source, smollm2_gguf
 
@@ -50,6 +53,7 @@ MARGIN_MIB = 1  # left free in each part for files the tree gains before the loa
 PARTS = ("part1", "part2")
 STAGE_FILE = "stage.json"
 PROMPTS_FILE = "prompts.npz.xz"
+REPLIES_FILE = "replies.npz.xz"  # replies aligned with the prompts: staged ahead, or written by a loan
 BLOCKS_FILE = "blocks.pt"
 SITE_FILE = "site.tar.xz"
 TEACHER_TAR = "teacher.tar"
@@ -72,6 +76,12 @@ class StageSettings:
     seed: int = setting(0, "the split's seed (distill's --seed)")
     seq_len: int = setting(1024, "tokens per packed block (distill's --seq-len)")
     reply_tokens: int = setting(REPLY_TOKENS, "most tokens of a written reply (distill's --reply-tokens)")
+    replies: str | None = setting(
+        None,
+        "teacher replies written ahead (`swiftkv replies --prompt-turns every` on the same --data and --seed, "
+        "or its records' ids as .jsonl.xz): they answer the staged prompts from the first on, and the loan "
+        "writes only the rest",
+    )
     calib_tokens: int = setting(
         ConvertSettings.calib_tokens, "calibration tokens of the lstsq init (convert's --calib-tokens)"
     )
@@ -102,12 +112,18 @@ def write_stage(settings: StageSettings) -> dict:
     split = iter(shuffled(read_source(settings.data), settings.seed))
     heldout = take_documents(split, tokenizer, settings.heldout_tokens)  # distill's held-out part, first
     prompts, prompts_summary = train_prompts(settings, tokenizer, split)
+    written_ahead, replies_summary = staged_replies(settings, decode_ids(prompts))
     blocks = staged_blocks(settings, tokenizer, heldout)
     teacher_tar, teacher_path = teacher_archive(settings.teacher, teacher.folder)
     site = gguf_site() if teacher_path.endswith(".gguf") else None
     tree = settings.tree_mib if settings.tree_mib is not None else travelling_tree_mib()
     room = (TRANSFER_MIB - MARGIN_MIB - tree) * MIB
-    small = {PROMPTS_FILE: prompts, BLOCKS_FILE: blocks, **({SITE_FILE: site} if site else {})}
+    small = {
+        PROMPTS_FILE: prompts,
+        BLOCKS_FILE: blocks,
+        **({SITE_FILE: site} if site else {}),
+        **({REPLIES_FILE: written_ahead} if written_ahead else {}),
+    }
     rest = len(teacher_tar) - int(room)
     if rest + sum(map(len, small.values())) > room:
         raise ValueError(
@@ -124,6 +140,7 @@ def write_stage(settings: StageSettings) -> dict:
         "teacher": {"name": str(settings.teacher), "path": teacher_path, "tar_sha256": sha256(teacher_tar)},
         "tokenizer_eos": tokenizer.convert_tokens_to_ids(tokenizer.eos_token),
         "prompts": prompts_summary,
+        "replies": replies_summary,
         "tree_mib": round(tree, 1),
         "parts_mib": {p: round(sum(map(len, f.values())) / MIB, 2) for p, f in files.items()},
     }
@@ -176,6 +193,35 @@ def train_prompts(settings: StageSettings, tokenizer, rest) -> tuple[bytes, dict
         "prompt_tokens": sum(lengths),
         "compressed_mib": round(len(data) / MIB, 2),
     }
+
+
+def staged_replies(settings: StageSettings, prompts: list[list[int]]) -> tuple[bytes | None, dict]:
+    """The replies written ahead (`--replies`) to the staged prompts from the first up to the first they
+    do not answer (the loan writes the rest in order), encoded as the loan writes its own; with their
+    count and source."""
+    if not settings.replies:
+        return None, {"staged": 0}
+    path = Path(settings.replies)
+    if not path.is_file():
+        raise FileNotFoundError(f"--replies {path} does not exist; write it with `swiftkv replies`")
+    replies = read_replies(path)
+    answered = []
+    for prompt in prompts:
+        reply = replies.get(prompt_key(prompt))
+        if reply is None:
+            break
+        if len(reply.ids) > settings.reply_tokens:
+            raise ValueError(
+                f"--replies {path}: a reply of {len(reply.ids)} tokens, more than --reply-tokens "
+                f"{settings.reply_tokens}; write the replies with the stage's --reply-tokens"
+            )
+        answered.append(reply.ids)
+    if not answered:
+        raise ValueError(
+            f"--replies {path} answers none of the staged prompts from the first; write it with "
+            f"`swiftkv replies --prompt-turns every` on --data {settings.data} and --seed {settings.seed}"
+        )
+    return encode_lists(answered), {"staged": len(answered), "from": str(path)}
 
 
 def encode_ids(stream: list[int], starts: list[int], lengths: list[int]) -> bytes:

@@ -5,8 +5,9 @@ every result under OUT as soon as it exists, so a loan cut at any moment brings 
      back together from its two parts (digest checked);
   2. the device's matmul peak in the compute dtype, measured alone (every fraction of peak divides by it);
   3. the users' number: the trainer on a Llama-3.1-8B-shaped model (`shape.py`, a process of its own);
-  4. the teacher's greedy replies to the staged prompts (the static engine: a static KV cache, CUDA
-     graphs), until they are all written or the writer's time is up; OUT/replies.npz.xz;
+  4. the teacher's greedy replies to the staged prompts that the replies staged with them (written
+     ahead on a CPU) do not answer (the static engine: a static KV cache, CUDA graphs), until they are
+     all written or the writer's time is up; OUT/replies.npz.xz;
   5. every student trained in parallel, one process each (`student.py`), until the deadline; each
      replaces OUT/n<N>/ (its trained tensors and progress) at least every 2 minutes.
 
@@ -46,6 +47,7 @@ from .stage import (
     BLOCKS_FILE,
     PARTS,
     PROMPTS_FILE,
+    REPLIES_FILE,
     SITE_FILE,
     STAGE_FILE,
     TEACHER_TAR,
@@ -56,7 +58,6 @@ from .stage import (
 )
 from .student import StudentRun, check_resume, run_file
 
-REPLIES_FILE = "replies.npz.xz"
 REPORT_FILE = "loan.json"
 # Prompts per call of the writer: the deadline is checked between calls.
 WRITER_CHUNK = {"cuda": 4096, "cpu": 64}
@@ -237,9 +238,11 @@ def write_teacher_replies(
     settings, stage: Path, manifest: dict, teacher_path: Path, dtype, out: Path
 ) -> dict:
     """The teacher's greedy replies to the staged prompts, in order, until all are written or the
-    writer's minutes are up (a previous loan's replies are reused); OUT/replies.npz.xz."""
+    writer's minutes are up (those written before are reused); OUT/replies.npz.xz."""
     prompts = decode_ids(staged(stage, PROMPTS_FILE).read_bytes())
-    reused = decode_ids((Path(settings.resume) / REPLIES_FILE).read_bytes()) if settings.resume else []
+    reused = replies_written_before(settings, stage)
+    if reused:
+        say(f"replies: {len(reused)} of {len(prompts)} written before this loan")
     written: list[list[int]] = []
     kind = settings.device
     started = time.time()
@@ -280,6 +283,15 @@ def write_teacher_replies(
         "seconds": round(seconds, 1),
         "replies_per_second": round(len(written) / seconds, 1) if written else None,
     }
+
+
+def replies_written_before(settings: LoanSettings, stage: Path) -> list[list[int]]:
+    """A resumed loan's replies (they begin with any staged ones), else those staged (written ahead on a
+    CPU), else none."""
+    if settings.resume:
+        return decode_ids(need(Path(settings.resume) / REPLIES_FILE, "the loan --resume names").read_bytes())
+    ahead = stage / "part2" / REPLIES_FILE
+    return decode_ids(ahead.read_bytes()) if ahead.is_file() else []
 
 
 def fallback_writer(error: Exception, folder, reply_tokens: int, dtype, eos: int, kind: str):
