@@ -288,12 +288,12 @@ def test_hf_replies_batched_equal_greedy_one_by_one(tmp_path):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_static_engine_replies_equal_generates(tmp_path, arch):
     """The static engine (a batched greedy loop over a static KV cache) writes the replies transformers'
-    `generate` writes, token for token in fp32: left padding, per-row positions, early stops, and a batch
-    padded wider than its longest prompt (as CUDA pads it, to few shapes)."""
+    `generate` writes, token for token in fp32: left padding, per-row positions, early stops, and batches
+    decoded over one shared cache with more slots than they need (as on CUDA), a short batch filled up."""
     from transformers import AutoModelForCausalLM
 
     from swiftkv.replies import greedy_batch
-    from swiftkv.static_greedy import static_generator, static_greedy_batch
+    from swiftkv.static_greedy import SharedCache, static_generator, static_greedy_batch
 
     folder = save_tiny_teacher(tmp_path / "teacher", arch)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -303,13 +303,19 @@ def test_static_engine_replies_equal_generates(tmp_path, arch):
     expected = greedy_batch(model, prompts, 12, eos)
     assert any(r.finished for r in expected) and not all(r.finished for r in expected)
     assert static_greedy_batch(model, prompts, 12, eos) == expected
-    assert static_greedy_batch(model, prompts, 12, eos, width_step=32) == expected
+    shared = SharedCache.for_model(model, rows=5, slots=64)
+    assert static_greedy_batch(model, prompts, 12, eos, shared=shared) == expected
+    others = [[9, 9, 2], [30], [4, 5, 6, 7], [8, 8], [1, 2, 3, 4, 5, 6]]
+    assert static_greedy_batch(model, others, 12, eos, shared=shared) == greedy_batch(model, others, 12, eos)
+    with pytest.raises(ValueError, match="does not fit the shared cache"):
+        static_greedy_batch(model, others[:4], 12, eos, shared=shared)
     assert static_generator(folder, 12, torch.float32, eos, rows=2, device="cpu")(prompts) == expected
+    assert static_generator(folder, 12, torch.float32, eos, 2, "cpu", share_cache=True)(prompts) == expected
 
 
 def test_static_engine_with_cudas_attention_paths_writes_the_same_replies(tmp_path, monkeypatch):
-    """The attention the static writer runs on CUDA (decode steps folded over the grouped K/V heads, a
-    masked prompt through transformers' sdpa), taken here on a CPU: the replies `generate` writes."""
+    """The static writer as it runs on CUDA (one shared cache; decode steps folded over the grouped K/V
+    heads, a masked prompt through transformers' sdpa), taken here on a CPU: the replies `generate` writes."""
     from transformers import AutoModelForCausalLM
 
     from swiftkv.model import attention
@@ -327,7 +333,8 @@ def test_static_engine_with_cudas_attention_paths_writes_the_same_replies(tmp_pa
         attention, "sdpa_attention_forward", record(attention.sdpa_attention_forward, taken, "sdpa")
     )
     monkeypatch.setattr(attention, "fused_kernels", lambda device: True)
-    assert static_generator(folder, 12, torch.float32, eos, rows=5, device="cpu")(prompts) == expected
+    writer = static_generator(folder, 12, torch.float32, eos, rows=3, device="cpu", share_cache=True)
+    assert writer(prompts) == expected
     assert {"fold", "sdpa"} <= set(taken)
 
 

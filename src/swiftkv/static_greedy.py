@@ -2,12 +2,17 @@
 
 transformers' `generate` keeps a cache that grows by concatenation and rebuilds its masks and positions
 every step, so a small model on a GPU spends its steps launching kernels (52 replies/s measured on an H100
-at 1,024 rows). Here a batch is prefilled once into a preallocated cache (transformers' `StaticCache`,
-rows x (prompt width + reply tokens)), and every decode step then has the same shapes: one new token per
-row, one fixed attention mask (a slot not written yet is hidden by causality, not by the mask), positions
-counted per row from the left padding. On CUDA the step is compiled once with CUDA graphs
-(`torch.compile`, mode "reduce-overhead") and replayed; if that fails, the step runs eagerly and the reason
-is printed. On a CPU it runs eagerly. Its attention reads the grouped K/V heads in place on both
+at 1,024 rows). Here a batch is prefilled once into a preallocated cache (transformers' `StaticCache`),
+and every decode step then has the same shapes: one new token per row, one fixed attention mask (a slot
+not written yet is hidden by causality, not by the mask), positions counted per row from the left padding.
+
+On CUDA every batch decodes over one shared cache (`SharedCache`: a fixed number of rows, slots for the
+longest prompt plus the reply, reset between batches; a short batch is filled up with copies of its last
+prompt). The decode step then has one shape and reads one set of cache addresses for the whole run, so it
+is compiled once and captured once as a CUDA graph (`torch.compile`, mode "reduce-overhead"), where a cache
+per batch would re-record the graph every batch and recompile for every new width. If compiling fails,
+the step runs eagerly and the reason is printed. On a CPU it runs eagerly over a cache of each batch's own
+width (attention there costs per slot). Its attention reads the grouped K/V heads in place on both
 (`model.attention`). Equal to `generate`'s greedy replies, token for token, in fp32
 (tests/test_replies.py).
 """
@@ -16,18 +21,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
-from .data.tokens import Reply
+from .data.tokens import MAX_PROMPT_TOKENS, Reply
 from .model.attention import attention_for
 from .model.config import is_swiftkv
 
-# A batch's prompt width is rounded up to a multiple of this on CUDA: every new shape is a new CUDA graph
-# (torch.compile recompiles), and prompts up to 1,024 tokens then make at most 4 widths.
-CUDA_WIDTH_STEP = 256
 Step = Callable[..., torch.Tensor]  # (model, ids, positions, cache, cache_position, mask) -> next ids
 
 
@@ -45,24 +48,49 @@ def decode_step(model, ids, positions, cache, cache_position, mask) -> torch.Ten
     return logits[:, -1].argmax(-1)
 
 
+@dataclass
+class SharedCache:
+    """One static KV cache of `rows` x `slots` that every batch decodes over, reset between batches."""
+
+    rows: int
+    slots: int
+    cache: StaticCache
+
+    @classmethod
+    def for_model(cls, model, rows: int, slots: int) -> SharedCache:
+        return cls(rows, slots, StaticCache(config=model.config, max_cache_len=slots))
+
+    def take(self, rows: int, slots: int) -> StaticCache:
+        """The cache, reset, for a batch of `rows` that needs `slots`."""
+        if rows != self.rows or slots > self.slots:
+            raise ValueError(
+                f"a batch of {rows} rows x {slots} slots does not fit the shared cache ({self.rows} x {self.slots})"
+            )
+        self.cache.reset()
+        return self.cache
+
+
 def static_greedy_batch(
     model,
     prompts: list[list[int]],
     max_tokens: int,
     eos_token_id: int,
     step: Step = decode_step,
-    width_step: int = 1,
+    shared: SharedCache | None = None,
 ) -> list[Reply]:
-    """Greedy replies of `prompts`, left-padded into one batch (its width rounded up to a multiple of
-    `width_step`, so a compiled step sees few shapes): each stops at its end-of-turn id (kept) or after
-    `max_tokens`."""
-    rows, width = len(prompts), -(-max(len(p) for p in prompts) // width_step) * width_step
+    """Greedy replies of `prompts`, left-padded into one batch: each stops at its end-of-turn id (kept) or
+    after `max_tokens`. The batch decodes over the `shared` cache when given (its slots past the batch's
+    are never written, so causality hides them), else over a cache of its own width."""
+    rows, width = len(prompts), max(len(p) for p in prompts)
     device = model.device
+    if shared is None:
+        slots, cache = width + max_tokens, StaticCache(config=model.config, max_cache_len=width + max_tokens)
+    else:
+        slots, cache = shared.slots, shared.take(rows, width + max_tokens)
     ids, padding = left_padded(prompts, width, eos_token_id, device)
-    mask = torch.ones(rows, width + max_tokens, dtype=torch.long, device=device)
+    mask = torch.ones(rows, slots, dtype=torch.long, device=device)
     mask[:, :width] = padding
     positions = (padding.cumsum(-1) - 1).clamp(min=0)
-    cache = StaticCache(config=model.config, max_cache_len=width + max_tokens)
     tokens = torch.full((rows, max_tokens), eos_token_id, dtype=torch.long, device=device)
     with torch.no_grad():
         token = decode_step(model, ids, positions, cache, torch.arange(width, device=device), mask)
@@ -123,9 +151,17 @@ def compiled_step(device: torch.device) -> Step:
     return step
 
 
-def static_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int, rows: int, device: str):
+def static_generator(
+    folder: Path,
+    max_tokens: int,
+    dtype,
+    eos_token_id: int,
+    rows: int,
+    device: str,
+    share_cache: bool | None = None,
+):
     """`replies.Generate` of the plain model in `folder`: batches of `rows` prompts, sorted by length so
-    a batch pads little."""
+    a batch pads little, decoding over one shared cache where `share_cache` (default: on CUDA)."""
     model = (
         AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention_for(device))
         .to(device)
@@ -136,9 +172,18 @@ def static_generator(folder: Path, max_tokens: int, dtype, eos_token_id: int, ro
             f"{folder}: the static engine writes with plain models; use --reply-engine vllm or hf"
         )
     step = compiled_step(model.device)
-    width_step = CUDA_WIDTH_STEP if model.device.type == "cuda" else 1
+    share = model.device.type == "cuda" if share_cache is None else share_cache
+    shared: SharedCache | None = None
 
     def write(batch: list[list[int]]) -> list[Reply]:
-        return static_greedy_batch(model, batch, max_tokens, eos_token_id, step, width_step)
+        nonlocal shared
+        if not share:
+            return static_greedy_batch(model, batch, max_tokens, eos_token_id, step)
+        needed = max(map(len, batch)) + max_tokens
+        if shared is None or needed > shared.slots:  # a longer prompt than any before: a larger cache
+            shared = None  # the old cache is freed before the new one is allocated
+            shared = SharedCache.for_model(model, rows, max(needed, MAX_PROMPT_TOKENS + max_tokens))
+        filled = batch + [batch[-1]] * (rows - len(batch))  # the same rows every batch
+        return static_greedy_batch(model, filled, max_tokens, eos_token_id, step, shared)[: len(batch)]
 
     return lambda prompts: in_length_order(prompts, rows, write)
