@@ -127,10 +127,10 @@ def in_length_order(prompts: list[list[int]], rows: int, write: Callable[[list[l
     return [replies[i] for i in range(len(prompts))]
 
 
-def compiled_step(device: torch.device) -> Step:
+def compiled_step(device: torch.device, compile_step: bool = True) -> Step:
     """The decode step as CUDA graphs on a GPU (falling back to the eager step, with the reason printed,
-    the first time the compiled one fails); the eager step elsewhere."""
-    if device.type != "cuda":
+    the first time the compiled one fails); the eager step elsewhere, or when not `compile_step`."""
+    if device.type != "cuda" or not compile_step:
         return decode_step
     compiled = torch.compile(decode_step, mode="reduce-overhead", fullgraph=False)
     state = {"step": compiled}
@@ -159,9 +159,11 @@ def static_generator(
     rows: int,
     device: str,
     share_cache: bool | None = None,
+    compile_step: bool = True,
 ):
     """`replies.Generate` of the plain model in `folder`: batches of `rows` prompts, sorted by length so
-    a batch pads little, decoding over one shared cache where `share_cache` (default: on CUDA)."""
+    a batch pads little, decoding over one shared cache where `share_cache` (default: on CUDA), with the
+    decode step compiled on CUDA unless not `compile_step`."""
     model = (
         AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention_for(device))
         .to(device)
@@ -171,7 +173,7 @@ def static_generator(
         raise ValueError(
             f"{folder}: the static engine writes with plain models; use --reply-engine vllm or hf"
         )
-    step = compiled_step(model.device)
+    step = compiled_step(model.device, compile_step)
     share = model.device.type == "cuda" if share_cache is None else share_cache
     shared: SharedCache | None = None
 

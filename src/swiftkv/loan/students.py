@@ -90,6 +90,11 @@ class LoanSettings:
         "falls back to the plain layers, with the reason printed)",
     )
     writer_minutes: float = setting(2.5, "most minutes the teacher's replies may take")
+    writer_compile: bool = setting(
+        True,
+        "compile the writer's decode step into one CUDA graph (compiled once, for its one shape; if the first "
+        "loan's log shows the compile outweighing the steps, a later loan runs it eagerly with --no-writer-compile)",
+    )
     shape: str = setting("llama-3.1-8b", "the users' shape measured first (`none` skips it)")
     shape_seconds: float = setting(
         20.0, "timed seconds of the shape's steps (eager, as `swiftkv distill` runs)"
@@ -258,7 +263,13 @@ def write_teacher_replies(
             done = len(reused) + len(written)
             try:  # the static engine, built at its first chunk; transformers' generate if it fails
                 generate = generate or static_generator(
-                    folder, reply_tokens, dtype, eos, WRITER_ROWS[kind], kind
+                    folder,
+                    reply_tokens,
+                    dtype,
+                    eos,
+                    WRITER_ROWS[kind],
+                    kind,
+                    compile_step=settings.writer_compile,
                 )
                 written += [reply.ids for reply in generate(prompts[done : done + WRITER_CHUNK[kind]])]
             except Exception as error:  # noqa: BLE001 - transformers' generate still writes
@@ -266,8 +277,10 @@ def write_teacher_replies(
                     raise
                 engine, generate = fallback_writer(error, folder, reply_tokens, dtype, eos, kind)
                 continue
-            rate = len(written) / (time.time() - started)
-            say(f"replies: {len(reused) + len(written)} of {len(prompts)} ({rate:.0f}/s)")
+            seconds = time.time() - started  # the first chunk's includes compiling the decode step
+            say(
+                f"replies: {len(reused) + len(written)} of {len(prompts)} ({len(written) / seconds:.0f}/s, {seconds:.0f} s)"
+            )
         del generate
         gc.collect()
         if kind == "cuda":
