@@ -83,10 +83,11 @@ def static_greedy_batch(
     are never written, so causality hides them), else over a cache of its own width."""
     rows, width = len(prompts), max(len(p) for p in prompts)
     device = model.device
+    needed = width + max_tokens
     if shared is None:
-        slots, cache = width + max_tokens, StaticCache(config=model.config, max_cache_len=width + max_tokens)
+        slots, cache = needed, StaticCache(config=model.config, max_cache_len=needed)
     else:
-        slots, cache = shared.slots, shared.take(rows, width + max_tokens)
+        slots, cache = shared.slots, shared.take(rows, needed)
     ids, padding = left_padded(prompts, width, eos_token_id, device)
     mask = torch.ones(rows, slots, dtype=torch.long, device=device)
     mask[:, :width] = padding
