@@ -32,6 +32,10 @@ EPYC_2026_11_26 = (
     "AMD EPYC, 2 cores, AVX512-BF16, bf16 measured 2.36x fp32 there (1024^3 matmul), so `--dtype auto` = bf16 autocast "
     "(2048^3 matmul peak 380 GFLOP/s bf16, 151 fp32)"
 )
+XEON_AMX_2026_11_26 = (
+    "Intel Xeon with AMX, 2 cores (amx_bf16, avx512_bf16; matmul peak ~920 GFLOP/s bf16 against 153 fp32 "
+    "on 2 threads), `--dtype bfloat16` as the arm names"
+)
 # How a card names the dtype a run's steps ran in (runs before compute_dtype was recorded ran in fp32).
 COMPUTE = {"float32": "fp32", "bfloat16": "bf16 autocast"}
 
@@ -82,6 +86,20 @@ ROUNDS = {
         None,
         # N = 22 ran on code of before compute_dtype; the EPYC's 2.36x bf16 speedup made auto bf16
         {22: "bfloat16"},
+    ),
+    "cpu8m": Round(
+        "docs/distill-study/final5.sh c1r64bfe",
+        "cpu8m-c1r64bfe",
+        "replies-8m.jsonl: {count:,} prompts (every user turn), greedy, at most 64 tokens: round 3's replies "
+        "(vLLM-CPU, fp32) where they answer the prompt, the rest by the static-cache writer in bf16 "
+        "(`swiftkv replies --engine static`, the script's `replies` stage)",
+        XEON_AMX_2026_11_26,
+        "final5-n{n}-fulleval.json",
+        "previous tensors (C1r64, `--recipe swiftkv-lora`, first turns, 2,000,896 tokens)",
+        "8001536",
+        True,
+        "C1r64 of round 4 of the study in `docs/distillation.md`, in bf16 over every user turn (`c1r64bfe`)",
+        None,
     ),
 }
 
