@@ -93,6 +93,20 @@ def test_split_is_deterministic_and_disjoint(tmp_path):
     assert len(first[0]) == 20 and len(first[1]) == 4
 
 
+def test_passes_repeat_the_train_blocks_each_in_a_new_order(tmp_path):
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(40))
+    tokenizer = tiny_tokenizer()
+    once, held = load_blocks(str(data), tokenizer, seq_len=32, train_tokens=640, heldout_tokens=128, seed=3)
+    twice, held2 = load_blocks(
+        str(data), tokenizer, seq_len=32, train_tokens=640, heldout_tokens=128, seed=3, passes=2
+    )
+    assert len(twice) == 2 * len(once) == 40 and torch.equal(held.input_ids, held2.input_ids)
+    first, second = twice.input_ids[:20], twice.input_ids[20:]
+    assert torch.equal(first, once.input_ids)  # pass 0 is the one-pass run's order
+    assert sorted(map(tuple, second.tolist())) == sorted(map(tuple, first.tolist()))  # the same blocks
+    assert not torch.equal(first, second)  # in another order
+
+
 def test_truncated_json_array_yields_the_complete_records(tmp_path):
     records = [
         {"conversations": [{"from": "human", "value": f"w{i}"}, {"from": "gpt", "value": "w5"}]}

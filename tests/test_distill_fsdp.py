@@ -156,3 +156,20 @@ def test_fsdp_refuses_what_it_cannot_honour_and_another_layout(tiny_run, capsys)
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "written without --fsdp (whole); resume it without --fsdp" in err, err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "plain").exists()
+
+
+def test_a_sharded_run_is_continued_with_and_without_fsdp(tiny_run):
+    """--continue-from a sharded checkpoint: its trained tensors, read through DCP, are where the next run
+    starts, whether that run shards or not."""
+    tmp_path, folder, data = tiny_run
+    earlier = tmp_path / "earlier"
+    assert main(distill_args(folder, data, earlier, "--fsdp", "--json", f"{earlier}.json")) == 0
+    end = json.loads(open(f"{earlier}.json").read())["heldout_after"]["kl"]
+    more = ["--tokens", "1024", "--passes", "2", "--continue-from", f"{earlier}.ckpt"]
+    for name, sharded in (("plain", []), ("sharded", ["--fsdp"])):
+        out = tmp_path / name
+        assert main(distill_args(folder, data, out, *more, *sharded, "--json", f"{out}.json")) == 0
+        summary = json.loads(open(f"{out}.json").read())
+        assert summary["continued_tokens"] == 512 and summary["train_tokens"] == 512
+        assert summary["heldout_before"]["kl"] == pytest.approx(end, rel=1e-6)
+        assert summary["heldout_after"]["kl"] < end

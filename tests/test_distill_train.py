@@ -202,6 +202,102 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
         )
 
 
+def record_trained_blocks(monkeypatch) -> list[torch.Tensor]:
+    """The input ids of every step's blocks, as the trainer takes them."""
+    from swiftkv.distill import trainer
+
+    taken, take = [], trainer.rank_blocks
+
+    def recorded(train, step, batch_size, world):
+        blocks = take(train, step, batch_size, world)
+        taken.append(blocks.input_ids.clone())
+        return blocks
+
+    monkeypatch.setattr(trainer, "rank_blocks", recorded)
+    return taken
+
+
+def test_a_continued_run_starts_from_the_earlier_tensors_and_trains_the_steps_after_it(tmp_path, monkeypatch):
+    """--continue-from: the earlier run's trained tensors (its held-out score is where this run starts),
+    then the next pass's blocks (pass 1 of --passes 2), a fresh schedule over the 4 steps it adds."""
+    from swiftkv.data.packing import load_blocks
+
+    tokenizer = tiny_tokenizer()
+    earlier = tiny_student()
+    first = distill(run_settings(tmp_path), earlier, tokenizer)
+    taken = record_trained_blocks(monkeypatch)
+    more = run_settings(
+        tmp_path,
+        tokens=2 * 32 * 4 * 4,
+        passes=2,
+        continue_from=str(tmp_path / "ckpt"),
+        checkpoint_dir=str(tmp_path / "more"),
+    )
+    continued = tiny_student()  # a fresh process: the tensors come from the earlier checkpoint only
+    state = distill(more, continued, tokenizer)
+    assert (state.continued_steps, state.step, state.total_steps) == (4, 4, 4)
+    evals = [h for h in state.history if "kl" in h]
+    assert evals[0]["kl"] == [h for h in first.history if "kl" in h][-1]["kl"]
+    assert [h["lr"] for h in state.history if "lr" in h][0] == more.lr  # warmup again: 5% of 4 steps is 1
+    stream, _ = load_blocks(more.data, tokenizer, 32, 512, 64, 0, passes=2)
+    assert torch.equal(torch.cat(taken[-4:]), stream.input_ids[16:])  # (the first: the micro-batch probe's)
+    changed = [
+        n
+        for n, p in swiftkv_parameters(continued).items()
+        if not torch.equal(p, swiftkv_parameters(earlier)[n])
+    ]
+    assert changed
+
+
+def test_a_continued_run_resumes_exactly(tmp_path):
+    tokenizer = tiny_tokenizer()
+    distill(run_settings(tmp_path), tiny_student(), tokenizer)
+    more = dict(tokens=2 * 32 * 4 * 4, passes=2, continue_from=str(tmp_path / "ckpt" / "checkpoint.pt"))
+    whole = tiny_student()
+    distill(run_settings(tmp_path, checkpoint_dir=str(tmp_path / "whole"), **more), whole, tokenizer)
+    distill(
+        run_settings(tmp_path, checkpoint_dir=str(tmp_path / "cut"), stop_after=2, **more),
+        tiny_student(),
+        tokenizer,
+    )
+    resumed = tiny_student()
+    state = distill(
+        run_settings(tmp_path, checkpoint_dir=str(tmp_path / "cut"), resume=True, **more), resumed, tokenizer
+    )
+    assert (state.continued_steps, state.step) == (4, 4)
+    for name, parameter in swiftkv_parameters(whole).items():
+        assert torch.equal(parameter, swiftkv_parameters(resumed)[name]), name
+
+
+def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path):
+    tokenizer = tiny_tokenizer()
+    distill(run_settings(tmp_path), tiny_student(), tokenizer)
+    ckpt = str(tmp_path / "ckpt")
+
+    def continuing(**overrides):
+        values = dict(
+            tokens=2 * 32 * 4 * 4, passes=2, continue_from=ckpt, checkpoint_dir=str(tmp_path / "more")
+        )
+        distill(run_settings(tmp_path, **{**values, **overrides}), tiny_student(), tokenizer)
+
+    with pytest.raises(ValueError, match="another student or data .*seed: checkpoint 0 vs now 1"):
+        continuing(seed=1)
+    with pytest.raises(
+        ValueError, match="held 512 train tokens and this run's holds 1,024 .* --tokens 1,024 with --passes 2"
+    ):
+        continuing(passes=1)
+    with pytest.raises(
+        ValueError, match="it has trained 512 tokens .* asks for 512 in all; ask for more --tokens"
+    ):
+        continuing(tokens=32 * 4 * 4, passes=1)
+    with pytest.raises(FileNotFoundError, match="--continue-from .*none: no checkpoint there"):
+        continuing(continue_from=str(tmp_path / "none"))
+    with pytest.raises(ValueError, match="--passes 0: expected a whole number"):
+        from swiftkv.distill.checkpoint import check_start
+
+        check_start(run_settings(tmp_path, passes=0))
+
+
 def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):
     # 1M at steps of 2 x 1024 is 488.3 steps: 489 train (1,001,472 tokens), not 488 (999,424).
     assert DistillSettings(tokens=1_000_000, batch_size=2, seq_len=1024).train_tokens == 489 * 2048

@@ -153,8 +153,10 @@ def load_blocks(
     human_share: float = 0.0,
     long_mix: LongMix | None = None,
     every_turn: bool = False,
+    passes: int = 1,
 ) -> tuple[Blocks, Blocks]:
-    """(train, held-out) packed blocks from `--data`; train blocks shuffled with `seed`."""
+    """(train, held-out) packed blocks from `--data`: `passes` over the train blocks of `train_tokens`,
+    each in its own seeded order (`in_passes`)."""
     heldout_docs, train_docs = split_documents(
         read_source(spec),
         tokenizer,
@@ -178,5 +180,14 @@ def load_blocks(
             f"--data {spec!r} yields too few tokens for one {seq_len}-token train block and one "
             "held-out block; use more data or a smaller --seq-len"
         )
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
-    return train.select(order), heldout
+    return in_passes(train, passes * len(train), seed), heldout
+
+
+def in_passes(blocks: Blocks, wanted: int, seed: int) -> Blocks:
+    """`wanted` blocks: passes over `blocks`, pass k in the order of `randperm(seed + k)`, so that more
+    steps than the data holds see every block once per pass, never in the same order twice."""
+    passes = max(1, -(-wanted // len(blocks)))
+    orders = [
+        torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed + k)) for k in range(passes)
+    ]
+    return blocks.select(torch.cat(orders)[:wanted])

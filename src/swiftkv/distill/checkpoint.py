@@ -13,17 +13,24 @@ system across nodes). DCP reshards on load, so a run may resume at another world
 from __future__ import annotations
 
 import shutil
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
-from .settings import SETTING_DEFAULTS, DistillSettings, RunIdentity
+from .settings import CHECKPOINT_FILE, SETTING_DEFAULTS, DistillSettings, RunIdentity
 from .world import World, barrier
 
 SHARDS_PREFIX = "shards-step"
@@ -41,6 +48,9 @@ class RunState:
     # activations), in MiB: what `swiftkv distill --plan` estimates beside the weights it counts
     step_memory_mib: float | None = None
     step_tensor_mib: float | None = None  # the same counted tensor by tensor over the segment's first steps
+    # Optimizer steps of the same data that the runs this one continues (--continue-from) trained before
+    # it: this run's step k trains the data's step continued_steps + k.
+    continued_steps: int = 0
 
 
 def inner_model(distiller: nn.Module) -> nn.Module:
@@ -115,6 +125,84 @@ def load_checkpoint(
     return RunState(**payload["state"])
 
 
+# Settings a continuing run (--continue-from) may change: how long it trains and its optimizer's schedule.
+CONTINUE_MAY_CHANGE = (
+    "tokens",
+    "passes",
+    "continue_from",
+    "lr",
+    "late_lr",
+    "warmup",
+    "weight_decay",
+    "max_grad_norm",
+)
+
+
+@dataclass(frozen=True)
+class Continued:
+    """The run a --continue-from run continues: its checkpoint and where it left the data."""
+
+    checkpoint: Path
+    steps: int  # the data's optimizer steps trained by it and by the runs it continued
+
+
+def check_continuable(settings: DistillSettings) -> Continued | None:
+    """The --continue-from checkpoint exists, was written by a run of this student on this data (every
+    setting equal but those of CONTINUE_MAY_CHANGE, one pass of the same length), and leaves steps for
+    this run to train. Memory-mapped: checked before any long work."""
+    if settings.continue_from is None:
+        return None
+    path = Path(settings.continue_from)
+    path = path / CHECKPOINT_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--continue-from {settings.continue_from}: no checkpoint there; expected an earlier run's "
+            f"OUT.ckpt folder or the {CHECKPOINT_FILE} in it"
+        )
+    payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    saved = payload["fingerprint"]
+    differing = differing_settings(saved, settings.identity(), may_change=CONTINUE_MAY_CHANGE)
+    if differing:
+        raise ValueError(
+            f"--continue-from {path}: that run trained another student or data ({differing}); a continuing "
+            f"run may change only {', '.join(CONTINUE_MAY_CHANGE)}"
+        )
+    earlier = replace(settings, **{k: saved.get(k, SETTING_DEFAULTS[k]) for k in ("tokens", "passes")})
+    if earlier.data_tokens != settings.data_tokens:
+        passes = max(2, settings.passes)
+        raise ValueError(
+            f"--continue-from {path}: its pass over the data held {earlier.data_tokens:,} train tokens and "
+            f"this run's holds {settings.data_tokens:,} (--tokens / --passes); expected the same data, "
+            f"e.g. --tokens {earlier.data_tokens * passes:,} with --passes {passes}"
+        )
+    state = RunState(**payload["state"])
+    steps = state.continued_steps + state.step
+    if steps * settings.batch_size >= settings.train_tokens // settings.seq_len:
+        raise ValueError(
+            f"--continue-from {path}: it has trained {steps * settings.batch_size * settings.seq_len:,} "
+            f"tokens of the data and this run asks for {settings.train_tokens:,} in all; ask for more "
+            "--tokens (with --passes to repeat the data)"
+        )
+    return Continued(path, steps)
+
+
+def load_continued(continued: Continued, distiller: nn.Module, world: World) -> None:
+    """The trained tensors of the run `continued` names into this run's model (its optimizer state is
+    not taken: this run's schedule starts over)."""
+    payload = torch.load(continued.checkpoint, map_location="cpu", weights_only=False)
+    if "shards" in payload:
+        saved = {"model": get_model_state_dict(distiller, options=SHARDED_OPTIONS)}
+        shards = continued.checkpoint.parent / payload["shards"]
+        alone = not torch.distributed.is_initialized()  # one process reads every shard: what is meant
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(saved, checkpoint_id=shards, no_dist=alone)
+        set_model_state_dict(distiller, saved["model"], options=SHARDED_OPTIONS)
+    else:
+        model = inner_model(distiller)
+        load_trained(model, payload["trained"], trained_parameters(model))
+
+
 def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The parameters a run trains (its `--trainable` set, installed before training starts)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
@@ -127,14 +215,11 @@ def check_resumable(path: Path, identity: RunIdentity, fsdp: bool = False) -> Pa
     if not path.is_file():
         raise FileNotFoundError(f"--resume: no checkpoint at {path}; start without --resume")
     payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    saved = payload["fingerprint"]
-    now = identity.fingerprint(by_content="source" not in saved)
-    # A setting missing from an older checkpoint did not exist then: that run behaved as its default.
-    then = {k: saved.get(k, SETTING_DEFAULTS.get(k)) for k in now}
-    differing = {k: (then[k], v) for k, v in now.items() if then[k] != v}
+    differing = differing_settings(payload["fingerprint"], identity)
     if differing:
-        detail = ", ".join(f"{k}: checkpoint {old!r} vs now {new!r}" for k, (old, new) in differing.items())
-        raise ValueError(f"--resume: checkpoint {path} is from another model or run configuration ({detail})")
+        raise ValueError(
+            f"--resume: checkpoint {path} is from another model or run configuration ({differing})"
+        )
     if ("shards" in payload) != fsdp:
         written = "with --fsdp (sharded)" if "shards" in payload else "without --fsdp (whole)"
         raise ValueError(
@@ -144,11 +229,28 @@ def check_resumable(path: Path, identity: RunIdentity, fsdp: bool = False) -> Pa
     return path
 
 
+def differing_settings(saved: dict, identity: RunIdentity, may_change: tuple[str, ...] = ()) -> str:
+    """The settings and model identity in which a checkpoint's fingerprint `saved` differs from this
+    run's (those of `may_change` aside), described; empty when none does."""
+    now = identity.fingerprint(by_content="source" not in saved)
+    # A setting missing from an older checkpoint did not exist then: that run behaved as its default.
+    then = {k: saved.get(k, SETTING_DEFAULTS.get(k)) for k in now}
+    return ", ".join(
+        f"{k}: checkpoint {then[k]!r} vs now {v!r}"
+        for k, v in now.items()
+        if then[k] != v and k not in may_change
+    )
+
+
 def check_start(settings: DistillSettings) -> Path | None:
     """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume;
-    and a --resume whose checkpoint is missing or from another run fails here, before any work."""
+    and a --resume or --continue-from whose checkpoint is missing or from another run fails here,
+    before any work."""
     if settings.out:
         check_new_output(settings.out, settings.force)
+    if settings.passes < 1:
+        raise ValueError(f"--passes {settings.passes}: expected a whole number of passes, at least 1")
+    check_continuable(settings)
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
         check_resumable(path, settings.identity(), settings.fsdp)

@@ -142,6 +142,18 @@ class DistillSettings:
         "of --batch-size x --seq-len, so at least this many train",
         parse=parse_count,
     )
+    passes: int = setting(
+        1,
+        "passes over the train data: it holds --tokens / --passes tokens (the written replies are that "
+        "many), and each pass takes its blocks in a new seeded order",
+    )
+    continue_from: str | None = setting(
+        None,
+        "an earlier run's checkpoint (its OUT.ckpt folder or the checkpoint.pt in it) to continue: "
+        "its trained tensors, and the steps after its own in the same data (the same settings but a "
+        "larger --tokens, e.g. more --passes), with a fresh AdamW and this run's schedule over the "
+        "steps it adds (warmup again)",
+    )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
     batch_size: int = setting(2, "blocks per optimizer step, over all processes (the lr was tuned with it)")
@@ -282,6 +294,11 @@ class DistillSettings:
             )
 
     @property
+    def data_tokens(self) -> int:
+        """The train tokens one pass holds: --tokens split into --passes."""
+        return self.train_tokens // self.passes
+
+    @property
     def train_tokens(self) -> int:
         """--tokens rounded up to whole optimizer steps: asking for 1M trains at least 1M tokens (flooring
         gave 999,424 at steps of 2 x 1024)."""
@@ -297,7 +314,7 @@ class DistillSettings:
             out=self.teacher_data,
             writer=self.reply_writer,
             data=self.data,
-            tokens=written_tokens(self.train_tokens, HUMAN_SHARE[self.targets]),
+            tokens=written_tokens(self.data_tokens, HUMAN_SHARE[self.targets]),
             heldout_tokens=self.heldout_tokens,
             seed=self.seed,
             reply_tokens=self.reply_tokens,

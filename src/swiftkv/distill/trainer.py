@@ -29,7 +29,15 @@ from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from . import memory, microbatch, sharding, trainable
-from .checkpoint import RunState, inner_model, load_checkpoint, save_checkpoint, trained_parameters
+from .checkpoint import (
+    RunState,
+    check_continuable,
+    inner_model,
+    load_checkpoint,
+    load_continued,
+    save_checkpoint,
+    trained_parameters,
+)
 from .compiled import CompiledLayers
 from .loss import BatchSizes, LossTerms, distill_loss
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
@@ -301,18 +309,19 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
         settings.data,
         tokenizer,
         settings.seq_len,
-        settings.train_tokens,
+        settings.data_tokens,
         settings.heldout_tokens,
         settings.seed,
         replies if settings.targets != "human" else None,
         HUMAN_SHARE[settings.targets],
         written.long_mix(),
         every_turn=written.every_turn,
+        passes=settings.passes,
     )
 
 
 def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> None:
-    """Say so when the data runs out before --tokens: the run then makes one pass over what there is,
+    """Say so when the data runs out before --tokens: the run then makes its --passes over what there is,
     with the schedule over its own (fewer) steps."""
     if trained < settings.train_tokens and world.is_main:
         more = (
@@ -322,7 +331,7 @@ def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> No
         )
         print(
             f"swiftkv distill: --data {settings.data!r} gives {trained:,} train tokens of the "
-            f"{settings.train_tokens:,} asked; training one pass over them{more}",
+            f"{settings.train_tokens:,} asked; training {settings.passes} pass(es) over them{more}",
             file=sys.stderr,
             flush=True,
         )
@@ -349,20 +358,31 @@ def run_training(
     in place, and `trained_tensors` gathers what it trained through it."""
     check_batch(settings.batch_size, settings.micro_batch, world)
     ckpt = settings.checkpoint_path()
+    continued = check_continuable(settings)
     train, heldout = training_blocks(settings, tokenizer, replies)
-    total_steps = len(train) // settings.batch_size
-    if total_steps == 0:
+    if len(train) < settings.batch_size:
         raise ValueError(
             f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
             f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
             "--seq-len"
         )
-    short_of_tokens(settings, total_steps * settings.batch_size * settings.seq_len, world)
+    short_of_tokens(
+        settings, len(train) // settings.batch_size * settings.batch_size * settings.seq_len, world
+    )
+    before = continued.steps if continued else 0
+    train = train.select(slice(before * settings.batch_size, None))  # the steps the continued runs left
+    total_steps = len(train) // settings.batch_size
     distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     model_mib = memory.current_mib(world.device)
     memory.reset_peak(world.device)
     identity = settings.identity()
     state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
+    if continued and not settings.resume:
+        load_continued(continued, distiller, world)
+        log(
+            world, f"continuing {continued.checkpoint}: its trained tensors, after {before} steps of the data"
+        )
+    state.continued_steps = before
     state.total_steps = total_steps
     state.micro_batch = step_settings.micro_batch
     if not state.history:
@@ -463,6 +483,8 @@ def run_summary(settings: DistillSettings, state: RunState, device: torch.device
         "steps": state.step,
         "micro_batch": state.micro_batch,
         "train_tokens": tokens,
+        # --continue-from: the data's tokens trained before this run, by the runs it continues
+        "continued_tokens": state.continued_steps * settings.batch_size * settings.seq_len,
         "train_seconds": round(state.elapsed, 1),
         "tokens_per_second": round(tokens / state.elapsed, 1) if state.elapsed else None,
         "heldout_before": evals[0] if evals else None,

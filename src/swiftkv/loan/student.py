@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -28,7 +27,7 @@ import torch
 
 from ..calibration import lstsq_params, teacher_stats
 from ..convert import ConvertSettings
-from ..data.packing import Blocks, pack
+from ..data.packing import Blocks, in_passes, pack
 from ..data.tokens import Document
 from ..distill.loss import BatchSizes
 from ..distill.settings import DistillSettings, settings_for
@@ -243,7 +242,7 @@ def lstsq_student(teacher, num_key_value_layers: int, calibration: torch.Tensor,
 
 def train_blocks(run: StudentRun, tokenizer) -> tuple[Blocks, str]:
     """(blocks, digest of the documents): prompt + written reply documents (only the reply trains),
-    packed as distill packs them, each epoch's blocks in a new seeded order, until the run's tokens."""
+    packed as distill packs them, in passes of new seeded orders (`in_passes`) until the run's tokens."""
     prompts_data, replies_data = Path(run.prompts).read_bytes(), Path(run.replies).read_bytes()
     prompts, replies = decode_ids(prompts_data), decode_ids(replies_data)
     documents = [
@@ -254,14 +253,8 @@ def train_blocks(run: StudentRun, tokenizer) -> tuple[Blocks, str]:
     if not documents:
         raise ValueError(f"{run.replies} holds no replies: the loan wrote none before the students started")
     digest = hashlib.sha256(prompts_data + replies_data).hexdigest()[:16]  # what the documents are made of
-    epoch = pack(documents, run.seq_len)
     wanted = -(-run.tokens // (run.batch_size * run.seq_len)) * run.batch_size
-    epochs = max(1, math.ceil(wanted / len(epoch)))
-    orders = [
-        torch.randperm(len(epoch), generator=torch.Generator().manual_seed(run.seed + k))
-        for k in range(epochs)
-    ]
-    return epoch.select(torch.cat(orders)[:wanted]), digest
+    return in_passes(pack(documents, run.seq_len), wanted, run.seed), digest
 
 
 def new_progress(
