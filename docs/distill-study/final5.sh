@@ -16,7 +16,8 @@
 # EVAL_STUDENTS="ALIAS..." names the students a ship stage scores (default: both).
 # CONTINUE_FROM=RUN continues that run's distillation of the same N (distill --continue-from RUN-nN.ckpt:
 # its trained tensors, then the steps after its own), with PASSES (default 1) passes over the data, so
-# TOKENS / PASSES must equal the continued run's TOKENS (e.g. TOKENS=2x with PASSES=2).
+# TOKENS / PASSES must equal the continued run's TOKENS (e.g. TOKENS=2x with PASSES=2). MORE_ARGS: distill
+# options after the arm's, which they override (e.g. a continued run's lower --lr).
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
 # stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later) and install
 # the tensors into that checkout's swiftkv/weights/ (commit them from there).
@@ -70,7 +71,7 @@ distill() {  # N
   [ -f $out/config.json ] && return
   local res="" stop=""; [ -f $out.ckpt/checkpoint.pt ] && res="--resume"
   [ -n "$STOP_AFTER" ] && stop="--stop-after $STOP_AFTER"
-  local more="--passes ${PASSES:-1}"; [ -n "$CONTINUE_FROM" ] && more="$more --continue-from $CONTINUE_FROM-n$1.ckpt"
+  local more="--passes ${PASSES:-1} $MORE_ARGS"; [ -n "$CONTINUE_FROM" ] && more="$more --continue-from $CONTINUE_FROM-n$1.ckpt"
   /usr/bin/time -v -a -o $out-time.txt $SK distill n$1-lstsq --tokens $TOKENS --heldout-tokens 16384 --seq-len 1024 \
     --batch-size 2 --micro-batch 1 --eval-every 100 --checkpoint-every 8 --seed 0 --teacher-data "$REPLIES" \
     --reply-engine "$REPLY_ENGINE" $ARGS $more --out $out --json $out.json $res $stop >> $out.log 2>&1
