@@ -320,6 +320,28 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
     )
 
 
+def run_blocks(
+    settings: DistillSettings, tokenizer, replies, world: World, continued_steps: int
+) -> tuple[Blocks, Blocks]:
+    """(train, held-out) blocks of this run: the data's steps after the `continued_steps` that the runs it
+    continues (--continue-from) trained."""
+    train, heldout = training_blocks(settings, tokenizer, replies)
+    steps = len(train) // settings.batch_size
+    if steps == 0:
+        raise ValueError(
+            f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
+            f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
+            "--seq-len"
+        )
+    short_of_tokens(settings, steps * settings.batch_size * settings.seq_len, world)
+    if continued_steps >= steps:
+        raise ValueError(
+            f"--continue-from: the data gives {steps} steps and the runs it continues trained "
+            f"{continued_steps} of them; ask for more --passes"
+        )
+    return train.select(slice(continued_steps * settings.batch_size, None)), heldout
+
+
 def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> None:
     """Say so when the data runs out before --tokens: the run then makes its --passes over what there is,
     with the schedule over its own (fewer) steps."""
@@ -359,18 +381,8 @@ def run_training(
     check_batch(settings.batch_size, settings.micro_batch, world)
     ckpt = settings.checkpoint_path()
     continued = check_continuable(settings)
-    train, heldout = training_blocks(settings, tokenizer, replies)
-    if len(train) < settings.batch_size:
-        raise ValueError(
-            f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
-            f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
-            "--seq-len"
-        )
-    short_of_tokens(
-        settings, len(train) // settings.batch_size * settings.batch_size * settings.seq_len, world
-    )
     before = continued.steps if continued else 0
-    train = train.select(slice(before * settings.batch_size, None))  # the steps the continued runs left
+    train, heldout = run_blocks(settings, tokenizer, replies, world, before)
     total_steps = len(train) // settings.batch_size
     distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     model_mib = memory.current_mib(world.device)
