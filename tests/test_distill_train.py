@@ -292,6 +292,14 @@ def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path
         continuing(tokens=32 * 4 * 4, passes=1)
     with pytest.raises(FileNotFoundError, match="--continue-from .*none: no checkpoint there"):
         continuing(continue_from=str(tmp_path / "none"))
+    short = dict(tokens=10**6, passes=2, checkpoint_dir=str(tmp_path / "short"))  # more than the data holds
+    state = distill(run_settings(tmp_path, **short), tiny_student(), tokenizer)
+    with pytest.raises(
+        ValueError, match=f"data gives {state.step} steps and .* trained {state.step} of them"
+    ):
+        continuing(
+            **{**short, "continue_from": str(tmp_path / "short"), "checkpoint_dir": str(tmp_path / "after")}
+        )
     with pytest.raises(ValueError, match="--passes 0: expected a whole number"):
         from swiftkv.distill.checkpoint import check_start
 
