@@ -269,6 +269,26 @@ def test_a_continued_run_resumes_exactly(tmp_path):
         assert torch.equal(parameter, swiftkv_parameters(resumed)[name]), name
 
 
+def test_a_continuation_resumed_after_its_earlier_run_moved_on_is_refused(tmp_path):
+    """The earlier run trained on (resumed) after the continuation started from it: resuming the
+    continuation would take the data after another step, so it is refused before any work."""
+    from swiftkv.distill.checkpoint import check_start
+
+    tokenizer = tiny_tokenizer()
+    distill(run_settings(tmp_path, stop_after=2), tiny_student(), tokenizer)
+    more = dict(tokens=2 * 32 * 4 * 4, passes=2, continue_from=str(tmp_path / "ckpt"))
+    distill(
+        run_settings(tmp_path, checkpoint_dir=str(tmp_path / "cut"), stop_after=1, **more),
+        tiny_student(),
+        tokenizer,
+    )
+    distill(run_settings(tmp_path, resume=True), tiny_student(), tokenizer)  # the earlier run: 2 -> 4 steps
+    with pytest.raises(
+        ValueError, match="continued .* after 2 steps of the data, and that checkpoint now ends after 4"
+    ):
+        check_start(run_settings(tmp_path, checkpoint_dir=str(tmp_path / "cut"), resume=True, **more))
+
+
 def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path):
     tokenizer = tiny_tokenizer()
     distill(run_settings(tmp_path), tiny_student(), tokenizer)

@@ -406,9 +406,8 @@ class DistillSummary(Record):
     steps: int | None = None
     micro_batch: int | None = None  # blocks per forward as run (--micro-batch auto resolved)
     train_tokens: int | None = None
-    continued_tokens: int | None = (
-        None  # --continue-from: the data's tokens the continued runs trained before
-    )
+    # --continue-from: the data's tokens the continued runs trained before this one
+    continued_tokens: int | None = None
     train_seconds: float | None = None
     tokens_per_second: float | None = None
     heldout_before: HeldOut | None = None

@@ -229,6 +229,20 @@ def check_resumable(path: Path, identity: RunIdentity, fsdp: bool = False) -> Pa
     return path
 
 
+def check_same_continuation(path: Path, continued: Continued) -> None:
+    """A resumed continuation trains the data after the steps it started after: refused if the run it
+    continues has trained on since (its checkpoint now ends elsewhere in the data)."""
+    started_after = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state"][
+        "continued_steps"
+    ]
+    if started_after != continued.steps:
+        raise ValueError(
+            f"--resume: this run continued {continued.checkpoint} after {started_after} steps of the data, "
+            f"and that checkpoint now ends after {continued.steps}; resume with the checkpoint as it was, "
+            "or start a new continuation"
+        )
+
+
 def differing_settings(saved: dict, identity: RunIdentity, may_change: tuple[str, ...] = ()) -> str:
     """The settings and model identity in which a checkpoint's fingerprint `saved` differs from this
     run's (those of `may_change` aside), described; empty when none does."""
@@ -250,10 +264,12 @@ def check_start(settings: DistillSettings) -> Path | None:
         check_new_output(settings.out, settings.force)
     if settings.passes < 1:
         raise ValueError(f"--passes {settings.passes}: expected a whole number of passes, at least 1")
-    check_continuable(settings)
+    continued = check_continuable(settings)
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
         check_resumable(path, settings.identity(), settings.fsdp)
+        if continued is not None:
+            check_same_continuation(path, continued)
     if path is not None and path.exists() and not settings.resume and not settings.force:
         raise FileExistsError(
             f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over"
