@@ -8,9 +8,10 @@
 #   first with `stash`, so each call carries the code plus one part, under 64 MiB):
 #     carry [".devdata/gc1"]: bash docs/bench/gpu_check.sh unpack1
 #     carry [".devdata/gc2"]: bash docs/bench/gpu_check.sh unpack2-and-run   (the check itself, ~6 min)
-#   bash docs/bench/gpu_check.sh stash | unstash   # move src/swiftkv/weights out of the tree and back
+#   bash docs/bench/gpu_check.sh stash | unstash   # what the box never reads out of the tree and back
+#                                                  # (`swiftkv loan stash`: shipped weights, docs' records)
 # The box keeps /root/gc only while it is warm (30 s after a call): make the second call at once. Sizes
-# (2026-11-26): part 1 32 MB, part 2 54 MB, the tree without the shipped weights 6 MB.
+# (2026-11-26): part 1 32 MB, part 2 54 MB; the tree after `stash` 1.1 MiB (2026-11-27).
 #   DRY=1 bash docs/bench/gpu_check.sh run         # this script's run stage on a CPU, with the local venv
 #
 # Part 1: vLLM's Python sources, its FlashAttention-3 library and the small packages vLLM imports that the
@@ -84,8 +85,7 @@ run() {  # the check; DRY=1: on this CPU with the repository's own venv (the sui
 
 case $stage in
   stage) stage ;;
-  stash) mkdir -p /tmp/swiftkv-weights && mv "$ROOT"/src/swiftkv/weights/* /tmp/swiftkv-weights/ ;;
-  unstash) mv /tmp/swiftkv-weights/* "$ROOT"/src/swiftkv/weights/ ;;
+  stash|unstash) PYTHONPATH=$ROOT/src "$ROOT/.venv/bin/python" -m swiftkv.cli loan "$stage" ;;
   unpack1) unpack1 ;;
   unpack2-and-run)
     need .devdata/gc2/c.so.xz "gpu_check.sh stage (carried by the second call)"

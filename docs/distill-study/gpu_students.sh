@@ -4,7 +4,7 @@
 # a Llama-3.1-8B shape and trains both students in parallel, with every result under $OUT as it comes.
 #
 #   bash docs/distill-study/gpu_students.sh stage   # here: .devdata/sk/part1 and part2 (swiftkv loan stage)
-#   bash docs/bench/gpu_check.sh stash               # shipped weights out of the tree (unstash after the loan)
+#   swiftkv loan stash                               # what the box never reads out of the tree (unstash after)
 #   then two calls of the device tool from the repository root, the second at once (the box keeps /root/sk
 #   only while it is warm, 30 s after a call):
 #     carry [".devdata/sk/part1"]: bash docs/distill-study/gpu_students.sh unpack1

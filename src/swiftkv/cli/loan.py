@@ -1,12 +1,14 @@
-"""`swiftkv loan stage|run|install`: students trained inside one lent GPU (see swiftkv/loan/)."""
+"""`swiftkv loan stage|stash|run|install|unstash`: students trained inside one lent GPU (see swiftkv/loan/)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from ..loan.snapshot import install
 from ..loan.stage import StageSettings, write_stage
 from ..loan.students import LoanSettings, run_loan
+from ..loan.tree import STASH_DIR, stash, travelling_tree_mib, unstash
 from .options import add_dataclass_options, given_values, source_help
 
 
@@ -18,13 +20,27 @@ def register(subparsers) -> None:
         "the calibration and held-out blocks into two parts, one per transfer; `run` (on the GPU, or --device cpu "
         "as a dry-run) writes the teacher's replies, measures the trainer on an 8B shape and trains every student "
         "in parallel, snapshotting each at least every 2 minutes; `install` turns a snapshot into a distilled "
-        "HF folder.",
+        "HF folder. `stash` / `unstash` move what the box never reads out of the checkout and back, since every "
+        "call carries the checkout beside its part.",
     )
     steps = parser.add_subparsers(dest="step", metavar="STEP", required=True)
     stage = steps.add_parser("stage", help="stage a loan's inputs (CPU)")
     stage.add_argument("teacher", help=source_help())
     add_dataclass_options(stage, StageSettings)
     stage.set_defaults(func=run_stage)
+    for name, func, what in (
+        (
+            "stash",
+            run_stash,
+            "move what the box never reads (shipped weights, docs' records) out of the checkout",
+        ),
+        ("unstash", run_unstash, "put a stash back into the checkout"),
+    ):
+        step = steps.add_parser(name, help=f"{what} (before / after a loan)")
+        step.add_argument(
+            "--dir", default=str(STASH_DIR), help=f"where the stash lives (default {STASH_DIR})"
+        )
+        step.set_defaults(func=func)
     run = steps.add_parser("run", help="the loan itself (GPU; --device cpu for the dry-run)")
     run.add_argument("stage", help="the stage folder (part1/ and part2/)")
     add_dataclass_options(run, LoanSettings)
@@ -40,6 +56,20 @@ def register(subparsers) -> None:
 def run_stage(args) -> int:
     manifest = write_stage(StageSettings(teacher=args.teacher, **given_values(args, StageSettings)))
     print(json.dumps({k: manifest[k] for k in ("prompts", "tree_mib", "parts_mib")}))
+    return 0
+
+
+def run_stash(args) -> int:
+    moved = stash(to=Path(args.dir))
+    print(
+        f"moved {len(moved)} files to {args.dir}; {travelling_tree_mib():.1f} MiB of the checkout travels now. "
+        "git status lists them as deleted until `swiftkv loan unstash`"
+    )
+    return 0
+
+
+def run_unstash(args) -> int:
+    print(f"put back {len(unstash(frm=Path(args.dir)))} files from {args.dir}")
     return 0
 
 

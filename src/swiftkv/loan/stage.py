@@ -28,7 +28,6 @@ import importlib.metadata
 import io
 import json
 import lzma
-import subprocess
 import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,8 +45,8 @@ from ..files import atomic_output_dir
 from ..replies import REPLY_TOKENS, read_replies
 from ..settings import parse_count, setting
 from ..sources import SMOLLM2_ALIAS, open_source, smollm2_gguf
+from .tree import MIB, travelling_tree_mib
 
-MIB = 2**20
 TRANSFER_MIB = 64  # what one call of the device tool carries, the code included
 MARGIN_MIB = 1  # left free in each part for files the tree gains before the loan
 PARTS = ("part1", "part2")
@@ -57,7 +56,6 @@ REPLIES_FILE = "replies.npz.xz"  # replies aligned with the prompts: staged ahea
 BLOCKS_FILE = "blocks.pt"
 SITE_FILE = "site.tar.xz"
 TEACHER_TAR = "teacher.tar"
-WEIGHTS_DIR = Path("src/swiftkv/weights")  # moved out of the tree during a loan (`gpu_students.sh stash`)
 
 
 @dataclass
@@ -290,24 +288,6 @@ def gguf_site() -> bytes:
         tar.add(root / "gguf", arcname="gguf", filter=lambda t: None if "__pycache__" in t.name else t)
         tar.add(Path(distribution._path), arcname=Path(distribution._path).name)  # noqa: SLF001 - its dist-info
     return buffer.getvalue()
-
-
-def travelling_tree_mib() -> float:
-    """MiB of what a call carries beside a part: the checkout's tracked and untracked-not-ignored files,
-    less the shipped weights (a loan moves them out first)."""
-    root = Path(__file__).resolve().parents[3]
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    total = 0
-    for name in filter(None, listed):
-        path = root / name.decode()
-        if path.is_file() and WEIGHTS_DIR not in path.relative_to(root).parents:
-            total += path.stat().st_size
-    return total / MIB
 
 
 def sha256(data: bytes) -> str:
