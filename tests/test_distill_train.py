@@ -326,6 +326,49 @@ def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path
         check_start(run_settings(tmp_path, passes=0))
 
 
+def test_init_from_starts_from_the_earlier_tensors_on_a_run_of_its_own(tmp_path):
+    """--init-from: the earlier run's trained tensors (its held-out score is where this run starts), then
+    this run's own data, step and schedule from step 0; and longer blocks than the earlier run's train."""
+    tokenizer = tiny_tokenizer()
+    earlier = tiny_student()
+    first = distill(run_settings(tmp_path), earlier, tokenizer)
+    own = dict(init_from=str(tmp_path / "ckpt"), tokens=32 * 2 * 3, batch_size=2, lr=1e-3, warmup=0.0)
+    state = distill(
+        run_settings(tmp_path, checkpoint_dir=str(tmp_path / "own"), **own), tiny_student(), tokenizer
+    )
+    assert (state.continued_steps, state.step) == (0, 3)
+    assert [h for h in state.history if "kl" in h][0]["kl"] == [h for h in first.history if "kl" in h][-1][
+        "kl"
+    ]
+    longer = tiny_student()
+    distill(
+        run_settings(tmp_path, checkpoint_dir=str(tmp_path / "long"), seq_len=64, **own), longer, tokenizer
+    )
+    changed = [
+        n for n, p in swiftkv_parameters(longer).items() if not torch.equal(p, swiftkv_parameters(earlier)[n])
+    ]
+    assert changed
+    # that run continued (--continue-from, a second pass): its own tensors, not --init-from's again
+    more = dict(own, tokens=2 * 32 * 2 * 3, passes=2, continue_from=str(tmp_path / "own"))
+    state = distill(
+        run_settings(tmp_path, checkpoint_dir=str(tmp_path / "more"), **more), tiny_student(), tokenizer
+    )
+    assert (state.continued_steps, state.step) == (3, 3)
+
+
+def test_init_from_refuses_another_student_and_no_checkpoint(tmp_path):
+    from swiftkv.distill.checkpoint import check_start
+
+    tokenizer = tiny_tokenizer()
+    distill(run_settings(tmp_path, stop_after=1), tiny_student(), tokenizer)
+    ckpt = str(tmp_path / "ckpt")
+    other = dict(checkpoint_dir=str(tmp_path / "other"), init_from=ckpt)
+    with pytest.raises(ValueError, match="another student .*trainable: checkpoint 'swiftkv' vs now 'lora'"):
+        check_start(run_settings(tmp_path, trainable="lora", lora_rank=4, **other))
+    with pytest.raises(FileNotFoundError, match="--init-from .*none: no checkpoint there"):
+        check_start(run_settings(tmp_path, **{**other, "init_from": str(tmp_path / "none")}))
+
+
 def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):
     # 1M at steps of 2 x 1024 is 488.3 steps: 489 train (1,001,472 tokens), not 488 (999,424).
     assert DistillSettings(tokens=1_000_000, batch_size=2, seq_len=1024).train_tokens == 489 * 2048

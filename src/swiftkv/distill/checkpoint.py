@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
-from .settings import CHECKPOINT_FILE, SETTING_DEFAULTS, DistillSettings, RunIdentity
+from .settings import CHECKPOINT_FILE, MODEL_KEY, SETTING_DEFAULTS, DistillSettings, RunIdentity
 from .world import World, barrier
 
 SHARDS_PREFIX = "shards-step"
@@ -146,19 +146,25 @@ class Continued:
     steps: int  # the data's optimizer steps trained by it and by the runs it continued
 
 
+def earlier_checkpoint(given: str, option: str) -> Path:
+    """The checkpoint file an option names: an earlier run's OUT.ckpt folder or the file in it."""
+    path = Path(given)
+    path = path / CHECKPOINT_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{option} {given}: no checkpoint there; expected an earlier run's OUT.ckpt folder or the "
+            f"{CHECKPOINT_FILE} in it"
+        )
+    return path
+
+
 def check_continuable(settings: DistillSettings) -> Continued | None:
     """The --continue-from checkpoint exists, was written by a run of this student on this data (every
     setting equal but those of CONTINUE_MAY_CHANGE, one pass of the same length), and leaves steps for
     this run to train. Memory-mapped: checked before any long work."""
     if settings.continue_from is None:
         return None
-    path = Path(settings.continue_from)
-    path = path / CHECKPOINT_FILE if path.is_dir() else path
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"--continue-from {settings.continue_from}: no checkpoint there; expected an earlier run's "
-            f"OUT.ckpt folder or the {CHECKPOINT_FILE} in it"
-        )
+    path = earlier_checkpoint(settings.continue_from, "--continue-from")
     payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     saved = payload["fingerprint"]
     differing = differing_settings(saved, settings.identity(), may_change=CONTINUE_MAY_CHANGE)
@@ -186,13 +192,42 @@ def check_continuable(settings: DistillSettings) -> Continued | None:
     return Continued(path, steps)
 
 
-def load_continued(continued: Continued, distiller: nn.Module, world: World) -> None:
-    """The trained tensors of the run `continued` names into this run's model (its optimizer state is
+# What makes an earlier run's trained tensors this run's student (--init-from): the model both start
+# from (its identity keys) and what they train.
+STUDENT_SETTINGS = ("source", "trainable", "lora_rank")
+
+
+def check_initializable(settings: DistillSettings) -> Path | None:
+    """The --init-from checkpoint exists and trained this student (the same model, --trainable and
+    --lora-rank); every other setting may differ. Memory-mapped: checked before any long work. None when
+    there is none, or when this run continues one started from it (--continue-from: the tensors come
+    from that run, whose --init-from check_continuable finds equal to this one's)."""
+    if settings.init_from is None or settings.continue_from is not None:
+        return None
+    path = earlier_checkpoint(settings.init_from, "--init-from")
+    saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
+    identity = settings.identity()
+    others = tuple(
+        k
+        for k in identity.fingerprint(by_content="source" not in saved)
+        if k not in STUDENT_SETTINGS and not k.startswith(MODEL_KEY)
+    )
+    differing = differing_settings(saved, identity, may_change=others)
+    if differing:
+        raise ValueError(
+            f"--init-from {path}: that run trained another student ({differing}); expected the same "
+            "source, --trainable and --lora-rank"
+        )
+    return path
+
+
+def load_trained_from(checkpoint: Path, distiller: nn.Module, world: World) -> None:
+    """The trained tensors of an earlier run's checkpoint into this run's model (its optimizer state is
     not taken: this run's schedule starts over)."""
-    payload = torch.load(continued.checkpoint, map_location="cpu", weights_only=False)
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=False)
     if "shards" in payload:
         saved = {"model": get_model_state_dict(distiller, options=SHARDED_OPTIONS)}
-        shards = continued.checkpoint.parent / payload["shards"]
+        shards = checkpoint.parent / payload["shards"]
         alone = not torch.distributed.is_initialized()  # one process reads every shard: what is meant
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -258,13 +293,14 @@ def differing_settings(saved: dict, identity: RunIdentity, may_change: tuple[str
 
 def check_start(settings: DistillSettings) -> Path | None:
     """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume;
-    and a --resume or --continue-from whose checkpoint is missing or from another run fails here,
+    and a --resume, --continue-from or --init-from whose checkpoint is missing or from another run fails here,
     before any work."""
     if settings.out:
         check_new_output(settings.out, settings.force)
     if settings.passes < 1:
         raise ValueError(f"--passes {settings.passes}: expected a whole number of passes, at least 1")
     continued = check_continuable(settings)
+    check_initializable(settings)
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
         check_resumable(path, settings.identity(), settings.fsdp)

@@ -154,6 +154,12 @@ class DistillSettings:
         "larger --tokens, e.g. more --passes), with a fresh AdamW and this run's schedule over the "
         "steps it adds (warmup again)",
     )
+    init_from: str | None = setting(
+        None,
+        "an earlier run's checkpoint (OUT.ckpt or its checkpoint.pt) whose trained tensors this run starts "
+        "from, on data and settings of its own (a second stage: longer blocks, another mix), with a fresh "
+        "AdamW; the same student: the same source, --trainable and --lora-rank",
+    )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
     batch_size: int = setting(2, "blocks per optimizer step, over all processes (the lr was tuned with it)")

@@ -32,9 +32,10 @@ from . import memory, microbatch, sharding, trainable
 from .checkpoint import (
     RunState,
     check_continuable,
+    check_initializable,
     inner_model,
     load_checkpoint,
-    load_continued,
+    load_trained_from,
     save_checkpoint,
     trained_parameters,
 )
@@ -389,11 +390,15 @@ def run_training(
     memory.reset_peak(world.device)
     identity = settings.identity()
     state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
+    initial = check_initializable(settings)
     if continued and not settings.resume:
-        load_continued(continued, distiller, world)
+        load_trained_from(continued.checkpoint, distiller, world)
         log(
             world, f"continuing {continued.checkpoint}: its trained tensors, after {before} steps of the data"
         )
+    if initial and not settings.resume:
+        load_trained_from(initial, distiller, world)
+        log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
     state.continued_steps = before
     state.total_steps = total_steps
     state.micro_batch = step_settings.micro_batch
