@@ -49,8 +49,10 @@ class Round(NamedTuple):
     run: str  # its run folders' prefix: RUN-nN
     replies: str  # the teacher replies' file and writer ({count:,}: the file's prompts)
     hardware: str | dict[int, str]  # one machine, or N -> the machine that trained that student
-    previous: str  # the replaced students' full-suite eval ({n}: this student's N)
-    previous_row: str
+    previous: (
+        str | dict[int, str]
+    )  # the replaced students' full-suite eval ({n}: this student's N), or N -> it
+    previous_row: str | dict[int, str]
     tokens: str  # --tokens as given
     explicit_batch: bool  # the command named --batch-size
     recipe_note: str  # where the recipe comes from
@@ -106,14 +108,24 @@ ROUNDS = {
         None,
     ),
 }
-# The cpu8m run continued by a second pass over its replies (`--continue-from`): the same replies and machine.
+# The cpu8m runs continued by a second pass over their replies (`--continue-from`): the same replies and
+# machine. Each replaces the student shipped before it: N = 15's of round final5, N = 22's of round cpu8m.
 ROUNDS["cpu16m"] = ROUNDS["cpu8m"]._replace(
     script="docs/distill-study/cpu16m.sh",
     run="cpu16m-c1r64bfe",
-    previous="final5-n{n}-fulleval.json",
+    previous={15: "final5-n15-fulleval.json", 22: "cpu8m-n22-fulleval.json"},
+    previous_row={
+        15: ROUNDS["cpu8m"].previous_row,
+        22: "previous tensors (C1r64 in bf16, every turn, 8,001,536 tokens)",
+    },
     tokens="16003072",
     continues="cpu8m",
 )
+
+
+def of_n(value: str | dict[int, str], n: int) -> str:
+    """A round's value for the student at N: one for both, or N -> its own."""
+    return value[n] if isinstance(value, dict) else value
 
 
 def distill_command(round_: Round, n: int, s: dict) -> list[str]:
@@ -272,10 +284,10 @@ def card(
     chat, gen = student.teacher_forced, student.generation
     before, after = first.heldout_before, run.heldout_after
     previous = student_of(
-        EvalResults.from_json(json.loads((HERE / round_.previous.format(n=n)).read_text())), alias
+        EvalResults.from_json(json.loads((HERE / of_n(round_.previous, n).format(n=n)).read_text())), alias
     )
     share = f"{(30 - n) / 30:.0%}"
-    hardware = round_.hardware[n] if isinstance(round_.hardware, dict) else round_.hardware
+    hardware = of_n(round_.hardware, n)
     lora = s.get("trainable") == "lora"
     turns = (
         "every user turn (with the conversation before it)"
@@ -338,7 +350,7 @@ def card(
         "",
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
-        chat_row(round_.previous_row, previous),
+        chat_row(of_n(round_.previous_row, n), previous),
         chat_row("these tensors", student),
         "",
         *task_rows(results, student),
