@@ -310,8 +310,13 @@ def card(
         *export_command(round_, n, alias, s),
         "```",
         "",
-        f"(`{round_.script}` in the repository, which also wrote the teacher's replies first; `--reply-tokens` "
-        "restates the recipe's value.)",
+        f"(`{round_.script}` in the repository, "
+        + (
+            "whose continued run wrote the teacher's replies"
+            if round_.continues
+            else "which also wrote the teacher's replies first"
+        )
+        + "; `--reply-tokens` restates the recipe's value.)",
         "",
         f"- Recipe `{s['recipe']}` ({round_.recipe_note}): {s['init']} init; targets = the",
         f"  teacher's own greedy replies to {turns} of ShareGPT",
