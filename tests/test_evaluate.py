@@ -226,6 +226,8 @@ def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys)
         assert f"| {task} | acc | 5 |" in report
         same = [t == s for t, s in zip(entry["answers"]["teacher"], entry["answers"]["student"], strict=True)]
         assert len(same) == 5 and paired["agreement"] == pytest.approx(sum(same) / 5)
+        for role in ("teacher", "student"):  # per-item correctness: lm-eval's accuracy again
+            assert sum(entry["correct"][role]) / 5 == pytest.approx(entry["metrics"][role]["acc"])
     assert student["tasks"]["hellaswag"]["paired"]["acc_norm"]["n"] == 5
     accuracy = [student["tasks"][task]["metrics"]["student"]["acc"] for task in student["tasks"]]
     summary = [*accuracy, sum(accuracy) / len(accuracy), student["teacher_forced"]["kl_mean"]]

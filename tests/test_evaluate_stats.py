@@ -6,7 +6,8 @@ import pytest
 
 from swiftkv.evaluate.chat import first_divergence
 from swiftkv.evaluate.harness import available_tasks, parse_limits, parse_tasks
-from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison
+from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison, paired_runs
+from swiftkv.results import TaskResult
 
 
 def test_mcnemar_exact_p_matches_hand_computation():
@@ -91,3 +92,22 @@ def test_tasks_none_means_chat_only():
     assert parse_tasks("none") == [] and parse_tasks(" None ") == []
     with pytest.raises(ValueError, match="unknown task"):
         parse_tasks("none,arc_easy")
+
+
+def task_run(correct, answers, ids=("t/0", "t/1", "t/2", "t/3")) -> TaskResult:
+    return TaskResult.from_json(
+        {"item_ids": list(ids), "answers": {"student": answers}, "correct": {"student": correct}}
+    )
+
+
+def test_paired_runs_pairs_two_runs_students_item_by_item():
+    before = task_run([1, 1, 0, 0], [0, 1, 2, 3])
+    after = task_run([1, 0, 1, 1], [0, 2, 1, 1])
+    paired = paired_runs(before, after)
+    assert (paired["teacher"], paired["student"], paired["diff"]) == (0.5, 0.75, 0.25)
+    assert (paired["teacher_only_correct"], paired["student_only_correct"]) == (1, 2)
+    assert paired["agreement"] == 0.25 and paired["mcnemar_p"] == mcnemar_exact_p(1, 2)
+    with pytest.raises(ValueError, match="different items"):
+        paired_runs(before, task_run([1, 0, 1], [0, 2, 1], ids=("t/0", "t/1", "t/2")))
+    with pytest.raises(ValueError, match="without per-item correctness"):
+        paired_runs(TaskResult.from_json({"item_ids": list(before.item_ids), "answers": {}}), after)

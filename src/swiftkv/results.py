@@ -123,6 +123,7 @@ class TaskResult(Record):
     paired: dict[str, Paired] | None = None  # metric -> paired comparison
     item_ids: list[str] | None = None
     answers: dict[str, list[int]] | None = None  # role -> answer picked per item, in item_ids order
+    correct: dict[str, list[int]] | None = None  # role -> 1 where that answer was right (acc), same order
 
 
 @record

@@ -140,6 +140,8 @@ def run_task(name: str, scorer: LoglikelihoodScorer, limit: int | None) -> dict:
         # per item, in `item_ids` order: the answer index each model picked (acc), for item-level analysis
         "item_ids": [f"{task}/{doc_id}" for task, doc_id in keys],
         "answers": {role: [items[role][key]["acc"][0] for key in keys] for role in ROLES},
+        # and whether it was right: two runs' students pair item by item (`stats.paired_runs`)
+        "correct": {role: [int(items[role][key]["acc"][1]) for key in keys] for role in ROLES},
     }
 
 

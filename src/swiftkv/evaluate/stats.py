@@ -51,3 +51,22 @@ def paired_comparison(
         "student_only_correct": student_only,
         "mcnemar_p": mcnemar_exact_p(teacher_only, student_only),
     }
+
+
+def paired_runs(before, after) -> dict:
+    """The students of two eval runs on the same items (each a results.json task entry, read by attribute:
+    `item_ids`, `answers`, `correct`): after's accuracy minus before's, paired, with McNemar's test on the
+    items only one of them got right ("teacher" is `before`, "student" is `after`)."""
+    if before.item_ids != after.item_ids:
+        raise ValueError("the two runs scored different items; expected runs with the same --limit")
+    if before.correct is None or after.correct is None:
+        raise ValueError(
+            "a run without per-item correctness (`correct`, results.json from before 2026-11-27); "
+            "expected two runs of today's `swiftkv eval`"
+        )
+    return paired_comparison(
+        before.correct["student"],
+        after.correct["student"],
+        before.answers["student"],
+        after.answers["student"],
+    )

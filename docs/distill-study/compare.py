@@ -1,0 +1,47 @@
+"""Two students' lm-eval answers compared item by item, from their full-suite results (same items):
+
+    python docs/distill-study/compare.py BEFORE/results.json AFTER/results.json [ALIAS_BEFORE ALIAS_AFTER]
+
+Per task: after's accuracy minus before's, its paired standard error and McNemar's p; then the mean over the
+tasks. It answers whether a student's accuracy drop grew beyond the tasks' noise, which each student's
+own pairing with the teacher cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from swiftkv.evaluate.stats import paired_runs
+from swiftkv.results import EvalResults
+
+
+def student(path: str, alias: str | None):
+    results = EvalResults.from_json(json.loads(Path(path).read_text()))
+    return next(s for s in results.students if alias is None or Path(s.pair.student).name == alias)
+
+
+def table(before, after) -> list[str]:
+    lines = [
+        "| task | before | after | after - before (± paired s.e.) | McNemar p |",
+        "|---|---|---|---|---|",
+    ]
+    diffs = []
+    for task, entry in before.tasks.items():
+        paired = paired_runs(entry, after.tasks[task])
+        diffs.append(paired["diff"])
+        lines.append(
+            f"| {task} | {paired['teacher']:.3f} | {paired['student']:.3f} | "
+            f"{paired['diff']:+.3f} (± {paired['diff_stderr']:.3f}) | {paired['mcnemar_p']:.2g} |"
+        )
+    lines.append(f"| mean | | | {sum(diffs) / len(diffs) * 100:+.2f} points | |")
+    return lines
+
+
+if __name__ == "__main__":
+    aliases = sys.argv[3:5] or [None, None]
+    try:
+        print("\n".join(table(student(sys.argv[1], aliases[0]), student(sys.argv[2], aliases[1]))))
+    except ValueError as error:
+        sys.exit(f"compare.py: {error}")
