@@ -390,13 +390,13 @@ def run_training(
     memory.reset_peak(world.device)
     identity = settings.identity()
     state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
-    initial = check_initializable(settings)
+    # A resumed run's tensors are its own checkpoint's; only a fresh start takes an earlier run's.
     if continued and not settings.resume:
         load_trained_from(continued.checkpoint, distiller, world)
         log(
             world, f"continuing {continued.checkpoint}: its trained tensors, after {before} steps of the data"
         )
-    if initial and not settings.resume:
+    elif not settings.resume and (initial := check_initializable(settings)):
         load_trained_from(initial, distiller, world)
         log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
     state.continued_steps = before
