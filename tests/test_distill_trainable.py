@@ -3,9 +3,11 @@ written folder holds the student's merged weights under the original names and s
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from swiftkv.distill.checkpoint import trained_parameters
 from swiftkv.distill.run import run_distillation
@@ -155,11 +157,17 @@ def test_resume_with_another_trainable_set_is_refused(tmp_path):
 
 def distilled_folder(tmp_path, trainable: str):
     source = save_tiny_folder(tmp_path / "src")
-    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=3))
-    settings = settings_for(
+    write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=3))
+    run_distillation(student_settings(tmp_path, source, trainable, out=str(tmp_path / "out")))
+    return source, tmp_path / "out"
+
+
+def student_settings(tmp_path, source, trainable: str, **overrides) -> DistillSettings:
+    """A short run of `trainable` on `tmp_path`'s chats, with `overrides`."""
+    return settings_for(
         str(source),
         "reference",
-        data=str(data),
+        data=str(tmp_path / "chats.jsonl"),
         trainable=trainable,
         tokens=32 * 4 * 2,
         heldout_tokens=64,
@@ -168,12 +176,10 @@ def distilled_folder(tmp_path, trainable: str):
         micro_batch=2,
         lr=1e-2,
         late_lr=1e-2,
-        out=str(tmp_path / "out"),
         dtype="float32",
         mse_weight=0.0,
+        **overrides,
     )
-    run_distillation(settings)
-    return source, tmp_path / "out"
 
 
 def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teacher_path(tmp_path):
@@ -243,6 +249,48 @@ def test_a_lora_student_ships_as_rank_factors_that_rebuild_it(tmp_path):
         save_swiftkv_params(
             load_model(late), tmp_path / "y", base=str(tmp_path / "base"), base_model=base, student_rank=16
         )
+
+
+def test_init_from_a_lora_students_weights_starts_where_that_student_ended(tmp_path):
+    """--init-from a student's weights folder (as students ship): its SwiftKV parameters, and its rank
+    factors as the adapters' factors, so the run's step-0 held-out score is the one that student ended
+    on (to fp32 noise of how its factors were split); it then trains on. Another N or rank is refused
+    before any work, and a folder short of a trained tensor is refused by name."""
+    from swiftkv.model.surgery import save_swiftkv_params
+    from swiftkv.replies import save_plain_teacher
+    from swiftkv.sources import load_model
+
+    source = save_tiny_folder(tmp_path / "src")
+    write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=3))
+    out = tmp_path / "out"
+    ended = run_distillation(student_settings(tmp_path, source, "lora", out=str(out))).summary[
+        "heldout_after"
+    ]
+    save_plain_teacher(source, tmp_path / "base")
+    student, base = load_model(out), load_model(tmp_path / "base")
+    save_swiftkv_params(
+        student, tmp_path / "w", base=str(source), dtype=torch.float32, base_model=base, student_rank=16
+    )
+    again = student_settings(
+        tmp_path, source, "lora", out=str(tmp_path / "again"), init_from=str(tmp_path / "w")
+    )
+    summary = run_distillation(again).summary
+    assert summary["heldout_before"]["kl"] == pytest.approx(ended["kl"], rel=1e-4, abs=1e-6)
+    assert summary["heldout_after"]["kl"] != summary["heldout_before"]["kl"]
+    with pytest.raises(ValueError, match=r"another student .*student_rank: folder 16 vs this run 8"):
+        run_distillation(replace(again, lora_rank=8, out=str(tmp_path / "r8")))
+    with pytest.raises(ValueError, match=r"another student .*student_trained: folder .* vs this run None"):
+        run_distillation(replace(again, trainable="swiftkv", out=str(tmp_path / "sk")))
+    assert not (tmp_path / "r8").exists() and not (tmp_path / "sk").exists()
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "swiftkv.json").write_text((tmp_path / "w" / "swiftkv.json").read_text())
+    tensors = load_file(tmp_path / "w" / "swiftkv.safetensors")
+    save_file(
+        {k: v for k, v in tensors.items() if "layers.4.mlp.up_proj" not in k}, short / "swiftkv.safetensors"
+    )
+    with pytest.raises(ValueError, match=r"lacks trained tensors .*layers\.4\.mlp\.up_proj\.lora"):
+        run_distillation(replace(again, init_from=str(short), out=str(tmp_path / "s")))
 
 
 def test_adapters_start_from_the_run_seed_not_the_process_random_state():

@@ -30,7 +30,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
+from .from_weights import check_weights_student, weights_folder, weights_trained
 from .settings import CHECKPOINT_FILE, MODEL_KEY, SETTING_DEFAULTS, DistillSettings, RunIdentity
+from .trainable import load_trained_set
 from .world import World, barrier
 
 SHARDS_PREFIX = "shards-step"
@@ -197,13 +199,18 @@ def check_continuable(settings: DistillSettings) -> Continued | None:
 STUDENT_SETTINGS = ("source", "trainable", "lora_rank")
 
 
-def check_initializable(settings: DistillSettings) -> Path | None:
+def check_initializable(settings: DistillSettings, config: dict | None = None) -> Path | None:
     """The --init-from checkpoint exists and trained this student (the same model, --trainable and
-    --lora-rank); every other setting may differ. Memory-mapped: checked before any long work. None when
-    there is none, or when this run continues one started from it (--continue-from: the tensors come
-    from that run, whose --init-from check_continuable finds equal to this one's)."""
+    --lora-rank); every other setting may differ. Memory-mapped: checked before any long work. A weights
+    folder instead is checked against `config` (`from_weights`). None when there is none, or when this
+    run continues one started from it (--continue-from: the tensors come from that run, whose
+    --init-from check_continuable finds equal to this one's)."""
     if settings.init_from is None or settings.continue_from is not None:
         return None
+    folder = weights_folder(settings.init_from)
+    if folder is not None:
+        check_weights_student(folder, settings, config)
+        return folder
     path = earlier_checkpoint(settings.init_from, "--init-from")
     saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
     identity = settings.identity()
@@ -223,7 +230,11 @@ def check_initializable(settings: DistillSettings) -> Path | None:
 
 def load_trained_from(checkpoint: Path, distiller: nn.Module, world: World) -> None:
     """The trained tensors of an earlier run's checkpoint into this run's model (its optimizer state is
-    not taken: this run's schedule starts over)."""
+    not taken: this run's schedule starts over). `checkpoint` may be a weights folder instead."""
+    if checkpoint.is_dir():
+        model = inner_model(distiller)
+        load_trained_set(model, trained_parameters(model), weights_trained(checkpoint), checkpoint)
+        return
     payload = torch.load(checkpoint, map_location="cpu", weights_only=False)
     if "shards" in payload:
         saved = {"model": get_model_state_dict(distiller, options=SHARDED_OPTIONS)}

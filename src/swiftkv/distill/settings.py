@@ -156,9 +156,10 @@ class DistillSettings:
     )
     init_from: str | None = setting(
         None,
-        "an earlier run's checkpoint (OUT.ckpt or its checkpoint.pt) whose trained tensors this run starts "
-        "from, on data and settings of its own (a second stage: longer blocks, another mix), with a fresh "
-        "AdamW; the same student: the same source, --trainable and --lora-rank",
+        "an earlier run's checkpoint (OUT.ckpt or its checkpoint.pt), or a student's SwiftKV weights "
+        "(a folder with swiftkv.json, or an installed student's alias), whose trained tensors this run "
+        "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
+        "a fresh AdamW; the same student: the same source, --trainable and --lora-rank",
     )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")

@@ -59,7 +59,8 @@ def check_student(model, source: str, seq_len: int) -> None:
     if config.teacher_missing:
         raise ValueError(
             f"{source} cannot be distilled: {config.teacher_missing}, and distillation needs "
-            "its teacher path; distill an untrimmed conversion of the source model"
+            "its teacher path; distill an untrimmed conversion of the source model (to train on from "
+            "a distilled student, pass its weights folder or alias with --init-from)"
         )
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and seq_len > limit:

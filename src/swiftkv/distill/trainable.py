@@ -76,7 +76,8 @@ class StudentCopy(nn.Module):
 
 STUDENT_WRAPPERS = (LowRankAdapter, StudentCopy)
 COPY = ".copy."  # StudentCopy's name for its trained module: layer.mlp.copy.up_proj.weight
-LORA_B = ".lora_b"  # an adapter's second factor; its first is ".lora_a" beside it
+LORA_B = ".lora_b"  # an adapter's second factor
+LORA_A = ".lora_a"  # its first, beside it
 
 
 def max_lora_rank(config) -> int:
@@ -148,6 +149,18 @@ def wrap_module(
         setattr(owner, name, adapter)
 
 
+def load_trained_set(
+    model: nn.Module, trained: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor], where
+) -> None:
+    """Copy saved tensors (a loan snapshot's, a weights folder's) into `model`'s installed trainable set
+    (`trained`, by name): exactly that set (no tensor missing or extra), each of its parameter's shape
+    (`surgery.load_trained` checks those)."""
+    missing = sorted(set(trained) - set(tensors))
+    if missing:
+        raise ValueError(f"{where}: it lacks trained tensors of this run's student: {missing[:3]}")
+    load_trained(model, tensors, trained)
+
+
 def student_weights(
     trained: dict[str, torch.Tensor], source: dict[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
@@ -164,7 +177,7 @@ def student_weights(
             weights[f"{path}.{leaf}"] = tensor.detach().float()
         elif name.endswith(LORA_B):
             path = name.removesuffix(LORA_B)
-            factor_a = trained[f"{path}.lora_a"].detach().float()
+            factor_a = trained[path + LORA_A].detach().float()
             weights[f"{path}.weight"] = source[f"{path}.weight"].float() + tensor.detach().float() @ factor_a
     return weights
 

@@ -396,7 +396,7 @@ def run_training(
         log(
             world, f"continuing {continued.checkpoint}: its trained tensors, after {before} steps of the data"
         )
-    elif not settings.resume and (initial := check_initializable(settings)):
+    elif not settings.resume and (initial := check_initializable(settings, model.config.to_dict())):
         load_trained_from(initial, distiller, world)
         log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
     state.continued_steps = before

@@ -16,9 +16,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..distill.trainable import install as install_trainable
-from ..distill.trainable import merge_trained
+from ..distill.trainable import load_trained_set, merge_trained
 from ..files import atomic_output_dir
-from ..model.surgery import build_swiftkv_model, load_trained, write_swiftkv_folder
+from ..model.surgery import build_swiftkv_model, write_swiftkv_folder
 from ..sources import open_source
 
 FILE_LIMIT = 15 * 2**20  # bytes of tensors per file: the device tool returns files of at most 16 MiB
@@ -97,17 +97,6 @@ def install(
     info = {"source": source.name, "init": "distilled", "trimmed": False, "loan": progress_summary(progress)}
     write_swiftkv_folder(model, source.load_tokenizer(), out, info, force=force)
     return Path(out)
-
-
-def load_trained_set(
-    model: torch.nn.Module, trained: dict[str, torch.nn.Parameter], tensors: dict[str, torch.Tensor], where
-) -> None:
-    """Copy a snapshot's tensors into `model`'s installed trainable set (`trained`, by name): exactly that
-    set (no tensor missing or extra), each of its parameter's shape (`surgery.load_trained` checks those)."""
-    missing = sorted(set(trained) - set(tensors))
-    if missing:
-        raise ValueError(f"{where}: the snapshot lacks trained tensors of its settings: {missing[:3]}")
-    load_trained(model, tensors, trained)
 
 
 def progress_summary(progress: dict) -> dict:

@@ -32,12 +32,13 @@ from ..data.tokens import Document
 from ..distill.loss import BatchSizes
 from ..distill.settings import DistillSettings, settings_for
 from ..distill.speed import compute_bound
+from ..distill.trainable import load_trained_set
 from ..distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
 from ..distill.world import World
 from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
 from ..sources import open_source
-from .snapshot import load_trained_set, read_snapshot, write_snapshot
+from .snapshot import read_snapshot, write_snapshot
 from .stage import decode_ids
 
 RIDGE = ConvertSettings.ridge  # convert's default: the same lstsq init as `swiftkv convert --init lstsq`

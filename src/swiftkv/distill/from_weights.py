@@ -1,0 +1,87 @@
+"""--init-from a SwiftKV weights folder: `swiftkv.json` + `swiftkv.safetensors` as `save_swiftkv_params`
+writes them, e.g. an installed student by its alias. Such a folder keeps no optimizer state and no
+run settings, only the trained tensors: its SwiftKV parameters and, for a `--trainable lora` student,
+each adapted weight's difference from the base as rank factors (weight += delta_b @ delta_a), which
+are an adapter's own two factors (its B @ A) up to how the product is split. A run started from it
+trains on from those tensors with a fresh AdamW, like one started from an earlier run's checkpoint.
+
+The folder stores the tensors in bf16, so the run starts within bf16 rounding of the student it names
+(the held-out score at step 0 shows where)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..model.surgery import DELTA_FACTORS, read_trained
+from ..sources import WEIGHTS_DIR, Source, available_aliases, read_config_dict, source_name
+from .settings import DistillSettings
+from .trainable import DEFAULT_LORA_RANK, LORA_A, LORA_B, STUDENT_MODULES
+
+WEIGHTS_SPEC = "swiftkv.json"
+
+
+def weights_folder(given: str) -> Path | None:
+    """The weights folder `given` names (a folder holding WEIGHTS_SPEC, or an installed student's
+    alias); None when it names none (it may then name a checkpoint)."""
+    path = Path(given)
+    if (path / WEIGHTS_SPEC).is_file():
+        return path
+    if given in available_aliases() and (WEIGHTS_DIR / given / WEIGHTS_SPEC).is_file():
+        return WEIGHTS_DIR / given
+    return None
+
+
+def expected_spec(settings: DistillSettings, config: dict) -> dict:
+    """What a weights folder must say of itself to be the student of this run, whose model has `config`:
+    the model it was converted from, its geometry, and what its later layers trained."""
+    trained = list(STUDENT_MODULES[settings.trainable])
+    return {
+        "base": (config.get("swiftkv_conversion") or {}).get("source", source_name(settings.source)),
+        "num_key_value_layers": config.get("num_key_value_layers"),
+        "key_value_group_size": config.get("key_value_group_size", 1),
+        "student_trained": trained or None,
+        "student_rank": (settings.lora_rank or DEFAULT_LORA_RANK) if trained else None,
+    }
+
+
+def check_weights_student(folder: Path, settings: DistillSettings, config: dict | None = None) -> None:
+    """Refuse a weights folder that holds another student than this run trains (another base model or
+    N, another --trainable or --lora-rank). `config`: the run's model's (default: read from its source
+    folder, before any work; a model built in memory is checked when the run starts)."""
+    if config is None:
+        if not isinstance(settings.source, Source):
+            return
+        config = read_config_dict(settings.source.folder)
+    spec = json.loads((folder / WEIGHTS_SPEC).read_text())
+    expected = expected_spec(settings, config)
+    found = {key: spec.get(key) for key in expected} | {
+        "key_value_group_size": spec.get("key_value_group_size", 1)
+    }
+    differing = ", ".join(
+        f"{key}: folder {found[key]!r} vs this run {value!r}"
+        for key, value in expected.items()
+        if found[key] != value
+    )
+    if differing:
+        raise ValueError(
+            f"--init-from {folder}: it holds another student than this run trains ({differing}); expected "
+            "one converted from the same model with the same N, --trainable and --lora-rank"
+        )
+
+
+def weights_trained(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's tensors by the trained parameter names of a run of its student (fp32): the SwiftKV
+    parameters as stored, each rank factor as its adapter's factor."""
+    _, tensors = read_trained(folder)
+    delta_b, delta_a = (".weight" + suffix for suffix in DELTA_FACTORS)
+    named = {}
+    for name, tensor in tensors.items():
+        if name.endswith(delta_b):
+            name = name.removesuffix(delta_b) + LORA_B
+        elif name.endswith(delta_a):
+            name = name.removesuffix(delta_a) + LORA_A
+        named[name] = tensor.float()
+    return named
