@@ -61,3 +61,26 @@ def test_exported_alias_is_the_base_model_plus_the_committed_tensors(tmp_path, b
     assert all(torch.equal(state[n], base_state[n]) for n in shared if n not in changed)
     answer = greedy_answer(model, load_tokenizer(tmp_path / "out"), "What is the capital of France?")
     assert answer.startswith("The capital of France is Paris"), answer  # in English, as the teacher
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
+    """`distill --init-from ALIAS`: each shipped student names a folder whose tensors map one to one
+    onto a run of its recipe (SwiftKV parameters, rank-64 adapters' factors) over a conversion of its
+    base with its N; a run of another N or rank is refused, naming what differs."""
+    from swiftkv.distill.from_weights import check_weights_student, weights_folder, weights_trained
+    from swiftkv.distill.settings import settings_for
+
+    folder = weights_folder(alias)
+    assert folder == WEIGHTS_DIR / alias
+    converted = {
+        "swiftkv_conversion": {"source": "smollm2-135m-instruct"},
+        "num_key_value_layers": ALIASES[alias],
+    }
+    settings = settings_for("n", "swiftkv-lora", init_from=alias)
+    check_weights_student(folder, settings, converted)
+    with pytest.raises(ValueError, match="num_key_value_layers: folder .* vs this run 7"):
+        check_weights_student(folder, settings, {**converted, "num_key_value_layers": 7})
+    trained = weights_trained(folder)
+    assert sum(name.endswith(".lora_b") for name in trained) == 4 * (30 - ALIASES[alias])
+    assert all(t.dtype == torch.float32 for t in trained.values())
