@@ -126,9 +126,8 @@ ROUNDS["cpu12m"] = ROUNDS["cpu16m"]._replace(
     script="docs/distill-study/cpu12m.sh",
     run="cpu12m-c1r64bfe",
     hardware={
-        22: "AMD EPYC, 2 cores, AVX512-BF16, `--dtype bfloat16` as the arm names (for the 4M-token run; the first ran on "
-        + XEON_AMX_2026_11_26
-        + ")"
+        22: "AMD EPYC, 2 cores, AVX512-BF16 (bf16 measured 2.24x fp32 there, 1024^3 matmul), `--dtype bfloat16` as "
+        "the arm names, for the 4M-token run; the first ran on " + XEON_AMX_2026_11_26
     },
     tokens="4001792",
 )
