@@ -173,3 +173,23 @@ def test_a_sharded_run_is_continued_with_and_without_fsdp(tiny_run):
         assert summary["continued_tokens"] == 512 and summary["train_tokens"] == 512
         assert summary["heldout_before"]["kl"] == pytest.approx(end, rel=1e-6)
         assert summary["heldout_after"]["kl"] < end
+
+
+def test_a_sharded_run_starts_from_whole_tensors(tiny_run):
+    """--init-from a whole checkpoint or a weights folder under --fsdp: each process takes its shard of
+    the whole tensors, so the run starts where the earlier run ended."""
+    from swiftkv.model.surgery import save_swiftkv_params
+    from swiftkv.sources import load_model
+
+    tmp_path, folder, data = tiny_run
+    earlier = tmp_path / "earlier"
+    assert main(distill_args(folder, data, earlier, "--json", f"{earlier}.json")) == 0
+    end = json.loads(open(f"{earlier}.json").read())["heldout_after"]["kl"]
+    save_swiftkv_params(load_model(earlier), tmp_path / "w", base=str(folder), dtype=torch.float32)
+    for name, start in (("ckpt", f"{earlier}.ckpt"), ("weights", str(tmp_path / "w"))):
+        out = tmp_path / name
+        assert (
+            main(distill_args(folder, data, out, "--init-from", start, "--fsdp", "--json", f"{out}.json"))
+            == 0
+        )
+        assert json.loads(open(f"{out}.json").read())["heldout_before"]["kl"] == pytest.approx(end, rel=1e-6)

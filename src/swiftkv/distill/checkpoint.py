@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
@@ -231,9 +232,10 @@ def check_initializable(settings: DistillSettings, config: dict | None = None) -
 def load_trained_from(checkpoint: Path, distiller: nn.Module, world: World) -> None:
     """The trained tensors of an earlier run's checkpoint into this run's model (its optimizer state is
     not taken: this run's schedule starts over). `checkpoint` may be a weights folder instead."""
+    model = inner_model(distiller)
+    trained = trained_parameters(model)
     if checkpoint.is_dir():
-        model = inner_model(distiller)
-        load_trained_set(model, trained_parameters(model), weights_trained(checkpoint), checkpoint)
+        load_trained_set(model, trained, placed_as(weights_trained(checkpoint), trained), checkpoint)
         return
     payload = torch.load(checkpoint, map_location="cpu", weights_only=False)
     if "shards" in payload:
@@ -245,8 +247,20 @@ def load_trained_from(checkpoint: Path, distiller: nn.Module, world: World) -> N
             dcp.load(saved, checkpoint_id=shards, no_dist=alone)
         set_model_state_dict(distiller, saved["model"], options=SHARDED_OPTIONS)
     else:
-        model = inner_model(distiller)
-        load_trained(model, payload["trained"], trained_parameters(model))
+        load_trained(model, placed_as(payload["trained"], trained), trained)
+
+
+def placed_as(tensors: dict[str, torch.Tensor], params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Whole tensors placed as the parameters they load into: under --fsdp a parameter is a DTensor, and
+    each process takes its shard of the whole tensor (every process read the same file)."""
+    return {
+        name: distribute_tensor(
+            tensor.to(params[name].dtype), params[name].device_mesh, params[name].placements
+        )
+        if isinstance(params.get(name), DTensor)
+        else tensor
+        for name, tensor in tensors.items()
+    }
 
 
 def trained_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
