@@ -24,6 +24,7 @@ from .files import cached_folder, model_identity
 from .model.config import add_legacy_rope_keys
 from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES, unsupported
 from .model.surgery import (
+    TRAINED_SPEC,
     apply_student_deltas,
     build_swiftkv_model,
     load_trained,
@@ -38,7 +39,7 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 
 def available_aliases() -> list[str]:
-    distilled = sorted(p.name for p in WEIGHTS_DIR.glob("*") if (p / "swiftkv.json").is_file())
+    distilled = sorted(p.name for p in WEIGHTS_DIR.glob("*") if (p / TRAINED_SPEC).is_file())
     return [SMOLLM2_ALIAS, *distilled]
 
 
@@ -195,7 +196,7 @@ def resolve_source(src: str | os.PathLike) -> Path:
     if text in available_aliases():  # a bare name; an absolute path would join as itself
         return distilled_folder(WEIGHTS_DIR / text, alias=text)
     path = Path(src)
-    if (path / "swiftkv.json").is_file() and not (path / "config.json").is_file():
+    if (path / TRAINED_SPEC).is_file() and not (path / "config.json").is_file():
         return distilled_folder(path, alias=path.name)
     if path.suffix == ".gguf":
         if not path.is_file():

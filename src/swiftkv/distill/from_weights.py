@@ -10,26 +10,23 @@ The folder stores the tensors in bf16, so the run starts within bf16 rounding of
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from ..model.surgery import DELTA_FACTORS, read_trained
+from ..model.surgery import DELTA_FACTORS, TRAINED_SPEC, read_trained, read_trained_spec
 from ..sources import WEIGHTS_DIR, Source, available_aliases, read_config_dict, source_name
 from .settings import DistillSettings
 from .trainable import DEFAULT_LORA_RANK, LORA_A, LORA_B, STUDENT_MODULES
 
-WEIGHTS_SPEC = "swiftkv.json"
-
 
 def weights_folder(given: str) -> Path | None:
-    """The weights folder `given` names (a folder holding WEIGHTS_SPEC, or an installed student's
+    """The weights folder `given` names (a folder holding TRAINED_SPEC, or an installed student's
     alias); None when it names none (it may then name a checkpoint)."""
     path = Path(given)
-    if (path / WEIGHTS_SPEC).is_file():
+    if (path / TRAINED_SPEC).is_file():
         return path
-    if given in available_aliases() and (WEIGHTS_DIR / given / WEIGHTS_SPEC).is_file():
+    if given in available_aliases() and (WEIGHTS_DIR / given / TRAINED_SPEC).is_file():
         return WEIGHTS_DIR / given
     return None
 
@@ -55,7 +52,7 @@ def check_weights_student(folder: Path, settings: DistillSettings, config: dict 
         if not isinstance(settings.source, Source):
             return
         config = read_config_dict(settings.source.folder)
-    spec = json.loads((folder / WEIGHTS_SPEC).read_text())
+    spec = read_trained_spec(folder)
     expected = expected_spec(settings, config)
     found = {key: spec.get(key) for key in expected} | {
         "key_value_group_size": spec.get("key_value_group_size", 1)

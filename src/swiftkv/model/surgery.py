@@ -217,10 +217,11 @@ def save_swiftkv_params(
         spec |= {"student_trained": list(trained_modules), "student_rank": student_rank}
     with atomic_file(folder / "swiftkv.safetensors") as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
-    write_atomic(folder / "swiftkv.json", json.dumps(spec, indent=2) + "\n")
+    write_atomic(folder / TRAINED_SPEC, json.dumps(spec, indent=2) + "\n")
     return folder
 
 
+TRAINED_SPEC = "swiftkv.json"  # a trained-tensor folder's geometry, beside swiftkv.safetensors
 DELTA_FACTORS = (".delta_b", ".delta_a")  # weight += delta_b @ delta_a  ([out, r] @ [r, in])
 RANK_TOLERANCE = 1e-3  # of a delta's norm: what a rank-r factorisation may leave out
 
@@ -279,7 +280,12 @@ def split_student_deltas(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
 def read_trained(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """(spec, tensors) of a trained-tensor folder written by `save_swiftkv_params`."""
     folder = Path(folder)
-    return json.loads((folder / "swiftkv.json").read_text()), load_file(folder / "swiftkv.safetensors")
+    return read_trained_spec(folder), load_file(folder / "swiftkv.safetensors")
+
+
+def read_trained_spec(folder: str | os.PathLike) -> dict:
+    """The spec alone of a trained-tensor folder (no tensor is read)."""
+    return json.loads((Path(folder) / TRAINED_SPEC).read_text())
 
 
 def write_swiftkv_folder(
