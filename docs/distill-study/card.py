@@ -121,16 +121,6 @@ ROUNDS["cpu16m"] = ROUNDS["cpu8m"]._replace(
     tokens="16003072",
     continues="cpu8m",
 )
-# The 8M -swiftkv25 trained on from its shipped weights (`--init-from`) on a machine without its checkpoint.
-ROUNDS["cpu12m"] = ROUNDS["cpu16m"]._replace(
-    script="docs/distill-study/cpu12m.sh",
-    run="cpu12m-c1r64bfe",
-    hardware={
-        22: "AMD EPYC, 2 cores, AVX512-BF16 (bf16 measured 2.24x fp32 there, 1024^3 matmul), `--dtype bfloat16` as "
-        "the arm names, for the 4M-token run; the first ran on " + XEON_AMX_2026_11_26
-    },
-    tokens="4001792",
-)
 
 
 def of_n(value: str | dict[int, str], n: int) -> str:
@@ -157,17 +147,15 @@ def distill_command(round_: Round, n: int, s: dict) -> list[str]:
         f"    {turns}{dtype}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
         f"--out {round_.run}-n{n}",
     ]
-    later = s.get("continue_from") or s.get("init_from")
-    if later:
+    if s.get("continue_from"):
         recipe = settings_for(s["source"], s["recipe"])
         schedule = "".join(
             f"--{name.replace('_', '-')} {s[name]:g} "
             for name in ("lr", "warmup")
             if s[name] != getattr(recipe, name)
         )
-        option = "--continue-from" if s.get("continue_from") else "--init-from"
         lines[-1] += " \\"
-        lines.append(f"    --passes {s['passes']} {schedule}{option} {Path(later).name}")
+        lines.append(f"    --passes {s['passes']} {schedule}--continue-from {Path(s['continue_from']).name}")
     return lines
 
 
@@ -207,18 +195,8 @@ def contents(alias: str, n: int, s: dict) -> list[str]:
 
 
 def continuation_lines(first: DistillSummary, run: DistillSummary) -> list[str]:
-    """How the run went on from the first: `--continue-from` (another pass over its replies) or
-    `--init-from` its shipped weights (the replies' first tokens again); a new schedule either way."""
+    """How `--continue-from` went on from the first run: another pass over its replies, a new schedule."""
     s = run.settings
-    if s.get("init_from"):
-        return [
-            f"- Trained on (`--init-from {s['init_from']}`: the first run's tensors as that alias shipped them, bf16,",
-            f"  on a machine without its checkpoint): {run.train_tokens:,} more tokens, the first of the same replies again in",
-            f"  the run's own seeded order, with a fresh AdamW at lr {s['lr']:g} (adapters {s['late_lr']:g}), "
-            f"{s['warmup']:.0%} linear warmup, linear",
-            f"  decay to 0; held-out KL {run.heldout_before.kl:.4f} where it began (the first run ended on "
-            f"{first.heldout_after.kl:.4f}).",
-        ]
     return [
         f"- Continued (`--continue-from`): the first run's trained tensors, then {run.train_tokens:,} more tokens,",
         f"  pass {s['passes']} of `--passes {s['passes']}` over the same replies in its own seeded order, with a fresh AdamW at lr",
@@ -359,7 +337,7 @@ def card(
         f"  {steps_time(first)}"
         # a continued run's segments span sessions: its steps' time is the measure, not one segment's wall
         + (
-            f"; the {'second run' if run.settings.get('init_from') else 'continuation'} {steps_time(run)}"
+            f"; the continuation {steps_time(run)}"
             if round_.continues
             else f", {wall_seconds(log) / 60:.1f} min wall in all"
         )
