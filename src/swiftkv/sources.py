@@ -25,6 +25,7 @@ from .model.config import add_legacy_rope_keys
 from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES, unsupported
 from .model.surgery import (
     TRAINED_SPEC,
+    TRAINED_TENSORS,
     apply_student_deltas,
     build_swiftkv_model,
     load_trained,
@@ -279,7 +280,7 @@ def distilled_folder(tensors: Path, alias: str) -> Path:
     """The complete HF folder of a trained-tensor folder (a shipped alias, or one written by
     `save_swiftkv_params`), built once into the cache. Keyed on the tensors' bytes, so a cache built
     from older weights is never reused."""
-    digest = hashlib.sha256((tensors / "swiftkv.safetensors").read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256((tensors / TRAINED_TENSORS).read_bytes()).hexdigest()[:12]
     return cached_folder(f"{alias}-{digest}", lambda out: build_distilled(tensors, alias, out))
 
 

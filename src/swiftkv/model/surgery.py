@@ -182,6 +182,10 @@ PLAIN_DROP = (
     "transformers_version",
 )
 
+# A trained-tensor folder (`save_swiftkv_params`): its tensors, and their geometry beside them.
+TRAINED_TENSORS = "swiftkv.safetensors"
+TRAINED_SPEC = "swiftkv.json"
+
 
 def save_swiftkv_params(
     model: torch.nn.Module,
@@ -215,13 +219,12 @@ def save_swiftkv_params(
         deltas = student_deltas(model, base_model, student_rank)
         tensors.update({name: t.to(dtype).contiguous() for name, t in deltas.items()})
         spec |= {"student_trained": list(trained_modules), "student_rank": student_rank}
-    with atomic_file(folder / "swiftkv.safetensors") as tmp:
+    with atomic_file(folder / TRAINED_TENSORS) as tmp:
         save_file(tensors, str(tmp), metadata={"format": "pt"})
     write_atomic(folder / TRAINED_SPEC, json.dumps(spec, indent=2) + "\n")
     return folder
 
 
-TRAINED_SPEC = "swiftkv.json"  # a trained-tensor folder's geometry, beside swiftkv.safetensors
 DELTA_FACTORS = (".delta_b", ".delta_a")  # weight += delta_b @ delta_a  ([out, r] @ [r, in])
 RANK_TOLERANCE = 1e-3  # of a delta's norm: what a rank-r factorisation may leave out
 
@@ -280,7 +283,7 @@ def split_student_deltas(tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
 def read_trained(folder: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """(spec, tensors) of a trained-tensor folder written by `save_swiftkv_params`."""
     folder = Path(folder)
-    return read_trained_spec(folder), load_file(folder / "swiftkv.safetensors")
+    return read_trained_spec(folder), load_file(folder / TRAINED_TENSORS)
 
 
 def read_trained_spec(folder: str | os.PathLike) -> dict:
