@@ -25,9 +25,10 @@ need() {  # the file a stage needs, or one error naming the stage that writes it
 
 case $stage in
   stage)
-    # The every-turn replies this CPU wrote ahead (the 8M-token student's) travel too: the loan writes the rest.
+    # The every-turn replies this CPU wrote ahead (`every.sh`, a superset of the 8M-token student's) travel
+    # too: the loan writes only the rest.
     "$ROOT/.venv/bin/python" -m swiftkv.cli loan stage smollm2-135m-instruct --out "$ROOT/.devdata/sk" \
-      --replies "$ROOT/docs/distill-study/replies-8m-ids.jsonl.xz" ${ARGS:-} ;;
+      --replies "$ROOT/docs/distill-study/replies-every-ids.jsonl.xz" ${ARGS:-} ;;
   unpack1)
     need .devdata/sk/part1/teacher.tar.0 "gpu_students.sh stage (carried by the first call)"
     mkdir -p "$W" && rm -rf "$W/part1" && cp -r .devdata/sk/part1 "$W/"
