@@ -6,5 +6,5 @@
 # It seeds /work/runs/replies-every.jsonl from the committed ids (replies-every-ids.jsonl.xz, itself seeded
 # from the 8M-token student's replies-8m), appends the missing replies, and rewrites the ids file to commit.
 # --tokens 40M is more than the prompts hold (~18M train tokens): the writer stops at the last prompt.
-exec env SWIFTKV_SRC="${SWIFTKV_SRC:-/work/main/src}" RUN=every TOKENS=40M REPLIES=replies-every.jsonl \
+exec env SWIFTKV_SRC="${SWIFTKV_SRC:-/work/main/src}" TOKENS=40M REPLIES=replies-every.jsonl \
   REPLY_ENGINE=static bash "$(dirname "$0")/final5.sh" c1r64bfe replies ids
