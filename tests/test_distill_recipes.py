@@ -10,6 +10,7 @@ import torch
 from swiftkv.cli import main
 from swiftkv.data.chat import read_source
 from swiftkv.data.packing import pack
+from swiftkv.data.split import split_documents
 from swiftkv.data.tokens import (
     Document,
     first_prompt,
@@ -202,6 +203,40 @@ def test_teacher_documents_train_only_on_the_reply_and_resume_without_duplicates
     keys = [json.loads(line)["key"] for line in path.read_text().splitlines()]
     assert len(keys) == len(set(keys)) == done + sum(calls)
     assert [d.ids for d in again[: len(first)]] == [d.ids for d in first]
+
+
+def test_skip_tokens_trains_on_the_documents_right_after_an_earlier_stages(tmp_path):
+    """A later stage (`--skip-tokens S`) starts at the document after the last one a run of `--tokens S`
+    took, in the same chunk of prompts or not, and its split walks the same prompts its replies stage
+    wrote (the distill side reads them back without writing)."""
+    tokenizer = tiny_tokenizer()
+    chats = [c["messages"] for c in random_chats(60, seed=7)]
+    cache = ReplyCache(tmp_path / "replies.jsonl", fake_teacher([]))
+    every = teacher_documents(iter(chats), tokenizer, 10**6, cache, batch=4, every_turn=True)
+    for skip in (1, 150, 333):
+        earlier = teacher_documents(iter(chats), tokenizer, skip, cache, batch=4, every_turn=True)
+        later = teacher_documents(iter(chats), tokenizer, 300, cache, batch=4, every_turn=True, skip=skip)
+        assert [d.ids for d in earlier + later] == [d.ids for d in every[: len(earlier) + len(later)]]
+        assert sum(len(d.ids) for d in later[:-1]) < 300 <= sum(len(d.ids) for d in later)
+    _, human = split_documents(chats, tokenizer, 0, 64, 400)
+    _, next_human = split_documents(chats, tokenizer, 0, 64, 400, skip_tokens=200)
+    first_next = [d.ids for d in human].index(next_human[0].ids)
+    assert (
+        sum(len(d.ids) for d in human[:first_next]) >= 200 > sum(len(d.ids) for d in human[: first_next - 1])
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"skip_tokens": -1}, "--skip-tokens -1: expected a count of tokens, 0 or more"),
+        ({"skip_tokens": 10, "targets": "mixed"}, "--skip-tokens with --targets mixed"),
+        ({"skip_tokens": 10, "long_share": 0.2}, "--skip-tokens with --long-share"),
+    ],
+)
+def test_skip_tokens_refuses_what_it_cannot_pass_over(given, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        settings_for("m", **given).check_skip()
 
 
 def test_every_turn_prompts_are_each_user_turn_with_its_context():

@@ -145,7 +145,10 @@ def test_distill_trains_on_the_replies_the_stage_wrote(tmp_path, monkeypatch, ca
     assert "(0 generated now)" in capsys.readouterr().out
 
 
-def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize("skip_tokens", [0, 3000])
+def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, monkeypatch, skip_tokens):
+    """With --skip-tokens too: the stage writes the passed-over prompts' replies (the split counts their
+    tokens) and the ones after them, exactly what the run reads back."""
     from swiftkv.distill.settings import settings_for
     from swiftkv.distill.trainer import training_blocks
 
@@ -161,6 +164,7 @@ def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, 
         seq_len=200,
         batch_size=1,
         teacher_data=str(tmp_path / "replies.jsonl"),
+        skip_tokens=skip_tokens,
     )
     tokenizer = tiny_tokenizer()
     written = write_replies(run.replies_settings(), tokenizer)

@@ -86,6 +86,11 @@ class RepliesSettings:
     heldout_tokens: int = setting(
         32_768, "held-out tokens of the split, skipped (distill's --heldout-tokens)", parse=parse_count
     )
+    skip_tokens: int = setting(
+        0,
+        "train tokens of the split passed over before --tokens (distill's --skip-tokens)",
+        parse=parse_count,
+    )
     seed: int = setting(0, "the split's seed (distill's --seed)")
     reply_tokens: int = setting(REPLY_TOKENS, "max tokens of a reply (distill's --reply-tokens)")
     engine: str = setting(
@@ -152,6 +157,7 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
             replies=cache,
             long_mix=settings.long_mix(),
             every_turn=settings.every_turn,
+            skip_tokens=settings.skip_tokens,
         )
     finally:
         getattr(cache.generate, "close", lambda: None)()

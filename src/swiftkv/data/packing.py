@@ -154,9 +154,10 @@ def load_blocks(
     long_mix: LongMix | None = None,
     every_turn: bool = False,
     passes: int = 1,
+    skip_tokens: int = 0,
 ) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`: `passes` over the train blocks of `train_tokens`,
-    each in its own seeded order (`in_passes`)."""
+    each in its own seeded order (`in_passes`), after the `skip_tokens` an earlier stage trained on."""
     heldout_docs, train_docs = split_documents(
         read_source(spec),
         tokenizer,
@@ -167,6 +168,7 @@ def load_blocks(
         human_share,
         long_mix,
         every_turn=every_turn,
+        skip_tokens=skip_tokens,
     )
     if not heldout_docs and not train_docs:
         raise ValueError(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .chat import Example
 from .long_prompts import long_prompt_documents
-from .tokens import Document, teacher_documents, tokenize
+from .tokens import Document, teacher_documents, tokenize, until_tokens
 
 SHUFFLE_WINDOW = 50_000  # examples shuffled with the seed; the rest keep the source's order
 
@@ -42,6 +42,7 @@ def split_documents(
     long_mix: LongMix | None = None,
     shuffle_window: int = SHUFFLE_WINDOW,
     every_turn: bool = False,
+    skip_tokens: int = 0,
 ) -> tuple[list[Document], list[Document]]:
     """Held-out and train documents, disjoint, chosen deterministically from `seed`: the first
     `shuffle_window` examples are shuffled, then held-out documents are taken first, train next,
@@ -50,18 +51,25 @@ def split_documents(
     `every_turn`, each user turn with its context) answered by the reply writer (`human_share` of the
     train tokens stay the data's own conversations, taken after the written prompts); with `long_mix`, its share of the written tokens are long prompts built from the
     chats after the first prompts (`data.long_prompts`). The held-out documents stay the data's own, so
-    every recipe is measured alike."""
+    every recipe is measured alike. `skip_tokens` passes over the train documents that a split of
+    `train_tokens=skip_tokens` holds (human chats, or written prompts: not with `human_share` or
+    `long_mix`, whose documents interleave), so the train documents are the next ones."""
+    if skip_tokens and (human_share or long_mix) and replies is not None:
+        raise ValueError("skip_tokens passes over human chats or written prompts, not a mix of them")
     rest = iter(shuffled(examples, seed, shuffle_window))
     heldout = take_documents(rest, tokenizer, heldout_tokens)
     if replies is not None:
         written = written_tokens(train_tokens, human_share)
         long_tokens = round(written * long_mix.share) if long_mix else 0
-        taught = teacher_documents(rest, tokenizer, written - long_tokens, replies, every_turn=every_turn)
+        taught = teacher_documents(
+            rest, tokenizer, written - long_tokens, replies, every_turn=every_turn, skip=skip_tokens
+        )
         if long_tokens:
             long = long_prompt_documents(rest, tokenizer, long_tokens, replies, long_mix.max_prompt_tokens)
             taught = spread(long, among=taught)
         human_tokens = train_tokens - sum(len(d.ids) for d in taught)
         return heldout, taught + (take_documents(rest, tokenizer, human_tokens) if human_share else [])
+    take_documents(rest, tokenizer, skip_tokens)
     return heldout, take_documents(rest, tokenizer, train_tokens)
 
 
@@ -72,16 +80,8 @@ def written_tokens(train_tokens: int, human_share: float) -> int:
 
 def take_documents(examples: Iterator, tokenizer, tokens: int) -> list[Document]:
     """Tokenized documents from `examples` until they hold `tokens` tokens."""
-    documents = []
-    while tokens > 0:
-        example = next(examples, StopIteration)
-        if example is StopIteration:
-            break
-        document = tokenize(tokenizer, example)
-        if document is not None:
-            documents.append(document)
-            tokens -= len(document.ids)
-    return documents
+    documents = (d for e in examples if (d := tokenize(tokenizer, e)) is not None)
+    return until_tokens(documents, tokens)
 
 
 def spread(extra: list, among: list) -> list:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .chat import Example, Messages, first_user_prompt
@@ -144,21 +144,46 @@ def prompt_ids_of(tokenizer, example) -> list[int] | None:
 
 
 def teacher_documents(
-    examples: Iterable, tokenizer, tokens: int, replies, batch: int | None = None, every_turn: bool = False
+    examples: Iterable,
+    tokenizer,
+    tokens: int,
+    replies,
+    batch: int | None = None,
+    every_turn: bool = False,
+    skip: int = 0,
 ) -> list[Document]:
     """Documents of prompt + written reply (only the reply is a target) until `tokens` are reached:
     the first user turn of each chat, or each user turn with its context (`every_turn`).
     `replies.get(prompt_ids, chats)` gives the replies (a `swiftkv.replies.ReplyCache`: it generates the
-    missing ones, or refuses them when the replies stage has not run)."""
+    missing ones, or refuses them when the replies stage has not run), `batch` prompts per call. With
+    `skip`, the documents that a call with `tokens=skip` returns are passed over first, so a later stage
+    trains on the prompts right after an earlier stage's, none of them seen before."""
     batch = batch or replies.batch
-    documents: list[Document] = []
     prompts = (p for e in examples for p in turn_prompts(tokenizer, e, every_turn))
-    while tokens > 0:
-        chunk = list(itertools.islice(prompts, batch))
-        if not chunk:
-            break
-        tokens = answered_documents(chunk, replies, tokens, documents)
-    return documents
+    chunks = iter(lambda: list(itertools.islice(prompts, batch)), [])
+    documents = (d for chunk in chunks for d in reply_documents(chunk, replies))
+    until_tokens(documents, skip)
+    return until_tokens(documents, tokens)
+
+
+def until_tokens(documents: Iterator[Document], tokens: int) -> list[Document]:
+    """The next documents of `documents` until they hold `tokens` tokens (the last one may pass it)."""
+    taken = []
+    while tokens > 0 and (document := next(documents, None)) is not None:
+        taken.append(document)
+        tokens -= len(document.ids)
+    return taken
+
+
+def reply_documents(
+    prompts: list[tuple[Messages, list[int]]], replies, whole: bool = False
+) -> Iterator[Document]:
+    """Prompt + written reply documents (only the reply is a target) for `prompts` ((chat, ids) pairs,
+    one `replies.get` call), in their order; a prompt whose reply is empty gives none."""
+    ids = [p for _, p in prompts]
+    for prompt, reply in zip(ids, replies.get(ids, [chat for chat, _ in prompts]), strict=True):
+        if reply.ids:
+            yield Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids), whole)
 
 
 def answered_documents(
@@ -168,12 +193,7 @@ def answered_documents(
     documents: list[Document],
     whole: bool = False,
 ) -> int:
-    """Append prompt + written reply documents (only the reply is a target) for `prompts` ((chat, ids)
-    pairs, one `replies.get` call) to `documents` while `tokens` last; returns the tokens left."""
-    ids = [p for _, p in prompts]
-    for prompt, reply in zip(ids, replies.get(ids, [chat for chat, _ in prompts]), strict=True):
-        if tokens <= 0 or not reply.ids:
-            continue
-        documents.append(Document(prompt + reply.ids, [False] * len(prompt) + [True] * len(reply.ids), whole))
-        tokens -= len(prompt) + len(reply.ids)
-    return tokens
+    """Append `reply_documents` of `prompts` to `documents` while `tokens` last; returns the tokens left."""
+    taken = until_tokens(reply_documents(prompts, replies, whole), tokens)
+    documents += taken
+    return tokens - sum(len(d.ids) for d in taken)

@@ -37,6 +37,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     if not settings.out:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     settings.check_parallelism()
+    settings.check_skip()
     settings = settings.opened()  # a missing source is reported here, as such, before any work
     check_start(settings)
     world = init_world(settings.fsdp)

@@ -147,6 +147,13 @@ class DistillSettings:
         "passes over the train data: it holds --tokens / --passes tokens (the written replies are that "
         "many), and each pass takes its blocks in a new seeded order",
     )
+    skip_tokens: int = setting(
+        0,
+        "train tokens of the split passed over first: the documents a run with --tokens SKIP trained on "
+        "(a later stage, e.g. with --init-from, on prompts the earlier one never saw; their replies are "
+        "written too, as the split counts prompt + reply tokens). Not with --targets mixed or --long-share",
+        parse=parse_count,
+    )
     continue_from: str | None = setting(
         None,
         "an earlier run's checkpoint (its OUT.ckpt folder or the checkpoint.pt in it) to continue: "
@@ -259,6 +266,17 @@ class DistillSettings:
                 "to compare speeds on one process; drop one of them"
             )
 
+    def check_skip(self) -> None:
+        """--skip-tokens passes over one kind of train document: human chats, or written prompts."""
+        if self.skip_tokens < 0:
+            raise ValueError(f"--skip-tokens {self.skip_tokens}: expected a count of tokens, 0 or more")
+        if self.skip_tokens and (self.targets == "mixed" or self.long_share):
+            raise ValueError(
+                f"--skip-tokens with {'--targets mixed' if self.targets == 'mixed' else '--long-share'}: "
+                "its train documents interleave two kinds, and a skip passes over one; expected --targets "
+                "teacher or human without --long-share"
+            )
+
     def check_written_replies(self) -> None:
         """Long prompts are answered by the writer and packed whole, so they need written replies and a
         block that holds one. A student-written reply comes from SOURCE's SwiftKV parameters as they are
@@ -323,6 +341,7 @@ class DistillSettings:
             data=self.data,
             tokens=written_tokens(self.data_tokens, HUMAN_SHARE[self.targets]),
             heldout_tokens=self.heldout_tokens,
+            skip_tokens=self.skip_tokens,
             seed=self.seed,
             reply_tokens=self.reply_tokens,
             engine=self.reply_engine,

@@ -318,6 +318,7 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
         written.long_mix(),
         every_turn=written.every_turn,
         passes=settings.passes,
+        skip_tokens=settings.skip_tokens,
     )
 
 
