@@ -293,6 +293,54 @@ def test_init_from_a_lora_students_weights_starts_where_that_student_ended(tmp_p
         run_distillation(replace(again, init_from=str(short), out=str(tmp_path / "s")))
 
 
+def test_init_from_a_gpu_loans_snapshot_starts_where_that_student_ended(tmp_path):
+    """--init-from a loan's student snapshot (OUT/n15/: bf16 tensors named as a run's trained parameters,
+    the student in the first file's progress): the run starts where the snapshot's student ended, to
+    bf16 rounding; a snapshot of another N, or one that does not name its teacher, is refused."""
+    from swiftkv.distill.from_weights import weights_trained
+    from swiftkv.loan.snapshot import write_snapshot
+    from swiftkv.model.surgery import save_swiftkv_params
+    from swiftkv.replies import save_plain_teacher
+    from swiftkv.sources import load_model
+
+    source = save_tiny_folder(tmp_path / "src")
+    write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=3))
+    out = tmp_path / "out"
+    settings = student_settings(tmp_path, source, "lora", out=str(out))
+    result = run_distillation(settings).summary
+    save_plain_teacher(source, tmp_path / "base")
+    student = load_model(out)
+    save_swiftkv_params(
+        student,
+        tmp_path / "w",
+        base=str(source),
+        dtype=torch.float32,
+        base_model=load_model(tmp_path / "base"),
+        student_rank=16,
+    )
+    progress = {
+        "teacher": "/root/sk/work/teacher.gguf",  # the box's path: not here
+        "teacher_digest": "ab12",
+        "teacher_name": str(source),
+        "num_key_value_layers": student.config.num_key_value_layers,
+        "key_value_group_size": 1,
+        "trainable": "lora",
+        "lora_rank": 16,
+    }
+    write_snapshot(tmp_path / "n", weights_trained(tmp_path / "w"), progress)
+    again = run_distillation(replace(settings, init_from=str(tmp_path / "n"), out=str(tmp_path / "again")))
+    before = again.summary["heldout_before"]["kl"]
+    assert before == pytest.approx(result["heldout_after"]["kl"], rel=0.05)
+    assert before != pytest.approx(result["heldout_before"]["kl"], rel=0.2)  # not the fresh student's start
+    for changed, message in (
+        ({"num_key_value_layers": 2}, "num_key_value_layers: folder 2"),
+        ({"teacher_name": None}, "base: folder None"),
+    ):
+        write_snapshot(tmp_path / "m", weights_trained(tmp_path / "w"), {**progress, **changed})
+        with pytest.raises(ValueError, match=f"another student .*{message}"):
+            run_distillation(replace(settings, init_from=str(tmp_path / "m"), out=str(tmp_path / "x")))
+
+
 def test_adapters_start_from_the_run_seed_not_the_process_random_state():
     """Every process of a sharded run initialises its own copy, and two runs of the same settings must
     start alike: the adapters' A factors come from the run's seed alone."""

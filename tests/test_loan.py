@@ -122,6 +122,7 @@ def test_the_loan_script_trains_both_students_and_what_it_brings_back_installs(s
     with torch.no_grad():
         logits = model(torch.tensor([[1, 40, 41, 42]])).logits
     assert torch.isfinite(logits).all() and progress["step"] == 79
+    assert progress["teacher_name"] == settings.teacher  # what `install` falls back to off the box
 
 
 def student_run(settings: StageSettings, folder: Path, out: Path, **changes) -> StudentRun:
@@ -166,11 +167,21 @@ def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_th
     for step, missing in (
         ("unpack1", ".devdata/sk/part1/teacher.tar.0"),
         ("run", ".devdata/sk/part2/stage.json"),
+        ("unpack-previous", ".devdata/sk/previous/replies.npz.xz"),
     ):
         result = subprocess.run(
             ["bash", str(SCRIPT), step], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 2 and f"{missing} is missing; it is written by" in result.stderr
+    # A resumed loan whose earlier output did not come in its own call: named before anything is copied.
+    for present in (tmp_path / ".devdata/sk/part2/stage.json", tmp_path / "box/part1/teacher.tar.0"):
+        present.parent.mkdir(parents=True)
+        present.touch()
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "run"], cwd=tmp_path, env={**env, "RESUME": "1"}, capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "previous/replies.npz.xz is missing; it is written by" in result.stderr
+    assert "gpu_students.sh unpack-previous" in result.stderr
     part1 = Path(settings.out) / "part1"
     moved = part1.with_name("part1-away")
     part1.rename(moved)
@@ -295,3 +306,46 @@ def test_the_loans_lstsq_student_is_converts(tmp_path):
     assert set(mine) == set(theirs)
     for name, tensor in theirs.items():
         assert torch.allclose(mine[name], tensor, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_loans_replies_merge_into_the_reply_file_cpu_runs_and_the_next_stage_read(staged, tmp_path):
+    """`swiftkv loan replies`: the loan's replies, aligned with the staged prompts, keyed and merged after
+    the file's own records (kept as they were where the loan's differ); finished = ends with eos."""
+    from swiftkv.data.tokens import Reply, prompt_key
+    from swiftkv.loan.replies import merge_loan_replies
+    from swiftkv.replies import append_replies, read_replies
+
+    _, settings, manifest = staged
+    stage = Path(settings.out)
+    prompts = decode_ids((stage / "part2" / "prompts.npz.xz").read_bytes())
+    eos = manifest["tokenizer_eos"]
+    written = [p[-2:] + ([eos] if i % 3 == 0 else [7]) for i, p in enumerate(prompts)]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "replies.npz.xz").write_bytes(encode_lists(written))
+    into = tmp_path / "replies-ids.jsonl.xz"
+    own = {prompt_key(prompts[0]): Reply([5, 6], False), prompt_key(prompts[1]): Reply(written[1], False)}
+    append_replies(tmp_path / "own.jsonl", own)
+    into.write_bytes(__import__("lzma").compress((tmp_path / "own.jsonl").read_bytes()))
+    counts = merge_loan_replies(tmp_path / "out", stage, into)
+    merged = read_replies(into)
+    distinct = {prompt_key(p) for p in prompts}
+    assert counts == {"held": 2, "added": len(distinct) - 2, "kept_differing": 1, "replies": len(distinct)}
+    assert merged[prompt_key(prompts[0])] == Reply([5, 6], False)  # the file's own record wins
+    assert list(merged)[:2] == list(own)  # and stays first
+    first: dict[str, Reply] = {}  # a repeated prompt keeps the loan's first reply to it
+    for i, prompt in enumerate(prompts):
+        first.setdefault(prompt_key(prompt), Reply(written[i], i % 3 == 0))
+    assert all(merged[key] == reply for key, reply in first.items() if key not in own)
+    with pytest.raises(FileNotFoundError, match="swiftkv loan run"):
+        merge_loan_replies(tmp_path / "nowhere", stage, into)
+
+
+def test_install_finds_the_teacher_here_or_says_to_name_it():
+    from swiftkv.loan.snapshot import snapshot_teacher
+
+    box = {"teacher": "/root/sk/work/teacher.gguf", "teacher_digest": "ab12"}
+    assert snapshot_teacher({**box, "teacher_name": "smollm2-135m-instruct"}, None) == "smollm2-135m-instruct"
+    assert snapshot_teacher(box, "here.gguf") == "here.gguf"
+    assert snapshot_teacher({**box, "teacher": str(ROOT)}, None) == str(ROOT)  # a path that exists here
+    with pytest.raises(ValueError, match="pass --teacher .* sha256 ab12"):
+        snapshot_teacher(box, None)

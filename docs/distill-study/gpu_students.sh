@@ -10,8 +10,12 @@
 #     carry [".devdata/sk/part1"]: bash docs/distill-study/gpu_students.sh unpack1
 #     carry [".devdata/sk/part2"], timeout_s 600: bash docs/distill-study/gpu_students.sh run
 #   then, here: swiftkv loan install <files_at>/n15 --out ... (and n22), and unstash.
-# A later loan continues from what came back: copy it to .devdata/sk/part2/previous before the second call
-# and run with RESUME=previous (its replies are reused, each student resumes from its snapshot).
+# A later loan continues what an earlier one brought back (its n15/, n22/ and replies.npz.xz; 49 MiB, too much
+# to ride beside part 2, so it takes a call of its own between the two):
+#   bash docs/distill-study/gpu_students.sh previous <that loan's output>   # here: .devdata/sk/previous
+#     carry [".devdata/sk/part1"]:     bash docs/distill-study/gpu_students.sh unpack1
+#     carry [".devdata/sk/previous"]:  bash docs/distill-study/gpu_students.sh unpack-previous
+#     carry [".devdata/sk/part2"]:     RESUME=1 ARGS="--shape none" bash docs/distill-study/gpu_students.sh run
 #   DRY=1 STAGE=... OUT=... bash docs/distill-study/gpu_students.sh run   # the run stage on this CPU (the suite)
 set -uo pipefail
 stage=$1
@@ -29,10 +33,18 @@ case $stage in
     # too: the loan writes only the rest.
     "$ROOT/.venv/bin/python" -m swiftkv.cli loan stage smollm2-135m-instruct --out "$ROOT/.devdata/sk" \
       --replies "$ROOT/docs/distill-study/replies-every-ids.jsonl.xz" ${ARGS:-} ;;
+  previous)
+    # What a resumed loan reads of an earlier one's output ($2), and nothing else.
+    need "${2:-}/replies.npz.xz" "a loan: name its output folder, e.g. docs/distill-study/loan-h200-2026-11-27"
+    rm -rf "$ROOT/.devdata/sk/previous" && mkdir -p "$ROOT/.devdata/sk/previous" \
+      && cp -r "$2"/n[0-9]* "$2/replies.npz.xz" "$ROOT/.devdata/sk/previous/" ;;
   unpack1)
     need .devdata/sk/part1/teacher.tar.0 "gpu_students.sh stage (carried by the first call)"
     mkdir -p "$W" && rm -rf "$W/part1" && cp -r .devdata/sk/part1 "$W/"
     python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))" ;;
+  unpack-previous)
+    need .devdata/sk/previous/replies.npz.xz "gpu_students.sh previous (carried by its own call)"
+    mkdir -p "$W" && rm -rf "$W/previous" && cp -r .devdata/sk/previous "$W/" ;;
   run)
     mkdir -p "$OUT"
     if [ -n "${DRY:-}" ]; then  # this CPU, the repository's venv, a staged tiny teacher (tests/test_loan.py)
@@ -48,9 +60,10 @@ case $stage in
     # No progress bars: a bar's carriage returns would glue the next printed line onto it in the log.
     export PYTHONPATH=$W/site:$ROOT/src HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false \
       TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
-    resume=${RESUME:+--resume $W/part2/$RESUME}
+    [ -z "${RESUME:-}" ] || need "$W/previous/replies.npz.xz" "gpu_students.sh unpack-previous (the call before this one)"
+    resume=${RESUME:+--resume $W/previous}
     # shellcheck disable=SC2086
     python3 -m swiftkv.cli loan run "$W" --out "$OUT" --minutes "${MINUTES:-9}" $resume ${ARGS:-} 2>&1 | tee "$OUT/loan.log"
     exit "${PIPESTATUS[0]}" ;;
-  *) echo "gpu_students.sh: unknown stage $stage (stage, unpack1, run)" >&2; exit 2 ;;
+  *) echo "gpu_students.sh: unknown stage $stage (stage, previous, unpack1, unpack-previous, run)" >&2; exit 2 ;;
 esac

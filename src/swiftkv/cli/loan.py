@@ -1,10 +1,11 @@
-"""`swiftkv loan stage|stash|run|install|unstash`: students trained inside one lent GPU (see swiftkv/loan/)."""
+"""`swiftkv loan stage|stash|run|install|replies|unstash`: students trained inside one lent GPU (see swiftkv/loan/)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from ..loan.replies import merge_loan_replies
 from ..loan.snapshot import install
 from ..loan.stage import StageSettings, write_stage
 from ..loan.students import LoanSettings, run_loan
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
         "the calibration and held-out blocks into two parts, one per transfer; `run` (on the GPU, or --device cpu "
         "as a dry-run) writes the teacher's replies, measures the trainer on an 8B shape and trains every student "
         "in parallel, snapshotting each at least every 2 minutes; `install` turns a snapshot into a distilled "
-        "HF folder. `stash` / `unstash` move what the box never reads out of the checkout and back, since every "
+        "HF folder; `replies` merges the loan's replies into a reply file that CPU runs and the next stage read. `stash` / `unstash` move what the box never reads out of the checkout and back, since every "
         "call carries the checkout beside its part.",
     )
     steps = parser.add_subparsers(dest="step", metavar="STEP", required=True)
@@ -51,6 +52,17 @@ def register(subparsers) -> None:
     put.add_argument("--teacher", default=None, help="the teacher here (default: the one the snapshot names)")
     put.add_argument("--force", action="store_true", help="overwrite --out")
     put.set_defaults(func=run_install)
+    keep = steps.add_parser(
+        "replies", help="a loan's replies -> a reply file distill and the next stage read"
+    )
+    keep.add_argument("loan_out", help="a loan's output folder (its replies.npz.xz)")
+    keep.add_argument("--stage", required=True, help="the stage that loan ran on (its part2/prompts.npz.xz)")
+    keep.add_argument(
+        "--into",
+        required=True,
+        help="the reply file to merge into (created if missing; its records kept first; .xz compressed)",
+    )
+    keep.set_defaults(func=run_replies)
 
 
 def run_stage(args) -> int:
@@ -85,4 +97,9 @@ def run_run(args) -> int:
 
 def run_install(args) -> int:
     print(f"wrote {install(args.snapshot, args.out, args.teacher, args.force)}")
+    return 0
+
+
+def run_replies(args) -> int:
+    print(json.dumps(merge_loan_replies(Path(args.loan_out), Path(args.stage), Path(args.into))))
     return 0

@@ -4,9 +4,11 @@ run settings, only the trained tensors: its SwiftKV parameters and, for a `--tra
 each adapted weight's difference from the base as rank factors (weight += delta_b @ delta_a), which
 are an adapter's own two factors (its B @ A) up to how the product is split. A run started from it
 trains on from those tensors with a fresh AdamW, like one started from an earlier run's checkpoint.
+A GPU loan's student snapshot (`swiftkv loan run`'s OUT/n15/ ...) is such a folder too: its tensors are
+already named as a run's trained parameters, and its progress says which student it holds.
 
-The folder stores the tensors in bf16, so the run starts within bf16 rounding of the student it names
-(the held-out score at step 0 shows where)."""
+Both store the tensors in bf16, so the run starts within bf16 rounding of the student they name (the
+held-out score at step 0 shows where)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from ..loan.snapshot import FIRST_FILE as SNAPSHOT_FIRST_FILE
+from ..loan.snapshot import read_progress, read_snapshot
 from ..model.surgery import DELTA_FACTORS, TRAINED_SPEC, read_trained, read_trained_spec
 from ..sources import WEIGHTS_DIR, Source, available_aliases, read_config_dict, source_name
 from .settings import DistillSettings
@@ -21,10 +25,10 @@ from .trainable import DEFAULT_LORA_RANK, LORA_A, LORA_B, STUDENT_MODULES
 
 
 def weights_folder(given: str) -> Path | None:
-    """The weights folder `given` names (a folder holding TRAINED_SPEC, or an installed student's
-    alias); None when it names none (it may then name a checkpoint)."""
+    """The weights folder `given` names (a folder holding TRAINED_SPEC, a loan's student snapshot, or an
+    installed student's alias); None when it names none (it may then name a checkpoint)."""
     path = Path(given)
-    if (path / TRAINED_SPEC).is_file():
+    if (path / TRAINED_SPEC).is_file() or is_snapshot(path):
         return path
     if given in available_aliases() and (WEIGHTS_DIR / given / TRAINED_SPEC).is_file():
         return WEIGHTS_DIR / given
@@ -52,7 +56,7 @@ def check_weights_student(folder: Path, settings: DistillSettings, config: dict 
         if not isinstance(settings.source, Source):
             return
         config = read_config_dict(settings.source.folder)
-    spec = read_trained_spec(folder)
+    spec = folder_spec(folder)
     expected = expected_spec(settings, config)
     found = {key: spec.get(key) for key in expected} | {
         "key_value_group_size": spec.get("key_value_group_size", 1)
@@ -69,9 +73,31 @@ def check_weights_student(folder: Path, settings: DistillSettings, config: dict 
         )
 
 
+def is_snapshot(folder: Path) -> bool:
+    return (folder / SNAPSHOT_FIRST_FILE).is_file() and not (folder / TRAINED_SPEC).is_file()
+
+
+def folder_spec(folder: Path) -> dict:
+    """What a weights folder says of its student; a snapshot's progress, in the same terms (the teacher
+    by the name its stage gave it: the base the student was converted from)."""
+    if not is_snapshot(folder):
+        return read_trained_spec(folder)
+    progress = read_progress(folder)
+    trained = list(STUDENT_MODULES[progress["trainable"]])
+    return {
+        "base": progress.get("teacher_name"),
+        "num_key_value_layers": progress["num_key_value_layers"],
+        "key_value_group_size": progress["key_value_group_size"],
+        "student_trained": trained or None,
+        "student_rank": progress["lora_rank"] if trained else None,
+    }
+
+
 def weights_trained(folder: Path) -> dict[str, torch.Tensor]:
     """The folder's tensors by the trained parameter names of a run of its student (fp32): the SwiftKV
-    parameters as stored, each rank factor as its adapter's factor."""
+    parameters as stored, each rank factor as its adapter's factor (a snapshot's are named so already)."""
+    if is_snapshot(folder):
+        return {name: tensor.float() for name, tensor in read_snapshot(folder)[0].items()}
     _, tensors = read_trained(folder)
     delta_b, delta_a = (".weight" + suffix for suffix in DELTA_FACTORS)
     named = {}

@@ -164,7 +164,8 @@ class DistillSettings:
     init_from: str | None = setting(
         None,
         "an earlier run's checkpoint (OUT.ckpt or its checkpoint.pt), or a student's SwiftKV weights "
-        "(a folder with swiftkv.json, or an installed student's alias), whose trained tensors this run "
+        "(a folder with swiftkv.json, an installed student's alias, or a GPU loan's student snapshot, "
+        "e.g. OUT/n15), whose trained tensors this run "
         "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
         "a fresh AdamW; the same student: the same source, --trainable and --lora-rank",
     )

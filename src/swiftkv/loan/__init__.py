@@ -8,4 +8,5 @@ student.py   one student's process: lstsq init, packed blocks, the trainer's ste
 snapshot.py  what a loan brings back: trained tensors in files under the transfer's size limit, the
              run's progress in their metadata; `install` turns one into a distilled folder
 shape.py     the users' number: the trainer on a randomly initialised model of a given shape
+replies.py   here again: a loan's replies merged into the reply file CPU runs and the next stage read
 """

@@ -23,6 +23,7 @@ from ..sources import open_source
 
 FILE_LIMIT = 15 * 2**20  # bytes of tensors per file: the device tool returns files of at most 16 MiB
 PROGRESS_KEY = "progress"
+FIRST_FILE = "0.safetensors"  # the file whose metadata holds the progress
 
 
 def write_snapshot(folder: Path, tensors: dict[str, torch.Tensor], progress: dict) -> None:
@@ -48,7 +49,7 @@ def write_snapshot(folder: Path, tensors: dict[str, torch.Tensor], progress: dic
 
 def read_progress(folder: str | os.PathLike) -> dict:
     """A snapshot's progress alone (its first file's metadata: no tensor is read)."""
-    first = Path(folder) / "0.safetensors"
+    first = Path(folder) / FIRST_FILE
     if not first.is_file():
         raise FileNotFoundError(
             f"{first} is missing: {folder} is not a loan snapshot (written by `swiftkv loan run`)"
@@ -87,7 +88,7 @@ def install(
     """The distilled HF SwiftKV folder of a snapshot: the teacher's weights, the trained SwiftKV
     parameters, the student-only adapters merged (as `swiftkv distill` writes its output)."""
     tensors, progress = read_snapshot(snapshot)
-    source = open_source(teacher or progress["teacher"])
+    source = open_source(snapshot_teacher(progress, teacher))
     teacher_model = source.load_model(torch.float32)
     load_trained_set(*student_model(copy.deepcopy(teacher_model), progress), tensors, snapshot)
     model = build_swiftkv_model(
@@ -97,6 +98,21 @@ def install(
     info = {"source": source.name, "init": "distilled", "trimmed": False, "loan": progress_summary(progress)}
     write_swiftkv_folder(model, source.load_tokenizer(), out, info, force=force)
     return Path(out)
+
+
+def snapshot_teacher(progress: dict, teacher: str | None) -> str:
+    """The teacher a snapshot is installed over: the one given, else the path it trained with where that
+    exists (a CPU run's), else the name the stage gave it (the loan box's path is not here)."""
+    if teacher:
+        return teacher
+    if Path(progress["teacher"]).exists():
+        return progress["teacher"]
+    if progress.get("teacher_name"):
+        return progress["teacher_name"]
+    raise ValueError(
+        f"the snapshot's teacher {progress['teacher']} is where the loan ran, not here; pass --teacher with "
+        f"the same teacher here (the one staged as the tar of sha256 {progress['teacher_digest']})"
+    )
 
 
 def progress_summary(progress: dict) -> dict:

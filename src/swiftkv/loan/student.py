@@ -84,6 +84,7 @@ class StudentRun:
     peak_flops: float | None = None  # the device's matmul peak, measured once, alone, by students.py
     resume: str | None = None  # a snapshot folder to continue
     stop_after: int | None = None  # stop (snapshotted) after this many steps: a slice of the run
+    teacher_name: str | None = None  # the teacher as the stage named it (an alias there): install's default
 
 
 @dataclass
@@ -264,6 +265,7 @@ def new_progress(
     return {
         "teacher": run.teacher,
         "teacher_digest": run.teacher_digest,
+        "teacher_name": run.teacher_name,
         "num_key_value_layers": run.num_key_value_layers,
         "key_value_group_size": 1,
         "recipe": run.recipe,

@@ -322,6 +322,7 @@ def student_runs(
         StudentRun(
             teacher=str(teacher_path),
             teacher_digest=manifest["teacher"]["tar_sha256"],
+            teacher_name=manifest["teacher"]["name"],
             blocks=str(staged(stage, BLOCKS_FILE)),
             prompts=str(staged(stage, PROMPTS_FILE)),
             replies=str(out / REPLIES_FILE),

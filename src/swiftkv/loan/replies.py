@@ -1,0 +1,57 @@
+"""A loan's teacher replies as the reply file a CPU run reads: `swiftkv loan replies OUT --stage S --into F`.
+
+A loan brings its replies back as token ids aligned with the staged prompts (OUT/replies.npz.xz), not keyed.
+Merged into a reply file (`key`, `reply_ids`, `finished` records, plain or .xz), they serve `swiftkv distill
+--teacher-data F` on any machine and the next `swiftkv loan stage --replies F`, so no later loan or CPU
+session writes them again. The file's own records are kept first and as they are (a reader takes the first
+record of a key); the loan's replies to other prompts follow in the prompts' order."""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+from ..data.tokens import Reply, prompt_key
+from ..files import atomic_file
+from ..replies import read_replies
+from .stage import PROMPTS_FILE, REPLIES_FILE, decode_ids, need
+
+
+def loan_replies(loan_out: Path, stage: Path) -> dict[str, Reply]:
+    """The loan's replies by prompt key, the first of a repeated prompt kept. A reply is finished when it
+    ends with the tokenizer's eos, as the writer ends a reply the teacher stopped (a cut one never does)."""
+    prompts = decode_ids(need(stage / "part2" / PROMPTS_FILE, "swiftkv loan stage").read_bytes())
+    replies = decode_ids(need(loan_out / REPLIES_FILE, "swiftkv loan run").read_bytes())
+    if len(replies) > len(prompts):
+        raise ValueError(
+            f"{loan_out / REPLIES_FILE} holds {len(replies)} replies but {stage} stages {len(prompts)} prompts; "
+            "expected the stage the loan ran on"
+        )
+    eos = json.loads(need(stage / "part2" / "stage.json", "swiftkv loan stage").read_text())["tokenizer_eos"]
+    keyed: dict[str, Reply] = {}
+    for prompt, ids in zip(prompts, replies, strict=False):
+        keyed.setdefault(prompt_key(prompt), Reply(ids, bool(ids) and ids[-1] == eos))
+    return keyed
+
+
+def merge_loan_replies(loan_out: Path, stage: Path, into: Path) -> dict:
+    """`into` rewritten (atomically; xz-compressed when its name ends in .xz) with the loan's replies to
+    the prompts it does not answer appended; counts of what it held, what was added, and how many of the
+    loan's replies to prompts it already answered differ from its own (those are kept as they were)."""
+    held = read_replies(into)
+    loan = loan_replies(loan_out, stage)
+    added = {key: reply for key, reply in loan.items() if key not in held}
+    differing = sum(1 for key, reply in loan.items() if key in held and held[key] != reply)
+    lines = "".join(
+        json.dumps({"key": key, "reply_ids": reply.ids, "finished": reply.finished}) + "\n"
+        for key, reply in {**held, **added}.items()
+    ).encode("utf-8")
+    with atomic_file(into) as tmp:
+        tmp.write_bytes(lzma.compress(lines, preset=9) if into.suffix == ".xz" else lines)
+    return {
+        "held": len(held),
+        "added": len(added),
+        "kept_differing": differing,
+        "replies": len(held) + len(added),
+    }
