@@ -161,6 +161,36 @@ def test_a_cut_run_resumes_from_its_snapshot_and_a_changed_schedule_is_refused(s
         train_student(student_run(settings, folder, tmp_path / "c", resume=str(tmp_path / "a"), batch_size=4))
 
 
+def test_a_student_profiles_a_few_steps_after_its_first_speed_line_and_trains_on(
+    staged, tmp_path, capsys, monkeypatch
+):
+    """The profiled steps are ordinary steps (the loss history stays step after step), kept out of the
+    timing; the report names the busiest ops. A profiler that fails midway is said and the run goes on."""
+    from swiftkv.loan import student as student_module
+
+    folder, settings, _ = staged
+    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
+    (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
+    run = student_run(settings, folder, tmp_path / "a", stop_after=8, first_report_seconds=0.0)
+    progress = train_student(run)
+    printed = capsys.readouterr().out
+    assert "profile of 3 steps:" in printed and "ms wall per step" in printed and "Self CPU" in printed
+    assert progress["step"] == 8 and [s for s, _ in progress["loss"]] == list(range(1, 9))
+
+    def fails_after_one(step, steps, device):
+        step(steps[0])
+        raise RuntimeError("no profiler here")
+
+    monkeypatch.setattr(student_module, "profile_steps", fails_after_one)
+    progress = train_student(
+        student_run(settings, folder, tmp_path / "b", stop_after=8, first_report_seconds=0.0)
+    )
+    assert (
+        "profile failed (RuntimeError: no profiler here); training on unprofiled" in capsys.readouterr().out
+    )
+    assert progress["step"] == 8 and [s for s, _ in progress["loss"]] == list(range(1, 9))
+
+
 def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_them(staged, tmp_path):
     _, settings, _ = staged
     env = {**os.environ, "W": str(tmp_path / "box")}

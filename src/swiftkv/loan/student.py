@@ -20,7 +20,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +38,7 @@ from ..distill.world import World
 from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
 from ..sources import open_source
+from .profile import PROFILED_STEPS, profile_steps
 from .snapshot import read_snapshot, write_snapshot
 from .stage import decode_ids
 
@@ -178,12 +179,31 @@ def train_student(run: StudentRun) -> dict:
         if not reported and session.timing.seconds >= run.first_report_seconds:
             reported = True
             say(run, speed_line(speed_of(session.timing, session.bound)))
+            if step + PROFILED_STEPS <= last:
+                step = profiled(session, step, start)
         if time.time() - last_snapshot >= run.snapshot_seconds:
             session.snapshot(step)
             last_snapshot = time.time()
     session.snapshot(step)
     say(run, speed_line(speed_of(session.timing, session.bound)))
     return session.progress
+
+
+def profiled(session: Session, step: int, start: int) -> int:
+    """PROFILED_STEPS more steps under the profiler, its report printed (or why it failed) and those steps
+    kept out of the timing; the step after the last one that ran."""
+    timing, done = replace(session.timing), []
+
+    def one(index: int) -> None:
+        session.step(index, start)
+        done.append(index)
+
+    try:
+        say(session.run, profile_steps(one, range(step, step + PROFILED_STEPS), session.world.device))
+    except Exception as error:  # the profiler is a diagnosis: the run trains on without it
+        say(session.run, f"profile failed ({type(error).__name__}: {error}); training on unprofiled")
+    session.timing = timing
+    return step + len(done)
 
 
 def start_session(run: StudentRun) -> Session:
