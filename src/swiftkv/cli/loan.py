@@ -21,7 +21,8 @@ def register(subparsers) -> None:
         "the calibration and held-out blocks into two parts, one per transfer; `run` (on the GPU, or --device cpu "
         "as a dry-run) writes the teacher's replies, measures the trainer on an 8B shape and trains every student "
         "in parallel, snapshotting each at least every 2 minutes; `install` turns a snapshot into a distilled "
-        "HF folder; `replies` merges the loan's replies into a reply file that CPU runs and the next stage read. `stash` / `unstash` move what the box never reads out of the checkout and back, since every "
+        "HF folder; `replies` merges the loan's replies into a reply file that CPU runs and the next stage "
+        "read. `stash` / `unstash` move what the box never reads out of the checkout and back, since every "
         "call carries the checkout beside its part.",
     )
     steps = parser.add_subparsers(dest="step", metavar="STEP", required=True)
