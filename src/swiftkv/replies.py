@@ -314,6 +314,11 @@ def reply_records(text: str, path: Path) -> dict[str, Reply]:
     return replies
 
 
+def reply_record(key: str, reply: Reply) -> dict:
+    """A reply file's record of one reply, as `read_replies` reads it back."""
+    return {"key": key, "reply_ids": reply.ids, "finished": reply.finished}
+
+
 def append_replies(
     path: Path, records: dict[str, Reply], chats: dict[str, list[dict]] | None = None, tokenizer=None
 ) -> None:
@@ -322,7 +327,7 @@ def append_replies(
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as handle:
         for key, reply in records.items():
-            record = {"key": key, "reply_ids": reply.ids, "finished": reply.finished}
+            record = reply_record(key, reply)
             if chats and key in chats and tokenizer is not None:
                 text = tokenizer.decode(reply.ids, skip_special_tokens=True)
                 record = {"messages": [*chats[key], {"role": "assistant", "content": text}], **record}

@@ -29,7 +29,7 @@ def profile_steps(step: Callable[[int], None], steps: range, device: torch.devic
     events = profiler.key_averages()
     kind = "device" if cuda else "cpu"
     busy_ms = sum(self_time(event, kind) for event in events) / 1e3 / len(steps)
-    table = events.table(sort_by=f"self_{'device' if cuda else 'cpu'}_time_total", row_limit=TABLE_ROWS)
+    table = events.table(sort_by=f"self_{kind}_time_total", row_limit=TABLE_ROWS)
     return (
         f"profile of {len(steps)} steps: {wall_ms:.1f} ms wall per step, {busy_ms:.1f} ms of {kind} self time "
         f"per step ({busy_ms / wall_ms:.0%} busy)\n{table}"

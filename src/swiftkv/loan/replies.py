@@ -14,24 +14,24 @@ from pathlib import Path
 
 from ..data.tokens import Reply, prompt_key
 from ..files import atomic_file
-from ..replies import read_replies
-from .stage import PROMPTS_FILE, REPLIES_FILE, decode_ids, need
+from ..replies import read_replies, reply_record
+from .stage import PROMPTS_FILE, REPLIES_FILE, STAGE_FILE, decode_ids, need, staged
 
 
 def loan_replies(loan_out: Path, stage: Path) -> dict[str, Reply]:
-    """The loan's replies by prompt key, the first of a repeated prompt kept. A reply is finished when it
-    ends with the tokenizer's eos, as the writer ends a reply the teacher stopped (a cut one never does)."""
-    prompts = decode_ids(need(stage / "part2" / PROMPTS_FILE, "swiftkv loan stage").read_bytes())
+    """The loan's replies by prompt key, the first of a repeated prompt kept. Each is read back as the
+    writer made it (`Reply.of_row`: finished when it holds the end-of-turn id, which ends it)."""
+    prompts = decode_ids(staged(stage, PROMPTS_FILE).read_bytes())
     replies = decode_ids(need(loan_out / REPLIES_FILE, "swiftkv loan run").read_bytes())
     if len(replies) > len(prompts):
         raise ValueError(
             f"{loan_out / REPLIES_FILE} holds {len(replies)} replies but {stage} stages {len(prompts)} prompts; "
             "expected the stage the loan ran on"
         )
-    eos = json.loads(need(stage / "part2" / "stage.json", "swiftkv loan stage").read_text())["tokenizer_eos"]
+    eos = json.loads(staged(stage, STAGE_FILE).read_text())["tokenizer_eos"]
     keyed: dict[str, Reply] = {}
     for prompt, ids in zip(prompts, replies, strict=False):
-        keyed.setdefault(prompt_key(prompt), Reply(ids, bool(ids) and ids[-1] == eos))
+        keyed.setdefault(prompt_key(prompt), Reply.of_row(ids, eos))
     return keyed
 
 
@@ -44,8 +44,7 @@ def merge_loan_replies(loan_out: Path, stage: Path, into: Path) -> dict:
     added = {key: reply for key, reply in loan.items() if key not in held}
     differing = sum(1 for key, reply in loan.items() if key in held and held[key] != reply)
     lines = "".join(
-        json.dumps({"key": key, "reply_ids": reply.ids, "finished": reply.finished}) + "\n"
-        for key, reply in {**held, **added}.items()
+        json.dumps(reply_record(key, reply)) + "\n" for key, reply in {**held, **added}.items()
     ).encode("utf-8")
     with atomic_file(into) as tmp:
         tmp.write_bytes(lzma.compress(lines, preset=9) if into.suffix == ".xz" else lines)
