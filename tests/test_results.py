@@ -182,29 +182,26 @@ def renderings() -> dict[str, str]:
             json.loads((DOCS / "bench" / name / "bench.json").read_text())
         )
     card = load_card()
-    out["card-swiftkv50.md"] = card.card(
-        "final64",
-        "smollm2-135m-instruct-swiftkv50",
-        15,
-        json.loads((study / "final64-n15-distill.json").read_text()),
-        json.loads((study / "final64-n15-fulleval.json").read_text()),
-        "12.5",
-        "The capital of France is Paris.",
-        1000,
-        "Shared CPU.",
-    )
-    # a continued run's card: the run it continued comes first, read from its committed summary
-    out["card-swiftkv50-continued.md"] = card.card(
-        "cpu16m",
-        "smollm2-135m-instruct-swiftkv50",
-        15,
-        json.loads((study / "cpu16m-n15-distill.json").read_text()),
-        json.loads((study / "cpu16m-n15-fulleval.json").read_text()),
-        "",
-        "The capital of France is Paris.",
-        15314,
-        "Resumed.",
-    )
+    # golden name -> round, alias, N, the run and eval files' prefix, time log, replies' count, note
+    cards = {
+        "card-swiftkv50.md": ("final64", "swiftkv50", 15, "final64", "12.5", 1000, "Shared CPU."),
+        # a continued run's card: the run it continued comes first, read from its committed summary
+        "card-swiftkv50-continued.md": ("cpu16m", "swiftkv50", 15, "cpu16m", "", 15314, "Resumed."),
+        # a chain of runs, each from the weights folder of the one before (--init-from), scored before install
+        "card-swiftkv25-chain.md": ("cpu17m", "swiftkv25", 22, "cpu17m", "", 32715, "Alone."),
+    }
+    for name, (round_name, alias, n, prefix, log, replies, note) in cards.items():
+        out[name] = card.card(
+            round_name,
+            f"smollm2-135m-instruct-{alias}",
+            n,
+            json.loads((study / f"{prefix}-n{n}-distill.json").read_text()),
+            json.loads((study / f"{prefix}-n{n}-fulleval.json").read_text()),
+            log,
+            "The capital of France is Paris.",
+            replies,
+            note,
+        )
     return out
 
 

