@@ -4,8 +4,8 @@
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
-RUN.json: `swiftkv distill --json` (of a round that `continues` another: the continuation's; the run it
-continued is read from this folder's `<that round>-nN-distill.json`); EVAL_RESULTS.json: `swiftkv eval` results.json holding this
+RUN.json: `swiftkv distill --json` (of a round that `continues` another: its own run's; every earlier run of
+the chain is read from this folder's `<that round>-nN-distill.json`); EVAL_RESULTS.json: `swiftkv eval` results.json holding this
 student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
 file holding only the wall minutes (unused for a continuation, whose card gives each run's step time);
 PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output; NOTE: a sentence on how the run
