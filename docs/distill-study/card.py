@@ -283,12 +283,12 @@ def run_label(run: DistillSummary, index: int) -> str:
     return "the continuation" if run.settings.get("continue_from") else f"the {ORDINALS[index]} run"
 
 
-def scripts_line(names: list[str]) -> str:
+def scripts_line(names: list[str], runs: list[DistillSummary]) -> str:
     """Which repository scripts ran the chain's runs, and which of them wrote the teacher's replies."""
     scripts = [ROUNDS[name].script for name in names]
     if len(names) == 1:
         return f"(`{scripts[0]}` in the repository, which also wrote the teacher's replies first"
-    if len(names) == 2:
+    if len(names) == 2 and runs[1].settings.get("continue_from"):  # one script ran both (`CONTINUE_FROM`)
         return f"(`{scripts[1]}` in the repository, whose continued run wrote the teacher's replies"
     listed = ", ".join(f"`{script}`" for script in scripts)
     return f"(the repository's scripts, one per run in order: {listed}; the first wrote its teacher's replies"
@@ -403,7 +403,7 @@ def card(
         *export_command(round_, n, alias, s),
         "```",
         "",
-        scripts_line(names) + "; `--reply-tokens` restates the recipe's value.)",
+        scripts_line(names, runs) + "; `--reply-tokens` restates the recipe's value.)",
         "",
         f"- Recipe `{s['recipe']}` ({round_.recipe_note}): {s['init']} init; targets = the",
         f"  teacher's own greedy replies to {turns} of ShareGPT",
