@@ -182,21 +182,21 @@ def renderings() -> dict[str, str]:
             json.loads((DOCS / "bench" / name / "bench.json").read_text())
         )
     card = load_card()
-    # golden name -> round, alias, N, the run and eval files' prefix, time log, replies' count, note
+    # golden name -> round (its run and eval files' prefix), alias, N, time log, replies' count, note
     cards = {
-        "card-swiftkv50.md": ("final64", "swiftkv50", 15, "final64", "12.5", 1000, "Shared CPU."),
+        "card-swiftkv50.md": ("final64", "swiftkv50", 15, "12.5", 1000, "Shared CPU."),
         # a continued run's card: the run it continued comes first, read from its committed summary
-        "card-swiftkv50-continued.md": ("cpu16m", "swiftkv50", 15, "cpu16m", "", 15314, "Resumed."),
+        "card-swiftkv50-continued.md": ("cpu16m", "swiftkv50", 15, "", 15314, "Resumed."),
         # a chain of runs, each from the weights folder of the one before (--init-from), scored before install
-        "card-swiftkv25-chain.md": ("cpu17m", "swiftkv25", 22, "cpu17m", "", 32715, "Alone."),
+        "card-swiftkv25-chain.md": ("cpu17m", "swiftkv25", 22, "", 32715, "Alone."),
     }
-    for name, (round_name, alias, n, prefix, log, replies, note) in cards.items():
+    for name, (round_name, alias, n, log, replies, note) in cards.items():
         out[name] = card.card(
             round_name,
             f"smollm2-135m-instruct-{alias}",
             n,
-            json.loads((study / f"{prefix}-n{n}-distill.json").read_text()),
-            json.loads((study / f"{prefix}-n{n}-fulleval.json").read_text()),
+            json.loads((study / f"{round_name}-n{n}-distill.json").read_text()),
+            json.loads((study / f"{round_name}-n{n}-fulleval.json").read_text()),
             log,
             "The capital of France is Paris.",
             replies,
