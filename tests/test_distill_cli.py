@@ -267,7 +267,10 @@ def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_r
     assert result["shared"]["tokens_per_s"] > 0 and result["naive"]["tokens_per_s"] > 0
     bound = result["compute_bound"]
     assert bound["matmul_peak_flops"] > 1e9 and 0 < bound["fraction_of_bound"] < 1
-    assert result["trainable"] == "swiftkv" and result["peak_memory_mib"] > 100
+    assert result["trainable"] == "swiftkv" and result["peak_memory_mib"] > 100 and not result["compiled"]
+    # --compile: the decoder layers timed as a training run compiles them (inductor, on this CPU).
+    assert main([*args[:-2], "--compile", "--json", str(tmp_path / "compiled.json")]) == 0
+    assert json.loads((tmp_path / "compiled.json").read_text())["compiled"]
     # A capacity arm: its own trainable set, and the FLOPs of its extra weight gradients in the bound.
     assert main([*args[:-2], "--trainable", "late", "--json", str(tmp_path / "late.json")]) == 0
     late = json.loads((tmp_path / "late.json").read_text())

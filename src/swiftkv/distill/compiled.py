@@ -8,6 +8,13 @@ a different number of positions every step (the prefill skip keeps only the rows
 FSDP2 shards too. Compiling can fail where it was never tried (a new GPU, a torch version): the first
 failure turns it off for the rest of the run, says why, and reruns that step on the plain path, so a
 run always trains.
+
+Each layer sees several guard variants: the teacher's path and the student's (`on_student_path`, a
+module global so that dynamo reads it as a constant), grad on or off (the teacher, the held-out scoring),
+an input that requires grad or not, plain and adapted MLPs, with or without a document mask. Those are
+more than dynamo's default of 8 compiled versions per function, past which it runs the rest eagerly
+without failing, so the limit is raised, and the first compiled call logs how many graphs and graph
+breaks it made: a loan's log shows at once whether the layers compiled whole.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import torch
 from torch import nn
 
 T = TypeVar("T")
+RECOMPILE_LIMIT = 64  # compiled versions per function: the variants above with room to spare
 
 
 class CompiledLayers:
@@ -35,6 +43,9 @@ class CompiledLayers:
         self.model = model
         self.layers = list(model.model.layers) if enabled else []
         self.log = log
+        self.reported = False
+        if self.layers:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         for layer in self.layers:
             layer.compile(dynamic=True, backend=backend)
 
@@ -48,11 +59,15 @@ class CompiledLayers:
         if not self.active:
             return step(*args)
         try:
-            return step(*args)
+            result = step(*args)
         except Exception as error:  # noqa: BLE001 - any compile failure: the plain layers still train
             self.turn_off(reason_of(error))
             self.model.zero_grad(set_to_none=True)
             return step(*args)
+        if not self.reported:
+            self.reported = True
+            self.log(f"--compile: {compile_summary()}")
+        return result
 
     def turn_off(self, reason: str) -> None:
         for layer in self.layers:
@@ -60,6 +75,17 @@ class CompiledLayers:
         self.layers = []
         torch._dynamo.reset()  # noqa: SLF001 - drop the failed graphs
         self.log(f"--compile: the compiled layers failed ({reason}); training on the plain path")
+
+
+def compile_summary() -> str:
+    """What dynamo made so far in this process: graphs, and graph breaks with their most common reason."""
+    counters = torch._dynamo.utils.counters  # noqa: SLF001 - dynamo's own tally
+    breaks = counters["graph_break"]
+    line = f"{counters['stats']['unique_graphs']} graph(s), {sum(breaks.values())} graph break(s)"
+    if breaks:
+        reason, count = max(breaks.items(), key=lambda item: item[1])
+        line += f" (most often, {count}x: {' '.join(str(reason).split())[:200]})"
+    return line
 
 
 def reason_of(error: BaseException, limit: int = 300) -> str:

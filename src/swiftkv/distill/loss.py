@@ -70,20 +70,21 @@ def backward_logit_loss(
     terms: LossTerms,
     scale: float = 1.0,
     also: torch.Tensor | None = None,
-) -> float:
-    """Back-propagate `scale * logit_loss_sum(...)` chunk by chunk; return the unscaled sum.
+) -> torch.Tensor:
+    """Back-propagate `scale * logit_loss_sum(...)` chunk by chunk; return the unscaled sum (a float64
+    scalar tensor: reading each chunk's value on the host would wait for the device at every chunk).
 
     `student_rows` must carry the graph to the trained parameters; `teacher_rows` is a constant.
     `also` is another scalar loss term (already weighted and scaled, e.g. the hidden-state MSE) whose
     gradient joins the same single backward pass through the model.
     """
     leaf = student_rows.detach().requires_grad_(True)
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=leaf.device)
     for start in range(0, leaf.shape[0], terms.chunk_rows):
         rows = slice(start, start + terms.chunk_rows)
         loss = logit_loss_sum(leaf[rows], teacher_rows[rows], logits_fn, terms)
         (loss * scale).backward()
-        total += float(loss.detach())
+        total += loss.detach().double()
     outputs, grads = [], []
     if leaf.grad is not None:
         outputs.append(student_rows)
@@ -103,17 +104,17 @@ def distill_loss(
     sizes: BatchSizes,
     world_size: int,
     trained: bool = True,
-) -> float:
+) -> torch.Tensor:
     """Every term of one micro-batch, back-propagated, each scaled so that the gradients summed over a
     step's micro-batches and averaged over the processes are those of the global mean loss; returns this
-    micro-batch's share of that mean. `trained` False: the micro-batch has no trained position (a block
+    micro-batch's share of that mean, a float64 scalar on the device. `trained` False: the micro-batch has no trained position (a block
     of user text only; `pair` then holds one stand-in row), so the logit terms add nothing."""
     divisor = max(1, sizes.targets if terms.kl_mean_over == "targets" else sizes.positions)
-    share, mse_term = 0.0, None
+    share, mse_term = torch.zeros((), dtype=torch.float64, device=pair.student.device), None
     if pair.student_probe is not None:
         mse = mse_sum(pair.student_probe, pair.teacher_probe) / max(1, sizes.positions)
         mse_term = terms.mse_weight * mse * world_size
-        share += float(mse_term.detach()) / world_size
+        share += mse_term.detach().double() / world_size
     scale = world_size / divisor if trained else 0.0
     logit_sum = backward_logit_loss(pair.student, pair.teacher, logits_fn, terms, scale, also=mse_term)
-    return share + (logit_sum / divisor if trained else 0.0)
+    return share + logit_sum / divisor if trained else share

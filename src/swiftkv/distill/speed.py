@@ -17,6 +17,7 @@ from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import distill_flops_per_token, matmul_peak
 from ..sources import source_name
 from . import trainable
+from .compiled import CompiledLayers
 from .loss import BatchSizes
 from .setup import load_student
 from .trainer import (
@@ -30,17 +31,20 @@ from .trainer import (
 from .world import World, training_device
 
 
-def timed_step(distiller, model, optimizer, blocks, step_settings, world: World) -> tuple[float, float]:
+def timed_step(
+    compiled: CompiledLayers, distiller, model, optimizer, blocks, step_settings, world: World
+) -> tuple[float, float]:
     sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)
     wall, cpu = time.perf_counter(), time.process_time()
-    train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world)
+    compiled.run(train_step, distiller, model, optimizer, blocks, BatchSizes.of(blocks), step_settings, world)
     sync()
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     """`steps` optimizer steps each way (after one warm-up step each), alternating; `naive=False`
-    times the shared-prefix way alone (training throughput)."""
+    times the shared-prefix way alone (training throughput). With `--compile` the decoder layers are
+    compiled as a training run compiles them; the warm-up step then includes the compile."""
     settings = settings.opened()
     model, tokenizer = load_student(settings)
     train, _ = load_blocks(
@@ -64,11 +68,12 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     ways = {"shared": distiller_for(model, step_settings)}
     if naive:
         ways["naive"] = distiller_for(model, replace(step_settings, naive=True))
+    compiled = CompiledLayers(model, settings.compile, lambda text: print(text, flush=True))
     totals = {name: [0.0, 0.0] for name in ways}
     for step in range(steps + 1):
         blocks = train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
         for name, distiller in ways.items():
-            wall, cpu = timed_step(distiller, model, optimizer, blocks, step_settings, world)
+            wall, cpu = timed_step(compiled, distiller, model, optimizer, blocks, step_settings, world)
             if step:  # step 0 warms up allocators and kernels
                 totals[name][0] += wall
                 totals[name][1] += cpu
@@ -81,6 +86,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
         "dtype": dtype_name(dtype),
         "device": device_name(world.device),
         "micro_batch": step_settings.micro_batch,
+        "compiled": compiled.active,
         "threads": torch.get_num_threads(),
         "trainable": settings.trainable,
         "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),

@@ -182,11 +182,11 @@ def accumulate_gradients(
     dtype = resolve_dtype(step.dtype, device)
     for k, micro in enumerate(micro_batches):
         with gradient_sync(distiller, world, k == len(micro_batches) - 1), autocast(dtype, device):
-            micro = micro.to(device)
-            rows, trained = rows_of(micro)
+            rows, trained = rows_of(micro)  # on the host, before the copy: no wait for the device
+            micro, rows = micro.to(device), rows.to(device)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
             total += distill_loss(pair, model.lm_head, step.loss, sizes, world.size, trained)
-    return total
+    return float(total)  # the step's one wait for the device
 
 
 def rows_of(micro: Blocks) -> tuple[torch.Tensor, bool]:
@@ -223,9 +223,10 @@ def evaluate(
     for i in range(forwards):
         micro = mine.select(slice(i * step.micro_batch, (i + 1) * step.micro_batch))
         counted = len(micro) > 0
-        micro = (micro if counted else heldout.select(slice(0, 1))).to(device)
+        micro = micro if counted else heldout.select(slice(0, 1))
+        rows, trained = rows_of(micro)
+        micro, rows = micro.to(device), rows.to(device)
         with autocast(resolve_dtype(step.dtype, device), device):
-            rows, trained = rows_of(micro)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
             stats = agreement_stats(pair.student, pair.teacher, model.lm_head, step.loss.chunk_rows)
             if counted and trained:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -42,20 +41,25 @@ RowSelection = slice | torch.Tensor | None
 
 # True while the student's later layers run. Student-only weights that distillation may add to the
 # later layers (`swiftkv.distill.trainable`) read it, so the teacher path keeps the frozen originals.
-_STUDENT_PATH: ContextVar[bool] = ContextVar("swiftkv_student_path", default=False)
+# A module global rather than a ContextVar: torch.compile reads a global as a guarded constant (one graph
+# per path), while ContextVar.get is untraceable and broke every compiled decoder layer at each adapter
+# (torch 2.13, N = 15: 1,256 graph pieces per step). Distillation sets it on one thread; the backward's
+# recomputation re-enters it (`distill/sharding.py`).
+_student_path = False
 
 
 def on_student_path() -> bool:
-    return _STUDENT_PATH.get()
+    return _student_path
 
 
 @contextmanager
 def student_path() -> Iterator[None]:
-    token = _STUDENT_PATH.set(True)
+    global _student_path
+    before, _student_path = _student_path, True
     try:
         yield
     finally:
-        _STUDENT_PATH.reset(token)
+        _student_path = before
 
 
 def swiftkv_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
