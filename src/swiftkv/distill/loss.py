@@ -107,8 +107,9 @@ def distill_loss(
 ) -> torch.Tensor:
     """Every term of one micro-batch, back-propagated, each scaled so that the gradients summed over a
     step's micro-batches and averaged over the processes are those of the global mean loss; returns this
-    micro-batch's share of that mean, a float64 scalar on the device. `trained` False: the micro-batch has no trained position (a block
-    of user text only; `pair` then holds one stand-in row), so the logit terms add nothing."""
+    micro-batch's share of that mean, a float64 scalar on the device. `trained` False: the micro-batch has
+    no trained position (a block of user text only; `pair` then holds one stand-in row), so the logit terms
+    add nothing."""
     divisor = max(1, sizes.targets if terms.kl_mean_over == "targets" else sizes.positions)
     share, mse_term = torch.zeros((), dtype=torch.float64, device=pair.student.device), None
     if pair.student_probe is not None:
