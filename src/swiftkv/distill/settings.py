@@ -158,8 +158,8 @@ class DistillSettings:
         None,
         "an earlier run's checkpoint (its OUT.ckpt folder or the checkpoint.pt in it) to continue: "
         "its trained tensors, and the steps after its own in the same data (the same settings but a "
-        "larger --tokens, e.g. more --passes), with a fresh AdamW (or its own: --keep-moments) and this "
-        "run's schedule over the steps it adds (warmup again)",
+        "larger --tokens, e.g. more --passes), with a fresh AdamW and this run's schedule over the "
+        "steps it adds (warmup again)",
     )
     init_from: str | None = setting(
         None,
@@ -167,8 +167,7 @@ class DistillSettings:
         "(a folder with swiftkv.json, an installed student's alias, or a GPU loan's student snapshot, "
         "e.g. OUT/n15), whose trained tensors this run "
         "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
-        "a fresh AdamW (or the checkpoint's: --keep-moments); the same student: the same source, "
-        "--trainable and --lora-rank",
+        "a fresh AdamW; the same student: the same source, --trainable and --lora-rank",
     )
     keep_moments: bool = setting(
         False,
