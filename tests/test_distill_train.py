@@ -369,39 +369,6 @@ def test_init_from_refuses_another_student_and_no_checkpoint(tmp_path):
         check_start(run_settings(tmp_path, **{**other, "init_from": str(tmp_path / "none")}))
 
 
-def test_keep_moments_starts_from_the_earlier_runs_adamw_state_under_this_runs_rates(tmp_path):
-    """--keep-moments: the earlier checkpoint's AdamW moments and step counts go on (one more step after
-    one step of this run), while the rates are this run's; without it AdamW starts fresh."""
-    from swiftkv.distill.checkpoint import check_start
-
-    tokenizer = tiny_tokenizer()
-    distill(run_settings(tmp_path), tiny_student(), tokenizer)
-    earlier = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=False)["optimizer"]
-    own = dict(init_from=str(tmp_path / "ckpt"), tokens=32 * 2 * 3, batch_size=2, lr=1e-3, stop_after=1)
-
-    def after_one_step(folder: str, **more) -> dict:
-        distill(
-            run_settings(tmp_path, checkpoint_dir=str(tmp_path / folder), **own, **more),
-            tiny_student(),
-            tokenizer,
-        )
-        return torch.load(tmp_path / folder / "checkpoint.pt", weights_only=False)["optimizer"]
-
-    kept, fresh = after_one_step("kept", keep_moments=True), after_one_step("fresh")
-    assert len(kept["state"]) == len(earlier["state"]) > 0
-    for index, state in kept["state"].items():
-        assert int(state["step"]) == int(earlier["state"][index]["step"]) + 1 > 1
-        assert int(fresh["state"][index]["step"]) == 1
-    assert [g["peak_lr"] for g in kept["param_groups"]] == [g["peak_lr"] for g in fresh["param_groups"]]
-    assert kept["param_groups"][0]["peak_lr"] == 1e-3 != earlier["param_groups"][0]["peak_lr"]
-    with pytest.raises(ValueError, match="--keep-moments takes the AdamW state .* give one of them"):
-        check_start(run_settings(tmp_path, checkpoint_dir=str(tmp_path / "x"), keep_moments=True))
-    with pytest.raises(ValueError, match="--keep-moments: under --fsdp the AdamW state is sharded"):
-        check_start(
-            run_settings(tmp_path, checkpoint_dir=str(tmp_path / "y"), keep_moments=True, fsdp=True, **own)
-        )
-
-
 def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):
     # 1M at steps of 2 x 1024 is 488.3 steps: 489 train (1,001,472 tokens), not 488 (999,424).
     assert DistillSettings(tokens=1_000_000, batch_size=2, seq_len=1024).train_tokens == 489 * 2048

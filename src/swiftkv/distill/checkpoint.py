@@ -138,7 +138,6 @@ CONTINUE_MAY_CHANGE = (
     "warmup",
     "weight_decay",
     "max_grad_norm",
-    "keep_moments",
 )
 
 
@@ -251,53 +250,6 @@ def load_trained_from(checkpoint: Path, distiller: nn.Module, world: World) -> N
         load_trained(model, placed_as(payload["trained"], trained), trained)
 
 
-def moments_checkpoint(settings: DistillSettings) -> Path | None:
-    """The checkpoint whose AdamW state this run starts from (--keep-moments): --continue-from's or
-    --init-from's, which must be a one-process (or DDP) run's checkpoint. Checked before any work."""
-    if not settings.keep_moments:
-        return None
-    given = settings.continue_from or settings.init_from
-    if given is None:
-        raise ValueError(
-            "--keep-moments takes the AdamW state of the checkpoint --init-from or --continue-from names; "
-            "give one of them"
-        )
-    if settings.fsdp:
-        raise ValueError("--keep-moments: under --fsdp the AdamW state is sharded; it is not carried over")
-    if settings.continue_from is None and weights_folder(given) is not None:
-        raise ValueError(
-            f"--keep-moments: --init-from {given} is a student's weights, which hold no AdamW state; "
-            "expected an earlier run's checkpoint (its OUT.ckpt folder)"
-        )
-    option = "--continue-from" if settings.continue_from else "--init-from"
-    path = earlier_checkpoint(given, option)
-    if "optimizer" not in torch.load(path, map_location="cpu", weights_only=False, mmap=True):
-        raise ValueError(
-            f"--keep-moments: {path} is a sharded run's checkpoint (--fsdp), whose AdamW state is in "
-            "shards; expected a one-process or DDP run's"
-        )
-    return path
-
-
-def load_moments(checkpoint: Path, optimizer: torch.optim.Optimizer) -> None:
-    """An earlier run's AdamW state (moments and step count of each trained tensor) into `optimizer`,
-    whose parameter groups (rates, the schedule's peaks) stay this run's. The same student trains the
-    same tensors in the same order (`check_initializable` / `check_continuable` checked that)."""
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["optimizer"]
-    mine = optimizer.state_dict()["param_groups"]
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for index, state in saved["state"].items():
-        if state["exp_avg"].shape != params[index].shape:
-            raise ValueError(
-                f"--keep-moments: {checkpoint}'s AdamW state of tensor {index} has shape "
-                f"{tuple(state['exp_avg'].shape)}, this run's {tuple(params[index].shape)}"
-            )
-    groups = [
-        {**own, "params": theirs["params"]} for own, theirs in zip(mine, saved["param_groups"], strict=True)
-    ]
-    optimizer.load_state_dict({"state": saved["state"], "param_groups": groups})
-
-
 def placed_as(tensors: dict[str, torch.Tensor], params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
     """Whole tensors placed as the parameters they load into: under --fsdp a parameter is a DTensor, and
     each process takes its shard of the whole tensor (every process read the same file)."""
@@ -374,7 +326,6 @@ def check_start(settings: DistillSettings) -> Path | None:
         raise ValueError(f"--passes {settings.passes}: expected a whole number of passes, at least 1")
     continued = check_continuable(settings)
     check_initializable(settings)
-    moments_checkpoint(settings)
     path = settings.checkpoint_path()
     if path is not None and settings.resume:
         check_resumable(path, settings.identity(), settings.fsdp)

@@ -169,12 +169,6 @@ class DistillSettings:
         "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
         "a fresh AdamW; the same student: the same source, --trainable and --lora-rank",
     )
-    keep_moments: bool = setting(
-        False,
-        "with --init-from or --continue-from a run's checkpoint: start from its AdamW state too (each "
-        "trained tensor's moments and step count) under this run's rates and schedule, instead of a fresh "
-        "AdamW, whose first steps push a converged student off where it ended; one process or DDP",
-    )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
     batch_size: int = setting(2, "blocks per optimizer step, over all processes (the lr was tuned with it)")

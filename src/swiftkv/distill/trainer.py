@@ -35,9 +35,7 @@ from .checkpoint import (
     check_initializable,
     inner_model,
     load_checkpoint,
-    load_moments,
     load_trained_from,
-    moments_checkpoint,
     save_checkpoint,
     trained_parameters,
 )
@@ -403,9 +401,6 @@ def run_training(
     elif not settings.resume and (initial := check_initializable(settings, model.config.to_dict())):
         load_trained_from(initial, distiller, world)
         log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
-    if not settings.resume and (moments := moments_checkpoint(settings)):
-        load_moments(moments, optimizer)
-        log(world, f"and from {moments}'s AdamW state (--keep-moments), under this run's rates")
     state.continued_steps = before
     state.total_steps = total_steps
     state.micro_batch = step_settings.micro_batch
