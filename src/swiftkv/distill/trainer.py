@@ -182,19 +182,21 @@ def accumulate_gradients(
     dtype = resolve_dtype(step.dtype, device)
     for k, micro in enumerate(micro_batches):
         with gradient_sync(distiller, world, k == len(micro_batches) - 1), autocast(dtype, device):
-            rows, trained = rows_of(micro)  # on the host, before the copy: no wait for the device
-            micro, rows = micro.to(device), rows.to(device)
+            micro, rows, trained = on_device(micro, device)
             pair = distiller(micro.input_ids, micro.position_ids, rows)
             total += distill_loss(pair, model.lm_head, step.loss, sizes, world.size, trained)
     return float(total)  # the step's one wait for the device
 
 
-def rows_of(micro: Blocks) -> tuple[torch.Tensor, bool]:
-    """(flat positions the loss reads, whether any is trained). A micro-batch without trained positions
-    still runs one position, at zero weight: the model never sees an empty selection, and every process
-    makes the same collective calls (DDP's gradient reduction, FSDP's gathers)."""
+def on_device(micro: Blocks, device: torch.device) -> tuple[Blocks, torch.Tensor, bool]:
+    """(the micro-batch on `device`, the flat positions the loss reads there, whether any is trained). The
+    positions are found on the host, before the copy, so finding them never waits for the device. A
+    micro-batch without trained positions still runs one position, at zero weight: the model never sees an
+    empty selection, and every process makes the same collective calls (DDP's gradient reduction, FSDP's
+    gathers)."""
     rows = micro.loss_mask.reshape(-1).nonzero().squeeze(1)
-    return (rows, True) if len(rows) else (rows.new_zeros(1), False)
+    rows, trained = (rows, True) if len(rows) else (rows.new_zeros(1), False)
+    return micro.to(device), rows.to(device), trained
 
 
 def gradient_sync(distiller: nn.Module, world: World, last: bool):
@@ -224,8 +226,7 @@ def evaluate(
         micro = mine.select(slice(i * step.micro_batch, (i + 1) * step.micro_batch))
         counted = len(micro) > 0
         micro = micro if counted else heldout.select(slice(0, 1))
-        rows, trained = rows_of(micro)
-        micro, rows = micro.to(device), rows.to(device)
+        micro, rows, trained = on_device(micro, device)
         with autocast(resolve_dtype(step.dtype, device), device):
             pair = distiller(micro.input_ids, micro.position_ids, rows)
             stats = agreement_stats(pair.student, pair.teacher, model.lm_head, step.loss.chunk_rows)
