@@ -285,13 +285,12 @@ def continuation_lines(before: DistillSummary, run: DistillSummary, ordinal: str
         # a checkpoint holds the trained tensors in fp32; a weights folder in bf16; an alias names the run
         # before's tensors only until a later run's replace them
         checkpoint = s["init_from"].rstrip("/").endswith((".ckpt", "checkpoint.pt"))
-        folder = (
-            "its checkpoint"
-            if checkpoint
-            else "the alias's folder as the run before shipped it"
-            if "/" not in s["init_from"]
-            else "its weights folder"
-        )
+        if checkpoint:
+            folder = "its checkpoint"
+        elif "/" not in s["init_from"]:
+            folder = "the alias's folder as the run before shipped it"
+        else:
+            folder = "its weights folder"
         return [
             f"- The {ordinal} run (`--init-from {repo_path(s['init_from'])}`: the run before's tensors, "
             f"{'fp32' if checkpoint else 'bf16'}, from",

@@ -118,4 +118,4 @@ def distill_loss(
         share += mse_term.detach().double() / world_size
     scale = world_size / divisor if trained else 0.0
     logit_sum = backward_logit_loss(pair.student, pair.teacher, logits_fn, terms, scale, also=mse_term)
-    return share + logit_sum / divisor if trained else share
+    return (share + logit_sum / divisor) if trained else share
