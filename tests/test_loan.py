@@ -13,6 +13,7 @@ import torch
 from swiftkv.data.chat import read_source
 from swiftkv.data.split import shuffled, take_documents
 from swiftkv.data.tokens import turn_prompts
+from swiftkv.loan.artifacts import BUNDLE_FILE, bundle_artifacts
 from swiftkv.loan.snapshot import install, read_snapshot
 from swiftkv.loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, encode_lists, write_stage
 from swiftkv.loan.student import StudentRun, train_student
@@ -159,6 +160,44 @@ def test_a_cut_run_resumes_from_its_snapshot_and_a_changed_schedule_is_refused(s
     assert [h["step"] for h in resumed["heldout"]] == [0, 5, 40]
     with pytest.raises(ValueError, match="its batch_size is 2, this run's is 4"):
         train_student(student_run(settings, folder, tmp_path / "c", resume=str(tmp_path / "a"), batch_size=4))
+
+
+def test_a_resumed_student_compiles_its_layers_from_the_artifacts_the_loan_brought_back(
+    staged, tmp_path, capsys, monkeypatch
+):
+    """A compiled student keeps its compiled layers at each snapshot, the loan bundles them into one file
+    of OUT, and a student resumed from that OUT on a fresh box (here: dynamo reset and an empty inductor
+    cache) loads them and compiles its layers from cache hits, none from nothing."""
+    from torch._dynamo.utils import counters
+
+    folder, settings, _ = staged
+    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
+    (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
+    kept = tmp_path / "work" / "compiled-n4.xz"
+    kept.parent.mkdir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "first-box"))
+    torch._dynamo.reset()
+    first = student_run(
+        settings, folder, tmp_path / "out" / "n4", stop_after=2, compile=True, artifacts=str(kept)
+    )
+    assert train_student(first)["compiled"] and kept.is_file()
+    bundle_artifacts([kept, tmp_path / "work" / "compiled-n3.xz"], tmp_path / "out", print)
+    assert (tmp_path / "out" / BUNDLE_FILE).is_file()
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "second-box"))
+    torch._dynamo.reset()
+    counters.clear()
+    resumed = student_run(
+        settings,
+        folder,
+        tmp_path / "again" / "n4",
+        stop_after=4,
+        compile=True,
+        resume=str(tmp_path / "out" / "n4"),
+    )
+    assert train_student(resumed)["step"] == 4
+    assert counters["inductor"]["fxgraph_cache_hit"] > 0 and counters["inductor"]["fxgraph_cache_miss"] == 0
+    assert "--compile: loaded" in capsys.readouterr().out
 
 
 def test_a_student_profiles_a_few_steps_after_its_first_speed_line_and_trains_on(

@@ -10,8 +10,8 @@
 #     carry [".devdata/sk/part1"]: bash docs/distill-study/gpu_students.sh unpack1
 #     carry [".devdata/sk/part2"], timeout_s 600: bash docs/distill-study/gpu_students.sh run
 #   then, here: swiftkv loan install <files_at>/n15 --out ... (and n22), and unstash.
-# A later loan continues what an earlier one brought back (its n15/, n22/ and replies.npz.xz; 49 MiB, too much
-# to ride beside part 2, so it takes a call of its own between the two):
+# A later loan continues what an earlier one brought back (its n15/, n22/, replies.npz.xz and compiled.tar;
+# 49-61 MiB, too much to ride beside part 2, so it takes a call of its own between the two):
 #   bash docs/distill-study/gpu_students.sh previous <that loan's output>   # here: .devdata/sk/previous
 #     carry [".devdata/sk/part1"]:     bash docs/distill-study/gpu_students.sh unpack1
 #     carry [".devdata/sk/previous"]:  bash docs/distill-study/gpu_students.sh unpack-previous
@@ -34,10 +34,12 @@ case $stage in
     "$ROOT/.venv/bin/python" -m swiftkv.cli loan stage smollm2-135m-instruct --out "$ROOT/.devdata/sk" \
       --replies "$ROOT/docs/distill-study/replies-every-ids.jsonl.xz" ${ARGS:-} ;;
   previous)
-    # What a resumed loan reads of an earlier one's output ($2), and nothing else.
+    # What a resumed loan reads of an earlier one's output ($2), and nothing else: the students' snapshots,
+    # the replies and, where that loan compiled its layers, their compiled artifacts (compiled.tar).
     need "${2:-}/replies.npz.xz" "a loan: name its output folder, e.g. docs/distill-study/loan-h200-2026-11-27"
     rm -rf "$ROOT/.devdata/sk/previous" && mkdir -p "$ROOT/.devdata/sk/previous" \
-      && cp -r "$2"/n[0-9]* "$2/replies.npz.xz" "$ROOT/.devdata/sk/previous/" ;;
+      && cp -r "$2"/n[0-9]* "$2/replies.npz.xz" "$ROOT/.devdata/sk/previous/" \
+      && { [ ! -f "$2/compiled.tar" ] || cp "$2/compiled.tar" "$ROOT/.devdata/sk/previous/"; } ;;
   unpack1)
     need .devdata/sk/part1/teacher.tar.0 "gpu_students.sh stage (carried by the first call)"
     mkdir -p "$W" && rm -rf "$W/part1" && cp -r .devdata/sk/part1 "$W/"

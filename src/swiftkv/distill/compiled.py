@@ -15,10 +15,15 @@ an input that requires grad or not, plain and adapted MLPs, with or without a do
 more than dynamo's default of 8 compiled versions per function, past which it runs the rest eagerly
 without failing, so the limit is raised, and the first compiled call logs how many graphs and graph
 breaks it made: a loan's log shows at once whether the layers compiled whole.
+
+`compiled_artifacts` serializes what a process compiled (torch's portable cache of the Inductor and
+AOTAutograd results) and `load_compiled_artifacts` loads it into another process's caches, so a fresh
+machine (a loan's box: `loan/artifacts.py`) compiles the same layers from cache hits.
 """
 
 from __future__ import annotations
 
+import lzma
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -91,3 +96,26 @@ def compile_summary() -> str:
 def reason_of(error: BaseException, limit: int = 300) -> str:
     """The error on one line (dynamo's wrapper names the failing backend, then its error, on the next)."""
     return f"{type(error).__name__}: {' '.join(str(error).split())}"[:limit]
+
+
+def compiled_artifacts(log: Callable[[str], None]) -> bytes | None:
+    """Everything this process compiled so far (cache hits included), as torch's portable cache
+    artifacts, xz-compressed; None where it compiled nothing, or where serializing failed (said: the
+    artifacts only save a later run time, never cost this one its training)."""
+    try:
+        saved = torch.compiler.save_cache_artifacts()
+    except Exception as error:  # noqa: BLE001 - see above
+        log(f"--compile: the compiled artifacts were not kept ({reason_of(error)})")
+        return None
+    return lzma.compress(saved[0], preset=1) if saved and saved[0] else None
+
+
+def load_compiled_artifacts(data: bytes, source: str, log: Callable[[str], None]) -> None:
+    """Hot-load `compiled_artifacts` written by another process (from `source`, named in the log line);
+    artifacts this torch cannot read only cost the time they would have saved."""
+    try:
+        torch.compiler.load_cache_artifacts(lzma.decompress(data))
+    except Exception as error:  # noqa: BLE001 - any unreadable cache: the layers compile as without it
+        log(f"--compile: {source} not loaded ({reason_of(error)}); compiling from nothing")
+        return
+    log(f"--compile: loaded {len(data) / 2**20:.1f} MiB of compiled artifacts from {source}")

@@ -29,6 +29,7 @@ from ..calibration import lstsq_params, teacher_stats
 from ..convert import ConvertSettings
 from ..data.packing import Blocks, in_passes, pack
 from ..data.tokens import Document
+from ..distill.compiled import compiled_artifacts
 from ..distill.loss import BatchSizes
 from ..distill.settings import DistillSettings, settings_for
 from ..distill.speed import compute_bound
@@ -36,8 +37,10 @@ from ..distill.trainable import load_trained_set
 from ..distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
 from ..distill.world import World
 from ..dtypes import autocast, dtype_name, resolve_dtype
+from ..files import write_atomic
 from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
 from ..sources import open_source
+from .artifacts import BUNDLE_FILE, load_bundle
 from .profile import PROFILED_STEPS, profile_steps
 from .snapshot import read_snapshot, write_snapshot
 from .stage import decode_ids
@@ -86,6 +89,7 @@ class StudentRun:
     resume: str | None = None  # a snapshot folder to continue
     stop_after: int | None = None  # stop (snapshotted) after this many steps: a slice of the run
     teacher_name: str | None = None  # the teacher as the stage named it (an alias there): install's default
+    artifacts: str | None = None  # where it keeps its compiled layers at each snapshot (loan/artifacts.py)
 
 
 @dataclass
@@ -158,6 +162,10 @@ class Session:
         self.progress["speed"] = speed_of(self.timing, self.bound)
         write_snapshot(Path(self.run.out), self.trained, self.progress)
         say(self.run, f"snapshot at step {step}: held-out {json.dumps(self.progress['heldout'][-1])}")
+        if self.run.artifacts and self.prepared.compiled.active:
+            artifacts = compiled_artifacts(lambda line: say(self.run, line))
+            if artifacts:
+                write_atomic(self.run.artifacts, artifacts)
 
 
 def train_student(run: StudentRun) -> dict:
@@ -217,6 +225,8 @@ def start_session(run: StudentRun) -> Session:
     train, data_digest = train_blocks(run, teacher.load_tokenizer())
     progress = new_progress(run, settings, len(train) // run.batch_size, data_digest, device)
     world = World(device=device)
+    if run.compile and run.resume:  # before the first compiled call, so that the layers compile from it
+        load_bundle(Path(run.resume).parent / BUNDLE_FILE, lambda line: say(run, line))
     prepared = prepare(settings, model, train, world)
     progress |= {"micro_batch": prepared.step.micro_batch, "compiled": prepared.compiled.active}
     return Session(

@@ -9,12 +9,13 @@ every result under OUT as soon as it exists, so a loan cut at any moment brings 
      ahead on a CPU) do not answer (the static engine: a static KV cache, CUDA graphs), until they are
      all written or the writer's time is up; OUT/replies.npz.xz;
   5. every student trained in parallel, one process each (`student.py`), until the deadline; each
-     replaces OUT/n<N>/ (its trained tensors and progress) at least every 2 minutes.
+     replaces OUT/n<N>/ (its trained tensors and progress) at least every 2 minutes;
+  6. what the students compiled, bundled into OUT/compiled.tar for the next loan (`artifacts.py`).
 
 OUT/loan.json holds the device, the peak, the 8B numbers, the writer's speed and each student's latest
 progress; it is rewritten after every phase. `--device cpu` is the dry-run the suite runs on a tiny
 teacher. A run given `--resume PREVIOUS_OUT` reuses the replies written there and continues each student
-from its snapshot.
+from its snapshot, its layers compiled from the bundle there.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..replies import hf_generator
 from ..settings import parse_count, setting
 from ..sources import open_source
 from ..static_greedy import static_generator
+from .artifacts import bundle_artifacts
 from .snapshot import read_progress
 from .stage import (
     BLOCKS_FILE,
@@ -342,6 +344,7 @@ def student_runs(
             resume=str(Path(settings.resume) / f"n{n}") if settings.resume else None,
             stop_after=settings.stop_after,
             compile=settings.compile,
+            artifacts=str(stage / "work" / f"compiled-n{n}.xz"),
         )
         for n in [int(text) for text in settings.students.split(",")]
     ]
@@ -367,6 +370,7 @@ def train_students(runs: list[StudentRun], stage: Path, out: Path, report: Repor
             code = "killed at the command's end"
         report.students = {**report.students, n: student_result(out / f"n{n}", code)}
         report.write(out)
+    bundle_artifacts([Path(run.artifacts) for run in runs if run.artifacts], out, say)
     return report.students
 
 
