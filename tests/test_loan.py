@@ -13,7 +13,7 @@ import torch
 from swiftkv.data.chat import read_source
 from swiftkv.data.split import shuffled, take_documents
 from swiftkv.data.tokens import turn_prompts
-from swiftkv.loan.artifacts import BUNDLE_FILE, bundle_artifacts
+from swiftkv.loan.artifacts import BUNDLE_FILE, bundle_artifacts, load_bundle
 from swiftkv.loan.snapshot import install, read_snapshot
 from swiftkv.loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, encode_lists, write_stage
 from swiftkv.loan.student import StudentRun, train_student
@@ -198,6 +198,21 @@ def test_a_resumed_student_compiles_its_layers_from_the_artifacts_the_loan_broug
     assert train_student(resumed)["step"] == 4
     assert counters["inductor"]["fxgraph_cache_hit"] > 0 and counters["inductor"]["fxgraph_cache_miss"] == 0
     assert "--compile: loaded" in capsys.readouterr().out
+
+
+def test_an_unreadable_bundle_or_member_is_said_and_the_layers_compile_from_nothing(tmp_path):
+    said = []
+    (tmp_path / "torn.tar").write_bytes(b"not a tar archive" * 64)
+    load_bundle(tmp_path / "torn.tar", said.append)
+    (tmp_path / "compiled-n4.xz").write_bytes(b"not xz")
+    bundle_artifacts([tmp_path / "compiled-n4.xz"], tmp_path, said.append)
+    load_bundle(tmp_path / BUNDLE_FILE, said.append)
+    load_bundle(tmp_path / "absent.tar", said.append)
+    assert len(said) == 3, said
+    assert said[0].startswith(f"--compile: {tmp_path / 'torn.tar'} not read (ReadError")
+    assert said[0].endswith("compiling from nothing") and "\n" not in said[0]
+    assert "compiled artifacts of 1 student(s)" in said[1]
+    assert said[2].startswith(f"--compile: {tmp_path / BUNDLE_FILE}:compiled-n4.xz not loaded (LZMAError")
 
 
 def test_a_student_profiles_a_few_steps_after_its_first_speed_line_and_trains_on(

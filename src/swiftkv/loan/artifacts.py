@@ -18,7 +18,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..distill.compiled import load_compiled_artifacts
+from ..distill.compiled import load_compiled_artifacts, reason_of
 from ..files import write_atomic
 
 BUNDLE_FILE = "compiled.tar"
@@ -48,11 +48,16 @@ def bundle_artifacts(kept: list[Path], out: Path, say: Callable[[str], None]) ->
 
 
 def load_bundle(path: Path, log: Callable[[str], None]) -> None:
-    """Every student's artifacts in a previous loan's bundle, hot-loaded (an absent bundle: nothing)."""
+    """Every student's artifacts in a previous loan's bundle, hot-loaded (an absent bundle: nothing; an
+    unreadable one: said, and the layers compile from nothing)."""
     if not path.is_file():
         return
-    with tarfile.open(path) as tar:
-        for member in tar.getmembers():
-            data = tar.extractfile(member)
-            if data is not None:
-                load_compiled_artifacts(data.read(), f"{path}:{member.name}", log)
+    try:
+        with tarfile.open(path) as tar:
+            members = [(member.name, tar.extractfile(member)) for member in tar.getmembers()]
+            kept = {name: data.read() for name, data in members if data is not None}
+    except (tarfile.TarError, OSError) as error:
+        log(f"--compile: {path} not read ({reason_of(error)}); compiling from nothing")
+        return
+    for name, data in kept.items():
+        load_compiled_artifacts(data, f"{path}:{name}", log)
