@@ -149,10 +149,15 @@ def student_run(settings: StageSettings, folder: Path, out: Path, **changes) -> 
     )
 
 
-def test_a_cut_run_resumes_from_its_snapshot_and_a_changed_schedule_is_refused(staged, tmp_path):
-    folder, settings, _ = staged
+def write_prompt_tails_as_replies(settings: StageSettings, folder: Path) -> None:
+    """Each staged prompt's last tokens as its reply: a student's data without running a writer."""
     prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
     (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
+
+
+def test_a_cut_run_resumes_from_its_snapshot_and_a_changed_schedule_is_refused(staged, tmp_path):
+    folder, settings, _ = staged
+    write_prompt_tails_as_replies(settings, folder)
     first = train_student(student_run(settings, folder, tmp_path / "a", stop_after=5))
     assert first["step"] == 5 and first["total_steps"] == 40
     resumed = train_student(student_run(settings, folder, tmp_path / "b", resume=str(tmp_path / "a")))
@@ -171,8 +176,7 @@ def test_a_resumed_student_compiles_its_layers_from_the_artifacts_the_loan_broug
     from torch._dynamo.utils import counters
 
     folder, settings, _ = staged
-    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
-    (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
+    write_prompt_tails_as_replies(settings, folder)
     kept = tmp_path / "work" / "compiled-n4.xz"
     kept.parent.mkdir()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "first-box"))
@@ -223,8 +227,7 @@ def test_a_student_profiles_a_few_steps_after_its_first_speed_line_and_trains_on
     from swiftkv.loan import student as student_module
 
     folder, settings, _ = staged
-    prompts = decode_ids((Path(settings.out) / "part2" / "prompts.npz.xz").read_bytes())
-    (folder / "replies.npz.xz").write_bytes(encode_lists([p[-REPLY_TOKENS:] for p in prompts]))
+    write_prompt_tails_as_replies(settings, folder)
     run = student_run(settings, folder, tmp_path / "a", stop_after=8, first_report_seconds=0.0)
     progress = train_student(run)
     printed = capsys.readouterr().out

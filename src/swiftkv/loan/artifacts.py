@@ -54,8 +54,7 @@ def load_bundle(path: Path, log: Callable[[str], None]) -> None:
         return
     try:
         with tarfile.open(path) as tar:
-            members = [(member.name, tar.extractfile(member)) for member in tar.getmembers()]
-            kept = {name: data.read() for name, data in members if data is not None}
+            kept = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
     except (tarfile.TarError, OSError) as error:
         log(f"--compile: {path} not read ({reason_of(error)}); compiling from nothing")
         return
