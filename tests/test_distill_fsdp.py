@@ -19,7 +19,13 @@ from swiftkv.cli import main
 from tests.test_distill_cli import distill_args
 from tests.tiny import random_chats, save_tiny_folder, write_jsonl
 
-LOSS_TOLERANCE = 1e-5  # relative, per step: fp32 sums taken in another order over two processes
+# Two processes take the fp32 sums in another order than one, and Adam carries the rounding into the next
+# steps. How far that alone moves a run depends on the CPU's kernels, so the one-process run measures it
+# itself: the same run at --micro-batch 2 (the same sums, grouped otherwise). A sharded run may stray up to
+# NOISE_FACTOR times that, and never needs to be closer than TOLERANCE (relative loss per step, absolute
+# per written tensor element). On an AVX2 EPYC the lora run strays 1.1e-5 and its regrouping 5.9e-6.
+TOLERANCE = (1e-5, 1e-5)
+NOISE_FACTOR = 4
 
 
 @pytest.fixture
@@ -54,14 +60,36 @@ def losses(summary_path) -> list[float]:
     return [h["loss"] for h in json.loads(open(summary_path).read())["history"] if "loss" in h]
 
 
-def assert_same_run(reference, other) -> None:
-    """Loss curves within LOSS_TOLERANCE per step; every written tensor within 1e-5."""
+def deviation(reference, other) -> tuple[float, float]:
+    """How far `other` strays from `reference`: the largest relative loss gap over the steps, and the
+    largest gap of any written tensor element."""
     first, second = losses(f"{reference}.json"), losses(f"{other}.json")
     assert len(first) == len(second) > 0
-    assert max(abs(a - b) / a for a, b in zip(first, second, strict=True)) < LOSS_TOLERANCE, (first, second)
     ours, theirs = load_file(f"{reference}/model.safetensors"), load_file(f"{other}/model.safetensors")
     assert ours.keys() == theirs.keys()
-    assert max((ours[n] - theirs[n]).abs().max().item() for n in ours) < 1e-5
+    return (
+        max(abs(a - b) / a for a, b in zip(first, second, strict=True)),
+        max((ours[n] - theirs[n]).abs().max().item() for n in ours),
+    )
+
+
+def assert_same_run(reference, other, noise: tuple[float, float] = (0.0, 0.0)) -> None:
+    """`other` within NOISE_FACTOR x `noise` of `reference`, or within TOLERANCE where that is larger."""
+    allowed = tuple(max(NOISE_FACTOR * n, least) for n, least in zip(noise, TOLERANCE, strict=True))
+    found = deviation(reference, other)
+    assert all(f < a for f, a in zip(found, allowed, strict=True)), (found, allowed, noise)
+
+
+def regrouping_noise(folder, data, out, *extra) -> tuple[float, float]:
+    """How far the one-process run `out` moves when its sums are grouped otherwise (--micro-batch 2)."""
+    regrouped = out.parent / f"{out.name}-regrouped"
+    assert (
+        main(
+            distill_args(folder, data, regrouped, *extra, "--micro-batch", "2", "--json", f"{regrouped}.json")
+        )
+        == 0
+    )
+    return deviation(out, regrouped)
 
 
 @pytest.mark.parametrize("trainable", ["swiftkv", "lora"])
@@ -77,7 +105,7 @@ def test_two_fsdp_processes_equal_the_one_process_run(tiny_run, trainable):
     assert main(distill_args(folder, data, one, *extra, "--json", f"{one}.json")) == 0
     recompute = ["--activation-checkpointing"] if trainable == "lora" else []
     torchrun(2, distill_args(folder, data, two, *extra, *recompute, "--fsdp", "--json", f"{two}.json"))
-    assert_same_run(one, two)
+    assert_same_run(one, two, regrouping_noise(folder, data, one, *extra))
     source = load_file(folder / "model.safetensors")
     written = load_file(two / "model.safetensors")
     changed = {n for n in written if not torch.equal(written[n], source[n])}

