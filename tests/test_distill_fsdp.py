@@ -26,6 +26,7 @@ from tests.tiny import random_chats, save_tiny_folder, write_jsonl
 # per written tensor element). On an AVX2 EPYC the lora run strays 1.1e-5 and its regrouping 5.9e-6.
 TOLERANCE = (1e-5, 1e-5)
 NOISE_FACTOR = 4
+ROUNDING_CEILING = 1e-4  # a regrouping that moves a run further than this is not rounding: a bug
 
 
 @pytest.fixture
@@ -89,7 +90,9 @@ def regrouping_noise(folder, data, out, *extra) -> tuple[float, float]:
         )
         == 0
     )
-    return deviation(out, regrouped)
+    noise = deviation(out, regrouped)
+    assert max(noise) < ROUNDING_CEILING, noise
+    return noise
 
 
 @pytest.mark.parametrize("trainable", ["swiftkv", "lora"])
