@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     with in_process_engine():  # each engine in this process: started, used, deleted, one at a time
         for case in chosen:
             run_one(case, out, on_gpu, dtype, folders, references, results)
-    return 0 if all(r.skipped or not r.error and (r.identical or not r.exact) for r in results) else 1
+    return 0 if all(r.skipped or (not r.error and (r.identical or not r.exact)) for r in results) else 1
 
 
 def run_one(
