@@ -245,18 +245,24 @@ def student_deltas(model: torch.nn.Module, base_model: torch.nn.Module, rank: in
                 f"{name} differs from the base model and is not a matrix; only low-rank differences of "
                 "the later layers' projections can be stored (--trainable lora)"
             )
-        u, s, vh = torch.linalg.svd(delta, full_matrices=False)
-        left = float(s[rank:].norm() / s.norm()) if s.norm() > 0 else 0.0
+        (delta_b, delta_a), left = low_rank_factors(delta, rank)
         if left > RANK_TOLERANCE:
             raise ValueError(
                 f"{name} differs from the base model by more than rank {rank} ({left:.1e} of the "
                 "difference left out); only --trainable lora students store as a few MB: serve the "
                 "distilled folder itself"
             )
-        root = s[:rank].sqrt()  # split the singular values evenly, so both factors round alike in bf16
-        factors[name + DELTA_FACTORS[0]] = u[:, :rank] * root
-        factors[name + DELTA_FACTORS[1]] = root[:, None] * vh[:rank]
+        factors[name + DELTA_FACTORS[0]], factors[name + DELTA_FACTORS[1]] = delta_b, delta_a
     return factors
+
+
+def low_rank_factors(delta: torch.Tensor, rank: int) -> tuple[tuple[torch.Tensor, torch.Tensor], float]:
+    """((delta_b [out, rank], delta_a [rank, in]), the share of `delta`'s norm they leave out): the best
+    rank-`rank` approximation delta_b @ delta_a of `delta` (its leading singular vectors)."""
+    u, s, vh = torch.linalg.svd(delta.float(), full_matrices=False)
+    left = float(s[rank:].norm() / s.norm()) if s.norm() > 0 else 0.0
+    root = s[:rank].sqrt()  # split the singular values evenly, so both factors round alike in bf16
+    return (u[:, :rank] * root, root[:, None] * vh[:rank]), left
 
 
 @torch.no_grad()

@@ -1,0 +1,89 @@
+"""A weight-space average ("model soup") of distilled students of one teacher and geometry.
+
+    python docs/distill-study/soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--rank R]
+
+Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.json + swiftkv.safetensors).
+The SwiftKV projections are averaged. Each adapted weight's difference from the base, delta_b @ delta_a, is
+averaged exactly: the factors are stacked (rank k x r) and the stacked delta_a scaled by 1/k, so the stored
+product is the mean of the students' differences. With k a power of two that scale is exact in bf16, so the
+soup's differences are exactly the mean of the stored ones, at k times the rank. `--rank R` stores instead
+the best rank-R approximation of each mean difference (its leading singular vectors; the share of the
+difference it leaves out is printed), so the soup keeps its students' rank and format. Students trained from the same init on other data
+or schedules (the shipped -swiftkv25 and the loan's N = 22) are the usual case for such an average.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from swiftkv.files import atomic_file, write_atomic
+from swiftkv.model.surgery import DELTA_FACTORS, TRAINED_SPEC, TRAINED_TENSORS, low_rank_factors, read_trained
+
+GEOMETRY = ("base", "num_key_value_layers", "key_value_group_size", "student_trained")
+
+
+def soup(folders: list[Path]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(spec, tensors) of the average of the students in `folders`."""
+    read = [read_trained(folder) for folder in folders]
+    specs, tensors = [spec for spec, _ in read], [t for _, t in read]
+    for folder, spec, named in zip(folders[1:], specs[1:], tensors[1:], strict=True):
+        differing = [k for k in GEOMETRY if spec.get(k) != specs[0].get(k)]
+        if differing or set(named) != set(tensors[0]):
+            raise ValueError(f"{folder} is another student than {folders[0]} ({differing or 'tensor names'})")
+    count, dtype = len(folders), next(iter(tensors[0].values())).dtype
+    averaged = {}
+    for name in tensors[0]:
+        parts = [t[name] for t in tensors]
+        if name.endswith(DELTA_FACTORS[0]):  # delta_b: [out, r] -> [out, k r]
+            averaged[name] = torch.cat(parts, dim=1)
+        elif name.endswith(DELTA_FACTORS[1]):  # delta_a: [r, in] -> [k r, in], / k
+            averaged[name] = (torch.cat([p.float() for p in parts], dim=0) / count).to(dtype)
+        else:
+            averaged[name] = (sum(p.float() for p in parts) / count).to(dtype)
+    spec = dict(specs[0])
+    if "student_rank" in spec:
+        spec["student_rank"] = sum(s["student_rank"] for s in specs)
+    return spec, averaged
+
+
+def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """`tensors` with each difference delta_b @ delta_a replaced by its best rank-`rank` factors; `spec`'s
+    student_rank set to `rank`. Prints the largest share of a difference's norm left out."""
+    dtype, truncated, worst = next(iter(tensors.values())).dtype, dict(tensors), 0.0
+    for key in [k for k in tensors if k.endswith(DELTA_FACTORS[0])]:
+        name = key.removesuffix(DELTA_FACTORS[0])
+        delta = tensors[key].float() @ tensors[name + DELTA_FACTORS[1]].float()
+        factors, left = low_rank_factors(delta, rank)
+        for suffix, factor in zip(DELTA_FACTORS, factors, strict=True):
+            truncated[name + suffix] = factor.to(dtype)
+        worst = max(worst, left)
+    spec["student_rank"] = rank
+    print(f"rank {rank}: at most {worst:.1%} of a difference's norm left out")
+    return truncated
+
+
+def main(out: str, *students: str) -> None:
+    rank = None
+    if "--rank" in students:
+        at = students.index("--rank")
+        rank, students = int(students[at + 1]), students[:at] + students[at + 2 :]
+    if len(students) < 2:
+        raise SystemExit("usage: soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--rank R]")
+    spec, tensors = soup([Path(s) for s in students])
+    if rank is not None:
+        tensors = at_rank(spec, tensors, rank)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_file(folder / TRAINED_TENSORS) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    write_atomic(folder / TRAINED_SPEC, json.dumps(spec, indent=2) + "\n")
+    print(f"wrote {folder}: the mean of {', '.join(students)} (student_rank {spec.get('student_rank')})")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

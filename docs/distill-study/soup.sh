@@ -1,0 +1,37 @@
+#!/bin/bash
+# Issue 32 without a GPU: a weight-space average ("soup", soup.py) of two students of one N, scored as the shipped
+# ones are. Stages (default all; each skips itself when done):
+#   soup      OUT = the mean of the students (exact: its rank is the sum of theirs)
+#   heldout   each student's and the soup's held-out KL / top-1 on distill's split (fp32), as JSON
+#   eval      the full suite of the shipped students (fp32, --floor)
+#   soup.sh N OUT STUDENT_FOLDER STUDENT_FOLDER [STAGE...]
+# e.g. soup.sh 22 soup22-a docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student
+set -e
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
+export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
+HERE="$(cd "$(dirname "$0")" && pwd)"
+PY=/work/main/.venv/bin/python
+SK="$PY -m swiftkv.cli"
+N=$1 OUT=$2 A=$(realpath "$3") B=$(realpath "$4"); shift 4
+STAGES=${*:-soup heldout eval}
+cd /work/runs
+[ -f n$N-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$N-lstsq --num-key-value-layers $N --init lstsq
+
+rank() { $PY -c "import json, sys; print(json.load(open(sys.argv[1] + '/swiftkv.json'))['student_rank'])" "$1"; }
+heldout() {  # $1 a trained-tensor folder: its held-out KL / top-1 before any step (distill --stop-after 0)
+  local name; name=$(basename "$1")
+  [ -f heldout-$name.json ] && return
+  $SK distill n$N-lstsq --recipe swiftkv-lora --lora-rank "$(rank "$1")" --tokens 20480 --heldout-tokens 16384 \
+    --seq-len 1024 --batch-size 2 --micro-batch 1 --seed 0 --prompt-turns every --dtype float32 \
+    --teacher-data replies-every.jsonl --reply-engine static --init-from "$1" --stop-after 0 \
+    --out "/tmp/heldout-$name" --json heldout-$name.json > heldout-$name.log 2>&1
+}
+for stage in $STAGES; do
+  case $stage in
+    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ;;
+    heldout) for s in "$A" "$B" "$PWD/$OUT"; do heldout "$s"; done ;;
+    eval) [ -f eval-$OUT/results.json ] || /usr/bin/time -v $SK eval "$PWD/$OUT" --teacher smollm2-135m-instruct \
+      --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-$OUT --no-progress > eval-$OUT.log 2>&1 ;;
+    *) echo "unknown stage $stage (expected soup, heldout, eval)" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,85 @@
+"""docs/distill-study/soup.py: the mean of students' trained-tensor folders (the SwiftKV tensors averaged, each
+adapted weight's change averaged exactly as stacked factors), its refusal of students of another geometry,
+and `--rank`'s best low-rank approximation of that mean."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from swiftkv.model.surgery import read_trained
+
+SOUP = Path(__file__).parents[1] / "docs" / "distill-study" / "soup.py"
+WEIGHT = "model.layers.2.mlp.up_proj.weight"
+OWN = "model.layers.2.self_attn.q_proj_swiftkv.weight"
+
+
+def load_soup():
+    spec = importlib.util.spec_from_file_location("soup", SOUP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def student(folder: Path, seed: int, n: int = 2, rank: int = 4) -> dict[str, torch.Tensor]:
+    """A trained-tensor folder as save_swiftkv_params writes one: a SwiftKV weight and one rank-`rank` change."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        OWN: torch.randn(8, 8, generator=generator).bfloat16(),
+        WEIGHT + ".delta_b": torch.randn(12, rank, generator=generator).bfloat16(),
+        WEIGHT + ".delta_a": torch.randn(rank, 8, generator=generator).bfloat16(),
+    }
+    folder.mkdir()
+    save_file(tensors, str(folder / "swiftkv.safetensors"))
+    spec = {
+        "base": "smollm2-135m-instruct",
+        "num_key_value_layers": n,
+        "key_value_group_size": 1,
+        "student_trained": ["self_attn.o_proj", "mlp"],
+        "student_rank": rank,
+    }
+    (folder / "swiftkv.json").write_text(json.dumps(spec))
+    return tensors
+
+
+def change(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    return tensors[WEIGHT + ".delta_b"].double() @ tensors[WEIGHT + ".delta_a"].double()
+
+
+def test_the_soup_holds_the_mean_of_the_students_changes_exactly(tmp_path):
+    soup = load_soup()
+    a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
+    soup.main(str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b"))
+    spec, tensors = read_trained(tmp_path / "ab")
+    assert spec["student_rank"] == 8 and spec["num_key_value_layers"] == 2
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    # the stacked factors halve delta_a, exact in bf16: the product is the mean to float64 rounding
+    assert torch.allclose(change(tensors), (change(a) + change(b)) / 2, rtol=0, atol=1e-12)
+    mean = ((a[OWN].float() + b[OWN].float()) / 2).bfloat16()
+    assert torch.equal(tensors[OWN], mean)
+
+
+def test_rank_keeps_the_best_approximation_of_the_mean_change(tmp_path, capsys):
+    soup = load_soup()
+    a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
+    soup.main(str(tmp_path / "ab4"), str(tmp_path / "a"), str(tmp_path / "b"), "--rank", "4")
+    spec, tensors = read_trained(tmp_path / "ab4")
+    assert spec["student_rank"] == 4 and tensors[WEIGHT + ".delta_b"].shape == (12, 4)
+    mean = (change(a) + change(b)) / 2
+    u, s, vh = torch.linalg.svd(mean)
+    best = u[:, :4] @ torch.diag(s[:4]) @ vh[:4]
+    # bf16 factors: within their rounding of the best rank-4 approximation, far from the mean itself
+    assert (change(tensors) - best).norm() < 1e-2 * best.norm() < (mean - best).norm()
+    assert "of a difference's norm left out" in capsys.readouterr().out
+
+
+def test_students_of_another_geometry_are_refused(tmp_path):
+    soup = load_soup()
+    student(tmp_path / "a", 0, n=2)
+    student(tmp_path / "b", 1, n=3)
+    with pytest.raises(ValueError, match=r"another student .*num_key_value_layers"):
+        soup.main(str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b"))
+    assert not (tmp_path / "ab").exists()
