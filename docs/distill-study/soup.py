@@ -1,19 +1,21 @@
 """A weight-space average ("model soup") of distilled students of one teacher and geometry.
 
-    python docs/distill-study/soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--rank R]
+    python docs/distill-study/soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--weights W,W,...] [--rank R]
 
 Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.json + swiftkv.safetensors).
-The SwiftKV projections are averaged. Each adapted weight's difference from the base, delta_b @ delta_a, is
-averaged exactly: the factors are stacked (rank k x r) and the stacked delta_a scaled by 1/k, so the stored
-product is the mean of the students' differences. With k a power of two that scale is exact in bf16, so the
-soup's differences are exactly the mean of the stored ones, at k times the rank. `--rank R` stores instead
-the best rank-R approximation of each mean difference (its leading singular vectors; the share of the
-difference it leaves out is printed), so the soup keeps its students' rank and format. Students trained from the same init on other data
-or schedules (the shipped -swiftkv25 and the loan's N = 22) are the usual case for such an average.
+The SwiftKV projections are averaged, each student's at its weight (`--weights`, normalized to sum to 1;
+default: equal). Each adapted weight's difference from the base, delta_b @ delta_a, is averaged exactly: the
+factors are stacked side by side (rank k x r) and each student's delta_a scaled by its weight, so the stored
+product is the weighted mean of the students' differences. A weight that is a power of two (1/2, 1/4) scales
+bf16 exactly; another costs one bf16 rounding of that delta_a. `--rank R` stores instead the best rank-R
+approximation of each mean difference (its leading singular vectors; the share of the difference it leaves
+out is printed), so the soup keeps its students' rank and format. Students trained from the same init on other
+data or schedules (the shipped -swiftkv25 and the loan's N = 22) are the usual case for such an average.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,24 +29,28 @@ from swiftkv.model.surgery import DELTA_FACTORS, TRAINED_SPEC, TRAINED_TENSORS, 
 GEOMETRY = ("base", "num_key_value_layers", "key_value_group_size", "student_trained")
 
 
-def soup(folders: list[Path]) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(spec, tensors) of the average of the students in `folders`."""
+def soup(folders: list[Path], weights: list[float] | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(spec, tensors) of the mean of the students in `folders`, each at its share of `weights` (default: equal)."""
+    weights = weights or [1.0] * len(folders)
+    if len(weights) != len(folders) or min(weights) <= 0:
+        raise ValueError(f"--weights {weights}: expected {len(folders)} positive weights, one per student")
+    shares = [w / sum(weights) for w in weights]
     read = [read_trained(folder) for folder in folders]
     specs, tensors = [spec for spec, _ in read], [t for _, t in read]
     for folder, spec, named in zip(folders[1:], specs[1:], tensors[1:], strict=True):
         differing = [k for k in GEOMETRY if spec.get(k) != specs[0].get(k)]
         if differing or set(named) != set(tensors[0]):
             raise ValueError(f"{folder} is another student than {folders[0]} ({differing or 'tensor names'})")
-    count, dtype = len(folders), next(iter(tensors[0].values())).dtype
+    dtype = next(iter(tensors[0].values())).dtype
     averaged = {}
     for name in tensors[0]:
-        parts = [t[name] for t in tensors]
-        if name.endswith(DELTA_FACTORS[0]):  # delta_b: [out, r] -> [out, k r]
-            averaged[name] = torch.cat(parts, dim=1)
-        elif name.endswith(DELTA_FACTORS[1]):  # delta_a: [r, in] -> [k r, in], / k
-            averaged[name] = (torch.cat([p.float() for p in parts], dim=0) / count).to(dtype)
+        parts = [t[name].float() for t in tensors]
+        if name.endswith(DELTA_FACTORS[0]):  # delta_b: [out, r] each -> [out, k r]
+            averaged[name] = torch.cat(parts, dim=1).to(dtype)
+        elif name.endswith(DELTA_FACTORS[1]):  # delta_a: [r, in] each, times its share -> [k r, in]
+            averaged[name] = torch.cat([p * w for p, w in zip(parts, shares, strict=True)]).to(dtype)
         else:
-            averaged[name] = (sum(p.float() for p in parts) / count).to(dtype)
+            averaged[name] = sum(p * w for p, w in zip(parts, shares, strict=True)).to(dtype)
     spec = dict(specs[0])
     if "student_rank" in spec:
         spec["student_rank"] = sum(s["student_rank"] for s in specs)
@@ -67,23 +73,26 @@ def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str
     return truncated
 
 
-def main(out: str, *students: str) -> None:
-    rank = None
-    if "--rank" in students:
-        at = students.index("--rank")
-        rank, students = int(students[at + 1]), students[:at] + students[at + 2 :]
-    if len(students) < 2:
-        raise SystemExit("usage: soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--rank R]")
-    spec, tensors = soup([Path(s) for s in students])
-    if rank is not None:
-        tensors = at_rank(spec, tensors, rank)
-    folder = Path(out)
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="the weight-space mean of distilled students")
+    parser.add_argument("out", help="the soup's trained-tensor folder")
+    parser.add_argument("students", nargs="+", help="two or more trained-tensor folders of one teacher and N")
+    parser.add_argument("--weights", help="one weight per student, comma-separated (default: equal)")
+    parser.add_argument("--rank", type=int, help="store each mean change as its best rank-R factors")
+    args = parser.parse_args(argv)
+    if len(args.students) < 2:
+        parser.error("expected two or more students")
+    weights = [float(w) for w in args.weights.split(",")] if args.weights else None
+    spec, tensors = soup([Path(s) for s in args.students], weights)
+    if args.rank is not None:
+        tensors = at_rank(spec, tensors, args.rank)
+    folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     with atomic_file(folder / TRAINED_TENSORS) as tmp:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
     write_atomic(folder / TRAINED_SPEC, json.dumps(spec, indent=2) + "\n")
-    print(f"wrote {folder}: the mean of {', '.join(students)} (student_rank {spec.get('student_rank')})")
+    print(f"wrote {folder}: the mean of {', '.join(args.students)} (student_rank {spec.get('student_rank')})")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1:])

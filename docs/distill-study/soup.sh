@@ -1,10 +1,11 @@
 #!/bin/bash
 # Issue 32 without a GPU: a weight-space average ("soup", soup.py) of two students of one N, scored as the shipped
-# ones are. Stages (default all; each skips itself when done):
+# ones are. A student is a trained-tensor folder or a loan's snapshot (e.g. docs/distill-study/loan-h200-2026-11-27/n15),
+# which is installed and saved as one first (/work/runs/loan-<N>-student). Stages (default all; each skips itself when done):
 #   soup      OUT = the mean of the students (exact: its rank is the sum of theirs)
 #   heldout   each student's and the soup's held-out KL / top-1 on distill's split (fp32), as JSON
 #   eval      the full suite of the shipped students (fp32, --floor)
-#   soup.sh N OUT STUDENT_FOLDER STUDENT_FOLDER [STAGE...]
+#   [WEIGHTS=W,W] soup.sh N OUT STUDENT_FOLDER STUDENT_FOLDER [STAGE...]   (WEIGHTS: soup.py --weights)
 # e.g. soup.sh 22 soup22-a docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student
 set -e
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
@@ -13,8 +14,20 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 PY=/work/main/.venv/bin/python
 SK="$PY -m swiftkv.cli"
 N=$1 OUT=$2 A=$(realpath "$3") B=$(realpath "$4"); shift 4
-STAGES=${*:-soup heldout eval}
 cd /work/runs
+as_folder() {  # $1 a student: a trained-tensor folder as it is, a loan's snapshot as one (install, then save)
+  if [ -f "$1/swiftkv.json" ]; then echo "$1"; return; fi
+  local out=$PWD/loan-n$N-student
+  if [ ! -f "$out/swiftkv.json" ]; then
+    $SK loan install "$1" --out loan-n$N > loan-n$N-install.log 2>&1
+    $PY -c "import sys, swiftkv; from swiftkv.sources import load_model as L; from swiftkv.model.surgery import \
+save_swiftkv_params as s; s(L(sys.argv[1]), sys.argv[2], base='smollm2-135m-instruct', \
+base_model=L('smollm2-135m-instruct'), student_rank=64)" loan-n$N "$out"
+  fi
+  echo "$out"
+}
+A=$(as_folder "$A") B=$(as_folder "$B")
+STAGES=${*:-soup heldout eval}
 [ -f n$N-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$N-lstsq --num-key-value-layers $N --init lstsq
 
 rank() { $PY -c "import json, sys; print(json.load(open(sys.argv[1] + '/swiftkv.json'))['student_rank'])" "$1"; }
@@ -28,7 +41,7 @@ heldout() {  # $1 a trained-tensor folder: its held-out KL / top-1 before any st
 }
 for stage in $STAGES; do
   case $stage in
-    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ;;
+    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ${WEIGHTS:+--weights $WEIGHTS} ;;
     heldout) for s in "$A" "$B" "$PWD/$OUT"; do heldout "$s"; done ;;
     eval) [ -f eval-$OUT/results.json ] || /usr/bin/time -v $SK eval "$PWD/$OUT" --teacher smollm2-135m-instruct \
       --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-$OUT --no-progress > eval-$OUT.log 2>&1 ;;
