@@ -408,7 +408,6 @@ def card(
     first = runs[0]
     scored = Path(round_.scored_as or alias).name
     s, student = first.settings, student_of(results, scored)
-    chat, gen = student.teacher_forced, student.generation
     before, after = first.heldout_before, run.heldout_after
     previous = student_of(
         EvalResults.from_json(json.loads((HERE / of_n(round_.previous, n).format(n=n)).read_text())), alias
@@ -477,13 +476,30 @@ def card(
         f"Run held-out split ({after.positions:,} positions), KL / top-1: "
         f"{before.kl:.3f} / {before.top1:.3f} before -> {after.kl:.3f} / {after.top1:.3f} after.",
         "",
-        f"`{eval_command(results, alias, round_.scored_as)}` ({results.dtype}; held-out ShareGPT",
+        *suite_lines(
+            eval_command(results, alias, round_.scored_as),
+            results,
+            student,
+            chat_row(of_n(round_.previous_row, n), previous),
+            paris,
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def suite_lines(
+    command: str, results: EvalResults, student: StudentResult, previous_row: str, paris: str
+) -> list[str]:
+    """A card's full-suite part: the command, the chat table (the replaced tensors' row first), the tasks, Paris."""
+    chat, gen = student.teacher_forced, student.generation
+    return [
+        f"`{command}` ({results.dtype}; held-out ShareGPT",
         f"records 17171+: {chat.conversations} conversations, {chat.tokens:,} assistant tokens; "
         f"{gen.prompts} greedy prompts of {gen.new_tokens} tokens):",
         "",
         "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
         "|---|---|---|---|---|",
-        chat_row(of_n(round_.previous_row, n), previous),
+        previous_row,
         chat_row("these tensors", student),
         "",
         *task_rows(results, student),
@@ -493,7 +509,6 @@ def card(
         "",
         "> " + " ".join(paris.split()),
     ]
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -544,7 +559,6 @@ def soup_card(
     student's own making, the held-out of each and of the soup, and the full suite against `previous`."""
     results, previous = EvalResults.of(results), EvalResults.of(previous)
     student = results.students[0]  # the soup, scored alone
-    chat, gen = student.teacher_forced, student.generation
     # the suite scored soup.py's output folder: named OUT here, as in the soup's command
     command = eval_command(results, alias).replace(Path(student.pair.student).name, "OUT", 1)
     folders = " ".join(p.folder for p in parents)
@@ -584,21 +598,7 @@ def soup_card(
         + ", ".join(cells)
         + f"; **these tensors {heldout_cell(soup)}**.",
         "",
-        f"`{command}` ({results.dtype}; held-out ShareGPT",
-        f"records 17171+: {chat.conversations} conversations, {chat.tokens:,} assistant tokens; "
-        f"{gen.prompts} greedy prompts of {gen.new_tokens} tokens):",
-        "",
-        "| | chat KL | chat top-1 | mean first greedy divergence (tokens) | identical 32-token answers |",
-        "|---|---|---|---|---|",
-        chat_row(previous_label, previous.students[0]),
-        chat_row("these tensors", student),
-        "",
-        *task_rows(results, student),
-        "",
-        f'"What is the capital of France?" (greedy, chat template, `swiftkv generate`, {results.dtype} as the '
-        'eval; the teacher: "The capital of France is Paris."):',
-        "",
-        "> " + " ".join(paris.split()),
+        *suite_lines(command, results, student, chat_row(previous_label, previous.students[0]), paris),
     ]
     return "\n".join(lines) + "\n"
 
