@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
 from swiftkv.distill.settings import settings_for
+from swiftkv.model.surgery import read_trained_spec
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
@@ -612,7 +613,7 @@ def soup_main(argv: list[str]) -> str:
     def read(path: str):
         return json.loads(Path(path).read_text())
 
-    rank = read(f"{folder}/swiftkv.json")["student_rank"]
+    rank = read_trained_spec(folder)["student_rank"]
     return soup_card(
         alias,
         int(n),

@@ -16,15 +16,12 @@ data or schedules (the shipped -swiftkv25 and the loan's N = 22) are the usual c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from swiftkv.files import atomic_file, write_atomic
-from swiftkv.model.surgery import DELTA_FACTORS, TRAINED_SPEC, TRAINED_TENSORS, low_rank_factors, read_trained
+from swiftkv.model.surgery import DELTA_FACTORS, low_rank_factors, read_trained, write_trained
 
 GEOMETRY = ("base", "num_key_value_layers", "key_value_group_size", "student_trained")
 
@@ -86,11 +83,7 @@ def main(argv: list[str]) -> None:
     spec, tensors = soup([Path(s) for s in args.students], weights)
     if args.rank is not None:
         tensors = at_rank(spec, tensors, args.rank)
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_file(folder / TRAINED_TENSORS) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
-    write_atomic(folder / TRAINED_SPEC, json.dumps(spec, indent=2) + "\n")
+    folder = write_trained(Path(args.out), spec, tensors)
     print(f"wrote {folder}: the mean of {', '.join(args.students)} (student_rank {spec.get('student_rank')})")
 
 

@@ -199,9 +199,7 @@ def save_swiftkv_params(
     each file is written beside its final name and then renamed. A model whose later layers were
     distilled for the student (`--trainable lora`) also stores how its weights differ from
     `base_model`'s, as rank-`student_rank` factors (`student_deltas`)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: p.detach().to(dtype).contiguous() for name, p in swiftkv_parameters(model).items()}
+    tensors = {name: p.detach().to(dtype) for name, p in swiftkv_parameters(model).items()}
     if not tensors:
         raise ValueError("the model has no SwiftKV parameters (q/k/v_proj_swiftkv, norm_swiftkv) to save")
     spec = {
@@ -217,10 +215,17 @@ def save_swiftkv_params(
                 "pass base_model and student_rank (the run's --lora-rank) to store their difference"
             )
         deltas = student_deltas(model, base_model, student_rank)
-        tensors.update({name: t.to(dtype).contiguous() for name, t in deltas.items()})
+        tensors.update({name: t.to(dtype) for name, t in deltas.items()})
         spec |= {"student_trained": list(trained_modules), "student_rank": student_rank}
+    return write_trained(Path(folder), spec, tensors)
+
+
+def write_trained(folder: Path, spec: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """A trained-tensor folder (`read_trained`'s twin): the tensors, then their spec, each file written
+    beside its final name and then renamed."""
+    folder.mkdir(parents=True, exist_ok=True)
     with atomic_file(folder / TRAINED_TENSORS) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        save_file({name: t.contiguous() for name, t in tensors.items()}, str(tmp), metadata={"format": "pt"})
     write_atomic(folder / TRAINED_SPEC, json.dumps(spec, indent=2) + "\n")
     return folder
 
