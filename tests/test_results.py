@@ -222,6 +222,31 @@ def renderings() -> dict[str, str]:
     return out
 
 
+def test_a_weighted_soups_card_names_its_weights_and_shares():
+    """soup.py --weights: the card's command carries them and says how each delta_a was scaled."""
+    study = DOCS / "distill-study"
+    text = load_card().soup_main(
+        [
+            "smollm2-135m-instruct-swiftkv25",
+            "22",
+            str(study / "soup22-n22-student"),
+            str(study / "heldout-soup22-a.json"),
+            str(study / "soup22-n22-fulleval.json"),
+            str(study / "cpu17m-n22-fulleval.json"),
+            "previous tensors (cpu17m alone)",
+            str(study / "soup22-paris.txt"),
+            f"docs/distill-study/cpu17m-n22-student={study / 'heldout-cpu17m-n22-student.json'}=3",
+            f"docs/distill-study/anneal22-n22-student={study / 'heldout-anneal22-n22-student.json'}=1",
+        ]
+    )
+    command = "soup.py OUT docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student --weights 3,1"
+    assert command in text
+    assert (
+        "`delta_a` times its share, 0.75, 0.25: one bf16 rounding where a share is not a power of two" in text
+    )
+    assert "divided by 2" not in text
+
+
 def test_reports_render_as_before():
     rendered = renderings()
     assert sorted(rendered) == sorted(p.name for p in GOLDEN.iterdir())

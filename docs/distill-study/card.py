@@ -2,7 +2,7 @@
 
     python docs/distill-study/card.py ROUND ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
     python docs/distill-study/card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL_RESULTS.json PREVIOUS_EVAL.json \
-        PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json ... > README.md   (a soup of students: soup_card)
+        PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json[=WEIGHT] ... > README.md   (a soup of students: soup_card)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -525,6 +525,7 @@ class Parent(NamedTuple):
     folder: str  # as the repository names it
     card: str  # markdown with a section starting HOW_MADE, up to the next "## "
     heldout: dict  # `swiftkv distill --init-from FOLDER --stop-after 0 --json`: heldout_before is its own
+    weight: float = 1.0  # soup.py --weights (relative)
 
 
 def how_made(card_text: str) -> list[str]:
@@ -563,6 +564,15 @@ def soup_card(
     # the suite scored soup.py's output folder: named OUT here, as in the soup's command
     command = eval_command(results, alias).replace(Path(student.pair.student).name, "OUT", 1)
     folders = " ".join(p.folder for p in parents)
+    weights = [p.weight for p in parents]
+    if len(set(weights)) > 1:
+        folders += " --weights " + ",".join(f"{w:g}" for w in weights)
+        shares = ", ".join(f"{w / sum(weights):g}" for w in weights)
+        scaling = (
+            f"`delta_a` times its share, {shares}: one bf16 rounding where a share is not a power of two"
+        )
+    else:
+        scaling = f"`delta_a` divided by {len(parents)}: exact in bf16"
     lines = [
         f"# {alias}",
         "",
@@ -577,7 +587,7 @@ def soup_card(
         "",
         f"The mean, in weight space, of {len(parents)} students of the same conversion and recipe, distilled on other",
         "schedules: their SwiftKV tensors averaged, and their changes to the later layers averaged exactly (each",
-        f"student's factors side by side, `delta_a` divided by {len(parents)}: exact in bf16):",
+        f"student's factors side by side, {scaling}):",
         "",
         "```",
         f"python docs/distill-study/soup.py OUT {folders}",
@@ -606,22 +616,24 @@ def soup_card(
 
 def soup_main(argv: list[str]) -> str:
     """card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL.json PREVIOUS_EVAL.json PREVIOUS_LABEL PARIS.txt
-    PARENT_FOLDER=PARENT_HELDOUT.json ...: each parent's card is its folder's README.md (PARENT_FOLDER as the
-    repository names it, e.g. docs/distill-study/cpu17m-n22-student)."""
+    PARENT_FOLDER=PARENT_HELDOUT.json[=WEIGHT] ...: each parent's card is its folder's README.md (PARENT_FOLDER as
+    the repository names it, e.g. docs/distill-study/cpu17m-n22-student); WEIGHT as soup.py --weights gave it."""
     alias, n, folder, heldout, results, previous, label, paris, *parents = argv
 
     def read(path: str):
         return json.loads(Path(path).read_text())
+
+    def parent(arg: str) -> Parent:
+        name, record, *weight = arg.split("=")
+        card_text = (REPOSITORY / name / "README.md").read_text()
+        return Parent(name, card_text, read(record), float(weight[0]) if weight else 1.0)
 
     rank = read_trained_spec(folder)["student_rank"]
     return soup_card(
         alias,
         int(n),
         rank,
-        [
-            Parent(name, (REPOSITORY / name / "README.md").read_text(), read(record))
-            for name, record in (parent.split("=", 1) for parent in parents)
-        ],
+        [parent(arg) for arg in parents],
         read(heldout),
         read(results),
         read(previous),
