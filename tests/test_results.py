@@ -203,42 +203,33 @@ def renderings() -> dict[str, str]:
             note,
         )
     # a soup's card: the mean of two students, each with its own README's "How it was made"
-    out["card-swiftkv25-soup.md"] = card.soup_main(
-        [
-            "smollm2-135m-instruct-swiftkv25",
-            "22",
-            str(study / "soup22-n22-student"),
-            str(study / "heldout-soup22-a.json"),
-            str(study / "soup22-n22-fulleval.json"),
-            str(study / "cpu17m-n22-fulleval.json"),
-            "previous tensors (cpu17m alone)",
-            str(study / "soup22-paris.txt"),
-            *(
-                f"docs/distill-study/{name}={study / f'heldout-{name}.json'}"
-                for name in ("cpu17m-n22-student", "anneal22-n22-student")
-            ),
-        ]
-    )
+    out["card-swiftkv25-soup.md"] = card.soup_main(soup22_card_args())
     return out
+
+
+def soup22_card_args(*weights: str) -> list[str]:
+    """card.py soup's arguments for the committed N = 22 soup and its two students (`weights`: each one's =WEIGHT)."""
+    study = DOCS / "distill-study"
+    students = ("cpu17m-n22-student", "anneal22-n22-student")
+    return [
+        "smollm2-135m-instruct-swiftkv25",
+        "22",
+        str(study / "soup22-n22-student"),
+        str(study / "heldout-soup22-a.json"),
+        str(study / "soup22-n22-fulleval.json"),
+        str(study / "cpu17m-n22-fulleval.json"),
+        "previous tensors (cpu17m alone)",
+        str(study / "soup22-paris.txt"),
+        *(
+            f"docs/distill-study/{name}={study / f'heldout-{name}.json'}" + (f"={w}" if w else "")
+            for name, w in zip(students, weights or ("", ""), strict=True)
+        ),
+    ]
 
 
 def test_a_weighted_soups_card_names_its_weights_and_shares():
     """soup.py --weights: the card's command carries them and says how each delta_a was scaled."""
-    study = DOCS / "distill-study"
-    text = load_card().soup_main(
-        [
-            "smollm2-135m-instruct-swiftkv25",
-            "22",
-            str(study / "soup22-n22-student"),
-            str(study / "heldout-soup22-a.json"),
-            str(study / "soup22-n22-fulleval.json"),
-            str(study / "cpu17m-n22-fulleval.json"),
-            "previous tensors (cpu17m alone)",
-            str(study / "soup22-paris.txt"),
-            f"docs/distill-study/cpu17m-n22-student={study / 'heldout-cpu17m-n22-student.json'}=3",
-            f"docs/distill-study/anneal22-n22-student={study / 'heldout-anneal22-n22-student.json'}=1",
-        ]
-    )
+    text = load_card().soup_main(soup22_card_args("3", "1"))
     command = "soup.py OUT docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student --weights 3,1"
     assert command in text
     assert (
