@@ -96,3 +96,38 @@ def test_students_of_another_geometry_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"another student .*num_key_value_layers"):
         soup.main([str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b")])
     assert not (tmp_path / "ab").exists()
+
+
+def test_a_loan_snapshot_is_read_as_the_trained_folder_it_installs_to(tmp_path):
+    """A loan's student snapshot (adapter factors named as a run's parameters, the student in its progress) is
+    read as `loan install` + `save_swiftkv_params` would save it: its SwiftKV tensors and, per adapted weight, a
+    change equal to the adapter's own lora_b @ lora_a."""
+    from swiftkv.distill.trainable import LORA_A, LORA_B, install
+    from swiftkv.loan.snapshot import write_snapshot
+    from swiftkv.model.surgery import build_swiftkv_model
+    from swiftkv.sources import load_model
+    from tests.tiny import save_tiny_teacher
+
+    teacher = save_tiny_teacher(tmp_path / "teacher")
+    student_model = build_swiftkv_model(load_model(teacher), 3, 1)
+    trained = install(student_model, "lora", 4, seed=0)
+    generator = torch.Generator().manual_seed(7)
+    tensors = {name: torch.randn(p.shape, generator=generator).bfloat16() for name, p in trained.items()}
+    progress = {"teacher": str(teacher), "num_key_value_layers": 3, "key_value_group_size": 1}
+    write_snapshot(tmp_path / "n3", tensors, progress | {"trainable": "lora", "lora_rank": 4, "seed": 0})
+
+    spec, read = load_soup().read_student(tmp_path / "n3")
+    assert spec == {
+        "base": str(teacher),
+        "num_key_value_layers": 3,
+        "key_value_group_size": 1,
+        "student_trained": ["self_attn.o_proj", "mlp"],
+        "student_rank": 4,
+    }
+    adapters = [name.removesuffix(LORA_B) for name in tensors if name.endswith(LORA_B)]
+    assert adapters and len(read) == len(tensors)
+    for path in adapters:
+        own = tensors[path + LORA_B].double() @ tensors[path + LORA_A].double()
+        stored = read[path + ".weight.delta_b"].double() @ read[path + ".weight.delta_a"].double()
+        assert (stored - own).norm() < 2**-6 * own.norm()  # bf16 factors of an fp32 merge, split anew
+    assert all(torch.equal(read[name], t) for name, t in tensors.items() if "swiftkv" in name)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
+from swiftkv.distill.from_weights import is_snapshot
 from swiftkv.distill.settings import settings_for
 from swiftkv.model.surgery import read_trained_spec
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
@@ -520,9 +521,9 @@ HOW_MADE = "## How it was made"
 
 
 class Parent(NamedTuple):
-    """One student of a soup: its trained-tensor folder, its card (a section HOW_MADE...) and its held-out."""
+    """One student of a soup: its folder, its card (a section HOW_MADE...) and its held-out."""
 
-    folder: str  # as the repository names it
+    folder: str  # as the repository names it: a trained-tensor folder or a loan's snapshot
     card: str  # markdown with a section starting HOW_MADE, up to the next "## "
     heldout: dict  # `swiftkv distill --init-from FOLDER --stop-after 0 --json`: heldout_before is its own
     weight: float = 1.0  # soup.py --weights (relative)
@@ -595,6 +596,13 @@ def soup_card(
         "",
         f"(`docs/distill-study/soup.sh {n} OUT {folders}`: the soup, each one's held-out, the full suite.)",
     ]
+    for parent in parents:
+        if is_snapshot(REPOSITORY / parent.folder):
+            lines += [
+                "",
+                f"`{parent.folder}` is a GPU loan's student snapshot: soup.py reads it as the trained-tensor folder",
+                "that `swiftkv loan install` and then `save_swiftkv_params` (at the loan's rank) make of it.",
+            ]
     for ordinal, parent in zip(ORDINALS, parents, strict=False):
         lines += ["", f"### The {ordinal} student: `{parent.folder}`", "", *how_made(parent.card)]
     cells = [
@@ -614,10 +622,15 @@ def soup_card(
     return "\n".join(lines) + "\n"
 
 
+def student_card(folder: Path) -> str:
+    """A soup student's card: its folder's README.md; a loan snapshot's is its loan's, in the folder above."""
+    return ((folder.parent if is_snapshot(folder) else folder) / "README.md").read_text()
+
+
 def soup_main(argv: list[str]) -> str:
     """card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL.json PREVIOUS_EVAL.json PREVIOUS_LABEL PARIS.txt
-    PARENT_FOLDER=PARENT_HELDOUT.json[=WEIGHT] ...: each parent's card is its folder's README.md (PARENT_FOLDER as
-    the repository names it, e.g. docs/distill-study/cpu17m-n22-student); WEIGHT as soup.py --weights gave it."""
+    PARENT_FOLDER=PARENT_HELDOUT.json[=WEIGHT] ...: each parent's card is `student_card` (PARENT_FOLDER as the
+    repository names it, e.g. docs/distill-study/cpu17m-n22-student); WEIGHT as soup.py --weights gave it."""
     alias, n, folder, heldout, results, previous, label, paris, *parents = argv
 
     def read(path: str):
@@ -625,8 +638,9 @@ def soup_main(argv: list[str]) -> str:
 
     def parent(arg: str) -> Parent:
         name, record, *weight = arg.split("=")
-        card_text = (REPOSITORY / name / "README.md").read_text()
-        return Parent(name, card_text, read(record), float(weight[0]) if weight else 1.0)
+        return Parent(
+            name, student_card(REPOSITORY / name), read(record), float(weight[0]) if weight else 1.0
+        )
 
     rank = read_trained_spec(folder)["student_rank"]
     return soup_card(

@@ -2,7 +2,9 @@
 
     python docs/distill-study/soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--weights W,W,...] [--rank R]
 
-Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.json + swiftkv.safetensors).
+Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.json + swiftkv.safetensors) or
+a loan's student snapshot (`swiftkv loan run`'s n15/, n22/), which is read as one: installed over its teacher
+(`swiftkv loan install`) and its trained tensors saved at the loan's rank (`save_swiftkv_params`), in a temp folder.
 The SwiftKV projections are averaged, each student's at its weight (`--weights`, normalized to sum to 1;
 default: equal). Each adapted weight's difference from the base, delta_b @ delta_a, is averaged exactly: the
 factors are stacked side by side (rank k x r) and each student's delta_a scaled by its weight, so the stored
@@ -17,11 +19,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-from swiftkv.model.surgery import DELTA_FACTORS, low_rank_factors, read_trained, write_trained
+from swiftkv.distill.from_weights import is_snapshot
+from swiftkv.loan.snapshot import install, read_progress, snapshot_teacher
+from swiftkv.model.surgery import (
+    DELTA_FACTORS,
+    low_rank_factors,
+    read_trained,
+    save_swiftkv_params,
+    write_trained,
+)
+from swiftkv.sources import load_model
 
 GEOMETRY = ("base", "num_key_value_layers", "key_value_group_size", "student_trained")
 
@@ -32,7 +44,7 @@ def soup(folders: list[Path], weights: list[float] | None = None) -> tuple[dict,
     if len(weights) != len(folders) or min(weights) <= 0:
         raise ValueError(f"--weights {weights}: expected {len(folders)} positive weights, one per student")
     shares = [w / sum(weights) for w in weights]
-    read = [read_trained(folder) for folder in folders]
+    read = [read_student(folder) for folder in folders]
     specs, tensors = [spec for spec, _ in read], [t for _, t in read]
     for folder, spec, named in zip(folders[1:], specs[1:], tensors[1:], strict=True):
         differing = [k for k in GEOMETRY if spec.get(k) != specs[0].get(k)]
@@ -54,6 +66,25 @@ def soup(folders: list[Path], weights: list[float] | None = None) -> tuple[dict,
     return spec, averaged
 
 
+def read_student(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(spec, tensors) of a trained-tensor folder, or of a loan's snapshot saved as one (the module's doc)."""
+    if not is_snapshot(folder):
+        return read_trained(folder)
+    progress = read_progress(folder)
+    teacher = snapshot_teacher(progress, None)
+    with tempfile.TemporaryDirectory() as tmp:
+        installed = load_model(install(folder, Path(tmp) / "installed"))
+        trained = Path(tmp) / "trained"
+        save_swiftkv_params(
+            installed,
+            trained,
+            base=teacher,
+            base_model=load_model(teacher),
+            student_rank=progress["lora_rank"],
+        )
+        return read_trained(trained)
+
+
 def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
     """`tensors` with each difference delta_b @ delta_a replaced by its best rank-`rank` factors; `spec`'s
     student_rank set to `rank`. Prints the largest share of a difference's norm left out."""
@@ -73,7 +104,11 @@ def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="the weight-space mean of distilled students")
     parser.add_argument("out", help="the soup's trained-tensor folder")
-    parser.add_argument("students", nargs="+", help="two or more trained-tensor folders of one teacher and N")
+    parser.add_argument(
+        "students",
+        nargs="+",
+        help="two or more students of one teacher and N: trained-tensor folders or loan snapshots",
+    )
     parser.add_argument("--weights", help="one weight per student, comma-separated (default: equal)")
     parser.add_argument("--rank", type=int, help="store each mean change as its best rank-R factors")
     args = parser.parse_args(argv)

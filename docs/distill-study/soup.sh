@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 32 without a GPU: a weight-space average ("soup", soup.py) of two students of one N, scored as the shipped
 # ones are. A student is a trained-tensor folder or a loan's snapshot (e.g. docs/distill-study/loan-h200-2026-11-27/n15),
-# which is installed and saved as one first (/work/runs/loan-<N>-student). Stages (default all; each skips itself when done):
+# which soup.py reads as one and distill's --init-from takes as it is. Stages (default all; each skips itself when done):
 #   soup      OUT = the mean of the students (exact: its rank is the sum of theirs)
 #   heldout   each student's and the soup's held-out KL / top-1 on distill's split (fp32), as JSON
 #   eval      the full suite of the shipped students (fp32, --floor)
@@ -15,24 +15,16 @@ PY=/work/main/.venv/bin/python
 SK="$PY -m swiftkv.cli"
 N=$1 OUT=$2 A=$(realpath "$3") B=$(realpath "$4"); shift 4
 cd /work/runs
-as_folder() {  # $1 a student: a trained-tensor folder as it is, a loan's snapshot as one (install, then save)
-  if [ -f "$1/swiftkv.json" ]; then echo "$1"; return; fi
-  local out=$PWD/loan-n$N-student
-  if [ ! -f "$out/swiftkv.json" ]; then
-    $SK loan install "$1" --out loan-n$N > loan-n$N-install.log 2>&1
-    $PY -c "import sys, swiftkv; from swiftkv.sources import load_model as L; from swiftkv.model.surgery import \
-save_swiftkv_params as s; s(L(sys.argv[1]), sys.argv[2], base='smollm2-135m-instruct', \
-base_model=L('smollm2-135m-instruct'), student_rank=64)" loan-n$N "$out"
-  fi
-  echo "$out"
-}
-A=$(as_folder "$A") B=$(as_folder "$B")
 STAGES=${*:-soup heldout eval}
 [ -f n$N-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$N-lstsq --num-key-value-layers $N --init lstsq
 
-rank() { $PY -c "import json, sys; print(json.load(open(sys.argv[1] + '/swiftkv.json'))['student_rank'])" "$1"; }
-heldout() {  # $1 a trained-tensor folder: its held-out KL / top-1 before any step (distill --stop-after 0)
-  local name; name=$(basename "$1")
+rank() { $PY -c "import sys; from pathlib import Path; from swiftkv.distill.from_weights import folder_spec; \
+print(folder_spec(Path(sys.argv[1]))['student_rank'])" "$1"; }
+name() {  # a student's name in the records: its folder's; a snapshot's (n15) with its loan's folder before it
+  if [ -f "$1/swiftkv.json" ]; then basename "$1"; else echo "$(basename "$(dirname "$1")")-$(basename "$1")"; fi
+}
+heldout() {  # $1 a student: its held-out KL / top-1 before any step (distill --stop-after 0)
+  local name; name=$(name "$1")
   [ -f heldout-$name.json ] && return
   $SK distill n$N-lstsq --recipe swiftkv-lora --lora-rank "$(rank "$1")" --tokens 20480 --heldout-tokens 16384 \
     --seq-len 1024 --batch-size 2 --micro-batch 1 --seed 0 --prompt-turns every --dtype float32 \
