@@ -236,6 +236,12 @@ def test_cli_writes_report_with_paired_numbers(smollm2_models, tmp_path, capsys)
     assert student["generation"]["prompts"] == 2
     long = student["long_prompt"]
     assert long["prompts"] == 2 and 1000 <= long["prompt_tokens_mean"] <= 2100
+    for greedy in (
+        student["generation"],
+        long,
+    ):  # each prompt's divergence kept: two runs pair prompt by prompt
+        assert len(greedy["first_divergences"]) == 2
+        assert sum(greedy["first_divergences"]) / 2 == pytest.approx(greedy["mean_first_divergence"])
     assert (
         long["kl_mean"] > 0 and 0 <= long["top1_agreement"] <= 1 and 0 <= long["mean_first_divergence"] <= 4
     )

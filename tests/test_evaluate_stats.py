@@ -6,7 +6,7 @@ import pytest
 
 from swiftkv.evaluate.chat import first_divergence
 from swiftkv.evaluate.harness import available_tasks, parse_limits, parse_tasks
-from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison, paired_runs
+from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison, paired_divergences, paired_runs
 from swiftkv.results import TaskResult
 
 
@@ -111,3 +111,16 @@ def test_paired_runs_pairs_two_runs_students_item_by_item():
         paired_runs(before, task_run([1, 0, 1], [0, 2, 1], ids=("t/0", "t/1", "t/2")))
     with pytest.raises(ValueError, match="without per-item correctness"):
         paired_runs(TaskResult.from_json({"item_ids": list(before.item_ids), "answers": {}}), after)
+
+
+def test_paired_divergences_pair_two_students_prompt_by_prompt():
+    before, after = [3, 0, 32, 5, 7], [4, 2, 32, 1, 9]  # after - before: 1, 2, 0, -4, 2 (mean 1/5)
+    paired = paired_divergences(before, after)
+    diffs, mean = [1, 2, 0, -4, 2], 1 / 5
+    assert (paired["n"], paired["before"], paired["after"]) == (5, 47 / 5, 48 / 5)
+    assert paired["diff"] == pytest.approx(mean)
+    assert paired["diff_stderr"] == pytest.approx(math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4 / 5))
+    assert (paired["before_longer"], paired["after_longer"]) == (1, 3)  # the tie drops out
+    assert paired["sign_p"] == mcnemar_exact_p(1, 3)
+    with pytest.raises(ValueError, match="the same prompts for both students; got 5 and 4"):
+        paired_divergences(before, after[:4])

@@ -168,6 +168,7 @@ class Generation(Record):
     new_tokens: int | None = None
     identical_fraction: float | None = None  # answers whose first `new_tokens` tokens equal the teacher's
     mean_first_divergence: float | None = None
+    first_divergences: list[int] | None = None  # each prompt's, in prompt order (pairs two students)
     examples: list[Example] | None = None
 
 
@@ -180,6 +181,7 @@ class LongPrompt(Record):
     top1_agreement: float | None = None
     identical_fraction: float | None = None
     mean_first_divergence: float | None = None
+    first_divergences: list[int] | None = None  # each prompt's, in prompt order
 
 
 @record

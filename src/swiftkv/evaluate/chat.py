@@ -174,8 +174,8 @@ def generation_agreement(
     examples: int = 3,
     progress: bool = True,
 ) -> dict:
-    """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), mean first
-    divergence position, and a few side-by-side answers."""
+    """Fraction of prompts with identical greedy answers (first `new_tokens` tokens), each prompt's first
+    divergence position and their mean, and a few side-by-side answers."""
     tokenizer = pair.tokenizer
     ids = [prompt_ids(tokenizer, messages) for messages in prompts]
     answers = greedy_answers(pair, store, ids, new_tokens, progress=progress)
@@ -185,6 +185,7 @@ def generation_agreement(
         "new_tokens": new_tokens,
         "identical_fraction": sum(d == new_tokens for d in divergence) / max(1, len(prompts)),
         "mean_first_divergence": sum(divergence) / max(1, len(prompts)),
+        "first_divergences": divergence,
         "examples": side_by_side(tokenizer, prompts, answers, divergence, new_tokens, examples),
     }
 

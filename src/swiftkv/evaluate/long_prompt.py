@@ -58,6 +58,7 @@ def long_prompt_agreement(
         "top1_agreement": sum(f["top1"] for f in forced) / max(1, tokens),
         "identical_fraction": sum(d == new_tokens for d in divergence) / max(1, len(prompts)),
         "mean_first_divergence": sum(divergence) / max(1, len(prompts)),
+        "first_divergences": divergence,
     }
 
 

@@ -70,3 +70,26 @@ def paired_runs(before, after) -> dict:
         before.answers["student"],
         after.answers["student"],
     )
+
+
+def paired_divergences(before: Sequence[int], after: Sequence[int]) -> dict:
+    """Two students' first greedy divergences from the teacher on the same prompts (tokens into the answer):
+    after's mean minus before's with its paired standard error, the prompts on which each one keeps to the
+    teacher longer, and the sign test on those (the same exact binomial as McNemar's; ties drop out)."""
+    n = len(before)
+    if n == 0 or n != len(after):
+        raise ValueError(f"expected the same prompts for both students; got {n} and {len(after)} divergences")
+    diffs = [a - b for b, a in zip(before, after, strict=True)]
+    mean_diff = sum(diffs) / n
+    variance = sum((d - mean_diff) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    before_longer, after_longer = sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
+    return {
+        "n": n,
+        "before": sum(before) / n,
+        "after": sum(after) / n,
+        "diff": mean_diff,
+        "diff_stderr": math.sqrt(variance / n),
+        "before_longer": before_longer,
+        "after_longer": after_longer,
+        "sign_p": mcnemar_exact_p(before_longer, after_longer),
+    }
