@@ -6,8 +6,9 @@ import pytest
 
 from swiftkv.evaluate.chat import first_divergence
 from swiftkv.evaluate.harness import available_tasks, parse_limits, parse_tasks
+from swiftkv.evaluate.report import paired_greedy_table
 from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison, paired_divergences, paired_runs
-from swiftkv.results import TaskResult
+from swiftkv.results import StudentResult, TaskResult
 
 
 def test_mcnemar_exact_p_matches_hand_computation():
@@ -124,3 +125,25 @@ def test_paired_divergences_pair_two_students_prompt_by_prompt():
     assert paired["sign_p"] == mcnemar_exact_p(1, 3)
     with pytest.raises(ValueError, match="the same prompts for both students; got 5 and 4"):
         paired_divergences(before, after[:4])
+
+
+def greedy_student(chat: list[int] | None, long: list[int] | None, new_tokens: int = 32) -> StudentResult:
+    def greedy(divergences):
+        return {"prompts": 4, "new_tokens": new_tokens, "first_divergences": divergences}
+
+    return StudentResult.from_json({"generation": greedy(chat), "long_prompt": greedy(long)})
+
+
+def test_paired_greedy_table_pairs_two_runs_prompt_by_prompt():
+    """compare.py's and the soup cards' table: each row one kind of greedy answer, paired prompt by prompt."""
+    before, after = greedy_student([1, 4, 32, 2], [3, 3, 3, 3]), greedy_student([2, 9, 32, 1], [3, 5, 6, 3])
+    lines = paired_greedy_table(before, after, ("old", "new"))
+    assert lines[0].startswith("| greedy answers | prompts | old | new |") and "longer: old / new" in lines[0]
+    chat = paired_divergences([1, 4, 32, 2], [2, 9, 32, 1])
+    assert lines[2] == (
+        f"| chat | 4 | 9.75 | 11.00 | +1.25 (± {chat['diff_stderr']:.2f}) | 1 / 2 | {chat['sign_p']:.2g} |"
+    )
+    assert lines[3].startswith("| long prompts | 4 | 3.00 | 4.25 | +1.25 ") and "| 0 / 2 |" in lines[3]
+    assert paired_greedy_table(greedy_student(None, None), after) == []  # an older run: no per-prompt record
+    with pytest.raises(ValueError, match="answers of 32 and 64 tokens"):
+        paired_greedy_table(before, greedy_student([2, 9, 32, 1], None, new_tokens=64))

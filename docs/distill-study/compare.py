@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from swiftkv.evaluate.stats import paired_divergences, paired_runs
+from swiftkv.evaluate.report import paired_greedy_table
+from swiftkv.evaluate.stats import paired_runs
 from swiftkv.results import EvalResults
 
 
@@ -41,32 +42,11 @@ def table(before, after) -> list[str]:
     return lines
 
 
-def generation_table(before, after) -> list[str]:
-    """The greedy answers' first divergence from the teacher, paired prompt by prompt (chat, long prompts)."""
-    lines = [
-        "| greedy answers | prompts | before | after | after - before (± paired s.e.) | longer before / after | sign p |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name in ("generation", "long_prompt"):
-        runs = getattr(before, name), getattr(after, name)
-        if not all(run and run.first_divergences for run in runs):
-            continue
-        if runs[0].new_tokens != runs[1].new_tokens:
-            raise ValueError(f"{name}: answers of {runs[0].new_tokens} and {runs[1].new_tokens} tokens")
-        paired = paired_divergences(runs[0].first_divergences, runs[1].first_divergences)
-        lines.append(
-            f"| {name} | {paired['n']} | {paired['before']:.2f} | {paired['after']:.2f} | "
-            f"{paired['diff']:+.2f} (± {paired['diff_stderr']:.2f}) | "
-            f"{paired['before_longer']} / {paired['after_longer']} | {paired['sign_p']:.2g} |"
-        )
-    return lines if len(lines) > 2 else []
-
-
 if __name__ == "__main__":
     aliases = sys.argv[3:5] or [None, None]
     try:
         before, after = student(sys.argv[1], aliases[0]), student(sys.argv[2], aliases[1])
-        generation = generation_table(before, after)
-        print("\n".join(table(before, after) + ([""] + generation if generation else [])))
+        tables = [table(before, after) if before.tasks else [], paired_greedy_table(before, after)]
+        print("\n\n".join("\n".join(lines) for lines in tables if lines))
     except ValueError as error:
         sys.exit(f"compare.py: {error}")

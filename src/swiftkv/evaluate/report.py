@@ -15,6 +15,7 @@ from ..model.config import is_swiftkv
 from ..plots import figure
 from ..results import EvalResults, FloorResult, StudentResult
 from .pair import STUDENT, TEACHER
+from .stats import paired_divergences
 
 
 def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
@@ -228,6 +229,32 @@ def long_prompt_table(results: EvalResults) -> list[str]:
         for name, lp in rows
     ]
     return [*lines, ""]
+
+
+def paired_greedy_table(
+    before: StudentResult, after: StudentResult, names: tuple[str, str] = ("before", "after")
+) -> list[str]:
+    """Two students' greedy answers to the same prompts, paired prompt by prompt (`first_divergences`: chat,
+    then long prompts; either left out where a run did not keep it): each one's mean first divergence from
+    the teacher, the paired difference, the prompts on which each keeps to the teacher longer, the sign test."""
+    lines = [
+        f"| greedy answers | prompts | {names[0]} | {names[1]} | difference (± paired s.e.) | "
+        f"longer: {names[0]} / {names[1]} | sign p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in ("generation", "long_prompt"):
+        runs = getattr(before, name), getattr(after, name)
+        if not all(run and run.first_divergences for run in runs):
+            continue
+        if runs[0].new_tokens != runs[1].new_tokens:
+            raise ValueError(f"{name}: answers of {runs[0].new_tokens} and {runs[1].new_tokens} tokens")
+        paired = paired_divergences(runs[0].first_divergences, runs[1].first_divergences)
+        lines.append(
+            f"| {'chat' if name == 'generation' else 'long prompts'} | {paired['n']} | {paired['before']:.2f} | "
+            f"{paired['after']:.2f} | {paired['diff']:+.2f} (± {paired['diff_stderr']:.2f}) | "
+            f"{paired['before_longer']} / {paired['after_longer']} | {paired['sign_p']:.2g} |"
+        )
+    return lines if len(lines) > 2 else []
 
 
 def quote(text: str) -> str:
