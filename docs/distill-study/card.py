@@ -2,7 +2,9 @@
 
     python docs/distill-study/card.py ROUND ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
     python docs/distill-study/card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL_RESULTS.json PREVIOUS_EVAL.json \
-        PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json[=WEIGHT] ... > README.md   (a soup of students: soup_card)
+        PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json[=WEIGHT] ... [--paired BOTH_EVAL.json] ... > README.md
+        (a soup of students: soup_card; BOTH_EVAL.json: `swiftkv eval PREVIOUS SOUP --tasks none` results, whose
+        greedy answers the card pairs prompt by prompt)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -25,6 +27,7 @@ from typing import NamedTuple
 # The JSON files read here, read by attribute.
 from swiftkv.distill.from_weights import is_snapshot
 from swiftkv.distill.settings import settings_for
+from swiftkv.evaluate.report import paired_greedy_table
 from swiftkv.model.surgery import read_trained_spec
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
@@ -557,9 +560,11 @@ def soup_card(
     previous: EvalResults | dict,
     previous_label: str,
     paris: str,
+    paired: list[EvalResults | dict] = (),
 ) -> str:
     """The card of a soup of `parents` (soup.py) shipped as `alias`: what it holds, the soup's command, each
-    student's own making, the held-out of each and of the soup, and the full suite against `previous`."""
+    student's own making, the held-out of each and of the soup, the full suite against `previous`, and the
+    greedy answers of `paired` runs (each: the previous tensors, then the soup) paired prompt by prompt."""
     results, previous = EvalResults.of(results), EvalResults.of(previous)
     student = results.students[0]  # the soup, scored alone
     # the suite scored soup.py's output folder: named OUT here, as in the soup's command
@@ -618,8 +623,43 @@ def soup_card(
         + f"; **these tensors {heldout_cell(soup)}**.",
         "",
         *suite_lines(command, results, student, chat_row(previous_label, previous.students[0]), paris),
+        *paired_greedy_lines([EvalResults.of(run) for run in paired], previous_label),
     ]
     return "\n".join(lines) + "\n"
+
+
+def paired_greedy_lines(runs: list[EvalResults], previous_label: str) -> list[str]:
+    """The greedy answers of the previous tensors and the soup, both in each of `runs` (so to the same prompts),
+    paired prompt by prompt (`report.paired_greedy_table`), with the commands that wrote them."""
+    if not runs:
+        return []
+    header, rows = [], []
+    for run in runs:
+        table = paired_greedy_table(*run.students, names=("previous", "these tensors"))
+        header, rows = table[:2], rows + table[2:]
+    commands = "; ".join(f"`{paired_command(run)}`" for run in runs)
+    return [
+        "",
+        f"Greedy answers paired prompt by prompt with the {previous_label}, both students in one run ({commands}):",
+        "the difference in mean first divergence with its paired standard error, and the sign test on the",
+        "prompts where one of them keeps to the teacher longer (ties drop out).",
+        "",
+        *header,
+        *rows,
+    ]
+
+
+def paired_command(run: EvalResults) -> str:
+    """The command of a `--tasks none` run of the previous tensors (as the repository names them) and OUT."""
+    previous = Path(run.students[0].pair.student)
+    if previous.is_relative_to(REPOSITORY):
+        previous = previous.relative_to(REPOSITORY)
+    settings = run.settings
+    return (
+        f"swiftkv eval {previous} OUT --teacher smollm2-135m-instruct --tasks none --chat-conversations "
+        f"{settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} --long-prompts "
+        f"{settings['long_prompts']} --dtype {run.dtype}"
+    )
 
 
 def student_card(folder: Path) -> str:
@@ -629,9 +669,14 @@ def student_card(folder: Path) -> str:
 
 def soup_main(argv: list[str]) -> str:
     """card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL.json PREVIOUS_EVAL.json PREVIOUS_LABEL PARIS.txt
-    PARENT_FOLDER=PARENT_HELDOUT.json[=WEIGHT] ...: each parent's card is `student_card` (PARENT_FOLDER as the
-    repository names it, e.g. docs/distill-study/cpu17m-n22-student); WEIGHT as soup.py --weights gave it."""
-    alias, n, folder, heldout, results, previous, label, paris, *parents = argv
+    PARENT_FOLDER=PARENT_HELDOUT.json[=WEIGHT] ... [--paired BOTH_EVAL.json] ...: each parent's card is
+    `student_card` (PARENT_FOLDER as the repository names it, e.g. docs/distill-study/cpu17m-n22-student); WEIGHT
+    as soup.py --weights gave it; each BOTH_EVAL.json a `--tasks none` run of the previous tensors and the soup."""
+    alias, n, folder, heldout, results, previous, label, paris, *rest = argv
+    paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
+    parents = [
+        arg for i, arg in enumerate(rest) if arg != "--paired" and (i == 0 or rest[i - 1] != "--paired")
+    ]
 
     def read(path: str):
         return json.loads(Path(path).read_text())
@@ -653,6 +698,7 @@ def soup_main(argv: list[str]) -> str:
         read(previous),
         label,
         Path(paris).read_text(),
+        [read(run) for run in paired],
     )
 
 
