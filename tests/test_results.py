@@ -224,7 +224,14 @@ def soup22_card_args(*weights: str) -> list[str]:
             f"docs/distill-study/{name}={study / f'heldout-{name}.json'}" + (f"={w}" if w else "")
             for name, w in zip(students, weights or ("", ""), strict=True)
         ),
+        *("--paired", str(study / "soup22-gen128-eval.json")),
     ]
+
+
+def test_the_shipped_soup_card_is_the_rendered_one():
+    """-swiftkv25 ships the N = 22 soup: its model card is card.py's rendering of the committed records."""
+    shipped = ROOT / "src" / "swiftkv" / "weights" / "smollm2-135m-instruct-swiftkv25" / "README.md"
+    assert shipped.read_text() == load_card().soup_main(soup22_card_args())
 
 
 def test_a_weighted_soups_card_names_its_weights_and_shares():
