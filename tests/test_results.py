@@ -224,7 +224,12 @@ def soup22_card_args(*weights: str) -> list[str]:
             f"docs/distill-study/{name}={study / f'heldout-{name}.json'}" + (f"={w}" if w else "")
             for name, w in zip(students, weights or ("", ""), strict=True)
         ),
-        *("--paired", str(study / "soup22-gen128-eval.json")),
+        *(
+            "--paired",
+            str(study / "soup22-gen128-eval.json"),
+            "--paired",
+            str(study / "soup22-long16-eval.json"),
+        ),
     ]
 
 

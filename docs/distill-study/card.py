@@ -640,7 +640,7 @@ def paired_greedy_lines(runs: list[EvalResults], previous_label: str) -> list[st
     commands = "; ".join(f"`{paired_command(run)}`" for run in runs)
     return [
         "",
-        f"Greedy answers paired prompt by prompt with the {previous_label}, both students in one run ({commands}):",
+        f"Greedy answers paired prompt by prompt with the {previous_label}, both students in each run ({commands}):",
         "the difference in mean first divergence with its paired standard error, and the sign test on the",
         "prompts where one of them keeps to the teacher longer (ties drop out).",
         "",
