@@ -204,6 +204,8 @@ def renderings() -> dict[str, str]:
         )
     # a soup's card: the mean of two students, each with its own README's "How it was made"
     out["card-swiftkv25-soup.md"] = card.soup_main(soup22_card_args())
+    # a weighted soup with a GPU loan's snapshot as a student (its card: the loan's README)
+    out["card-swiftkv50-soup.md"] = card.soup_main(soup15_card_args())
     return out
 
 
@@ -233,10 +235,37 @@ def soup22_card_args(*weights: str) -> list[str]:
     ]
 
 
-def test_the_shipped_soup_card_is_the_rendered_one():
-    """-swiftkv25 ships the N = 22 soup: its model card is card.py's rendering of the committed records."""
-    shipped = ROOT / "src" / "swiftkv" / "weights" / "smollm2-135m-instruct-swiftkv25" / "README.md"
-    assert shipped.read_text() == load_card().soup_main(soup22_card_args())
+def soup15_card_args() -> list[str]:
+    """card.py soup's arguments for the shipped N = 15 soup: cpu19m 3 : the H200 loan's N = 15 snapshot 1."""
+    study = DOCS / "distill-study"
+    loan = "docs/distill-study/loan-h200-2026-11-27/n15"
+    return [
+        "smollm2-135m-instruct-swiftkv50",
+        "15",
+        str(study / "soup15-n15-student"),
+        str(study / "heldout-soup15-w.json"),
+        str(study / "soup15-n15-fulleval.json"),
+        str(study / "cpu19m-n15-fulleval.json"),
+        "previous tensors (cpu19m alone)",
+        str(study / "soup15-paris.txt"),
+        f"docs/distill-study/cpu19m-n15-student={study / 'heldout-cpu19m-n15-student.json'}=3",
+        f"{loan}={study / 'heldout-loan-h200-2026-11-27-n15.json'}=1",
+        *(
+            "--paired",
+            str(study / "soup15-gen128-eval.json"),
+            "--paired",
+            str(study / "soup15-long16-eval.json"),
+        ),
+    ]
+
+
+def test_the_shipped_soup_cards_are_the_rendered_ones():
+    """Both shipped students are soups: each model card is card.py's rendering of the committed records."""
+    weights = ROOT / "src" / "swiftkv" / "weights"
+    card = load_card()
+    for alias, args in (("swiftkv25", soup22_card_args()), ("swiftkv50", soup15_card_args())):
+        shipped = weights / f"smollm2-135m-instruct-{alias}" / "README.md"
+        assert shipped.read_text() == card.soup_main(args), alias
 
 
 def test_a_weighted_soups_card_names_its_weights_and_shares():
@@ -244,6 +273,8 @@ def test_a_weighted_soups_card_names_its_weights_and_shares():
     text = load_card().soup_main(soup22_card_args("3", "1"))
     command = "soup.py OUT docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student --weights 3,1"
     assert command in text
+    script = "WEIGHTS=3,1 bash docs/distill-study/soup.sh 22 OUT docs/distill-study/cpu17m-n22-student"
+    assert script in text  # soup.sh takes the weights from its environment
     assert (
         "`delta_a` times its share, 0.75, 0.25: one bf16 rounding where a share is not a power of two" in text
     )

@@ -571,8 +571,11 @@ def soup_card(
     command = eval_command(results, alias).replace(Path(student.pair.student).name, "OUT", 1)
     folders = " ".join(p.folder for p in parents)
     weights = [p.weight for p in parents]
+    script = f"docs/distill-study/soup.sh {n} OUT {folders}"
     if len(set(weights)) > 1:
-        folders += " --weights " + ",".join(f"{w:g}" for w in weights)
+        given = ",".join(f"{w:g}" for w in weights)
+        folders += f" --weights {given}"
+        script = f"WEIGHTS={given} bash {script}"
         shares = ", ".join(f"{w / sum(weights):g}" for w in weights)
         scaling = (
             f"`delta_a` times its share, {shares}: one bf16 rounding where a share is not a power of two"
@@ -599,7 +602,7 @@ def soup_card(
         f"python docs/distill-study/soup.py OUT {folders}",
         "```",
         "",
-        f"(`docs/distill-study/soup.sh {n} OUT {folders}`: the soup, each one's held-out, the full suite.)",
+        f"(`{script}`: the soup, each one's held-out, the full suite.)",
     ]
     for parent in parents:
         if is_snapshot(REPOSITORY / parent.folder):
