@@ -22,6 +22,14 @@ def mcnemar_exact_p(teacher_only: int, student_only: int) -> float:
     return min(1.0, 2 * tail / 2**n)
 
 
+def paired_mean(diffs: Sequence[float]) -> tuple[float, float]:
+    """The mean of paired differences and its standard error (sample variance / n; 0 for one pair)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    return mean, math.sqrt(variance / n)
+
+
 def paired_comparison(
     teacher_correct: Sequence[float],
     student_correct: Sequence[float],
@@ -35,9 +43,7 @@ def paired_comparison(
         raise ValueError("paired_comparison needs the same items for both models")
     if n == 0:
         raise ValueError("paired_comparison needs at least one item")
-    diffs = [s - t for s, t in zip(student_correct, teacher_correct, strict=True)]
-    mean_diff = sum(diffs) / n
-    variance = sum((d - mean_diff) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    mean_diff, stderr = paired_mean([s - t for s, t in zip(student_correct, teacher_correct, strict=True)])
     teacher_only = sum(1 for t, s in zip(teacher_correct, student_correct, strict=True) if t and not s)
     student_only = sum(1 for t, s in zip(teacher_correct, student_correct, strict=True) if s and not t)
     return {
@@ -45,7 +51,7 @@ def paired_comparison(
         "teacher": sum(teacher_correct) / n,
         "student": sum(student_correct) / n,
         "diff": mean_diff,
-        "diff_stderr": math.sqrt(variance / n),
+        "diff_stderr": stderr,
         "agreement": sum(t == s for t, s in zip(teacher_pred, student_pred, strict=True)) / n,
         "teacher_only_correct": teacher_only,
         "student_only_correct": student_only,
@@ -80,15 +86,14 @@ def paired_divergences(before: Sequence[int], after: Sequence[int]) -> dict:
     if n == 0 or n != len(after):
         raise ValueError(f"expected the same prompts for both students; got {n} and {len(after)} divergences")
     diffs = [a - b for b, a in zip(before, after, strict=True)]
-    mean_diff = sum(diffs) / n
-    variance = sum((d - mean_diff) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    mean_diff, stderr = paired_mean(diffs)
     before_longer, after_longer = sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
     return {
         "n": n,
         "before": sum(before) / n,
         "after": sum(after) / n,
         "diff": mean_diff,
-        "diff_stderr": math.sqrt(variance / n),
+        "diff_stderr": stderr,
         "before_longer": before_longer,
         "after_longer": after_longer,
         "sign_p": mcnemar_exact_p(before_longer, after_longer),
