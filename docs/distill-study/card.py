@@ -636,10 +636,12 @@ def paired_greedy_lines(runs: list[EvalResults], previous_label: str) -> list[st
     paired prompt by prompt (`report.paired_greedy_table`), with the commands that wrote them."""
     if not runs:
         return []
-    header, rows = [], []
-    for run in runs:
-        table = paired_greedy_table(*run.students, names=("previous", "these tensors"))
-        header, rows = table[:2], rows + table[2:]
+    tables = [paired_greedy_table(*run.students, names=("previous", "these tensors")) for run in runs]
+    if not all(tables):
+        raise ValueError(
+            "a --paired run holds no first_divergences to pair; expected results.json since 2026-11-28"
+        )
+    header, rows = tables[0][:2], [row for table in tables for row in table[2:]]
     commands = "; ".join(f"`{paired_command(run)}`" for run in runs)
     return [
         "",
