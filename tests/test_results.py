@@ -268,6 +268,30 @@ def test_the_shipped_soup_cards_are_the_rendered_ones():
         assert shipped.read_text() == card.soup_main(args), alias
 
 
+def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(tmp_path):
+    """The paired runs recorded the previous tensors' path on the scoring machine; the card names that parent
+    by its repository folder, so a checkout anywhere renders the same card; a run of another student is refused."""
+    card = load_card()
+    args = soup22_card_args()
+    paired = [i + 1 for i, arg in enumerate(args) if arg == "--paired"]
+    elsewhere = []
+    for i in paired:
+        run = json.loads(Path(args[i]).read_text())
+        student = run["students"][0]["pair"]["student"]
+        run["students"][0]["pair"]["student"] = "/somewhere/else/" + Path(student).name
+        moved = tmp_path / Path(args[i]).name
+        moved.write_text(json.dumps(run))
+        elsewhere.append(str(moved))
+    for i, path in zip(paired, elsewhere, strict=True):
+        args[i] = path
+    assert card.soup_main(args) == card.soup_main(soup22_card_args())
+    run = json.loads(Path(elsewhere[0]).read_text())
+    run["students"][0]["pair"]["student"] = "/somewhere/else/another-student"
+    Path(elsewhere[0]).write_text(json.dumps(run))
+    with pytest.raises(ValueError, match="another-student is not one soup parent"):
+        card.soup_main(args)
+
+
 def test_a_weighted_soups_card_names_its_weights_and_shares():
     """soup.py --weights: the card's command carries them and says how each delta_a was scaled."""
     text = load_card().soup_main(soup22_card_args("3", "1"))

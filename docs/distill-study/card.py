@@ -626,14 +626,14 @@ def soup_card(
         + f"; **these tensors {heldout_cell(soup)}**.",
         "",
         *suite_lines(command, results, student, chat_row(previous_label, previous.students[0]), paris),
-        *paired_greedy_lines([EvalResults.of(run) for run in paired], previous_label),
+        *paired_greedy_lines([EvalResults.of(run) for run in paired], previous_label, parents),
     ]
     return "\n".join(lines) + "\n"
 
 
-def paired_greedy_lines(runs: list[EvalResults], previous_label: str) -> list[str]:
-    """The greedy answers of the previous tensors and the soup, both in each of `runs` (so to the same prompts),
-    paired prompt by prompt (`report.paired_greedy_table`), with the commands that wrote them."""
+def paired_greedy_lines(runs: list[EvalResults], previous_label: str, parents: list[Parent]) -> list[str]:
+    """The greedy answers of the previous tensors (one of `parents`) and the soup, both in each of `runs` (so to
+    the same prompts), paired prompt by prompt (`report.paired_greedy_table`), with the commands that wrote them."""
     if not runs:
         return []
     tables = [paired_greedy_table(*run.students, names=("previous", "these tensors")) for run in runs]
@@ -642,7 +642,7 @@ def paired_greedy_lines(runs: list[EvalResults], previous_label: str) -> list[st
             "a --paired run holds no first_divergences to pair; expected results.json since 2026-11-28"
         )
     header, rows = tables[0][:2], [row for table in tables for row in table[2:]]
-    commands = "; ".join(f"`{paired_command(run)}`" for run in runs)
+    commands = "; ".join(f"`{paired_command(run, parents)}`" for run in runs)
     return [
         "",
         f"Greedy answers paired prompt by prompt with the {previous_label}, both students in each run ({commands}):",
@@ -654,14 +654,20 @@ def paired_greedy_lines(runs: list[EvalResults], previous_label: str) -> list[st
     ]
 
 
-def paired_command(run: EvalResults) -> str:
-    """The command of a `--tasks none` run of the previous tensors (as the repository names them) and OUT."""
-    previous = Path(run.students[0].pair.student)
-    if previous.is_relative_to(REPOSITORY):
-        previous = previous.relative_to(REPOSITORY)
+def paired_command(run: EvalResults, parents: list[Parent]) -> str:
+    """The command of a `--tasks none` run of the previous tensors and OUT. The run recorded the previous
+    tensors' path on the machine that scored them; the card names them as the repository does, by the parent
+    whose folder has that name (a checkout elsewhere renders the same card)."""
+    recorded = Path(run.students[0].pair.student)
+    named = [p.folder for p in parents if Path(p.folder).name == recorded.name]
+    if len(named) != 1:
+        raise ValueError(
+            f"a --paired run's first student {recorded} is not one soup parent by folder name; expected one of "
+            + ", ".join(p.folder for p in parents)
+        )
     settings = run.settings
     return (
-        f"swiftkv eval {previous} OUT --teacher smollm2-135m-instruct --tasks none --chat-conversations "
+        f"swiftkv eval {named[0]} OUT --teacher smollm2-135m-instruct --tasks none --chat-conversations "
         f"{settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} --long-prompts "
         f"{settings['long_prompts']} --dtype {run.dtype}"
     )
