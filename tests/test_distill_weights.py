@@ -89,3 +89,23 @@ def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
     trained = weights_trained(folder)
     assert sum(name.endswith(".lora_b") for name in trained) == 4 * (30 - ALIASES[alias])
     assert all(t.dtype == torch.float32 for t in trained.values())
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_run_on_from_a_shipped_student_takes_its_rank_unless_one_is_given(alias):
+    """`distill --recipe swiftkv-lora --init-from ALIAS` without --lora-rank trains at the folder's rank
+    (the shipped soups' 128, not the recipe's 64); a --lora-rank given stays, to be refused if it differs;
+    a run of another trainable set, or from no folder, keeps its settings."""
+    from swiftkv.distill.from_weights import with_folder_rank
+    from swiftkv.distill.settings import settings_for
+
+    rank = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())["student_rank"]
+    assert rank != 64  # the recipe's, so the test tells them apart
+    taken = with_folder_rank(settings_for("n", "swiftkv-lora", init_from=alias), rank_given=False)
+    assert taken.lora_rank == rank
+    given = settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=64)
+    assert with_folder_rank(given, rank_given=True) == given
+    plain = settings_for("n", "swiftkv", init_from=alias)
+    assert with_folder_rank(plain, rank_given=False) == plain
+    fresh = settings_for("n", "swiftkv-lora")
+    assert with_folder_rank(fresh, rank_given=False) == fresh

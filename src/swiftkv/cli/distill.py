@@ -6,6 +6,7 @@ import json
 
 import torch.distributed as dist
 
+from ..distill.from_weights import with_folder_rank
 from ..distill.plan import print_plan
 from ..distill.run import heldout_agreement, run_distillation
 from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings, settings_for
@@ -72,7 +73,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    settings = settings_for(args.model, args.recipe, **given_values(args, DistillSettings))
+    given = given_values(args, DistillSettings)
+    settings = with_folder_rank(settings_for(args.model, args.recipe, **given), "lora_rank" in given)
     if args.plan:
         print_plan(settings, args.world_size, args.plan_device, args.json)
         return 0

@@ -12,6 +12,7 @@ held-out score at step 0 shows where)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,6 +34,17 @@ def weights_folder(given: str) -> Path | None:
     if given in available_aliases() and (WEIGHTS_DIR / given / TRAINED_SPEC).is_file():
         return WEIGHTS_DIR / given
     return None
+
+
+def with_folder_rank(settings: DistillSettings, rank_given: bool) -> DistillSettings:
+    """A `--trainable lora` run --init-from a weights folder takes the folder's adapter rank unless
+    --lora-rank was given: on from a student means at its rank (a shipped soup's 128, not the recipe's
+    64), and a rank given that differs is still refused by `check_weights_student`, naming both."""
+    if rank_given or settings.trainable != "lora" or settings.init_from is None:
+        return settings
+    folder = weights_folder(settings.init_from)
+    rank = folder_spec(folder).get("student_rank") if folder is not None else None
+    return replace(settings, lora_rank=rank) if rank else settings
 
 
 def expected_spec(settings: DistillSettings, config: dict) -> dict:

@@ -167,7 +167,8 @@ class DistillSettings:
         "(a folder with swiftkv.json, an installed student's alias, or a GPU loan's student snapshot, "
         "e.g. OUT/n15), whose trained tensors this run "
         "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
-        "a fresh AdamW; the same student: the same source, --trainable and --lora-rank",
+        "a fresh AdamW; the same student: the same source, --trainable and --lora-rank (a weights "
+        "folder's rank unless --lora-rank is given)",
     )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
