@@ -237,6 +237,36 @@ def test_a_distill_killed_mid_checkpoint_resumes_to_the_same_weights(tiny_run):
         assert torch.equal(resumed[name], straight[name]), name
 
 
+def test_speed_times_the_runs_own_blocks_and_a_run_records_its_bound(tiny_run):
+    """--speed builds the blocks the run would train on: with teacher replies (written first, here by the
+    hf engine) the loss covers only their tokens, so the step's FLOPs per token are those of a run on the
+    same blocks, and fewer than with the data's longer human answers as targets. A run's summary puts its
+    own tokens/s against that bound."""
+    tmp_path, folder, data = tiny_run
+    common = [
+        "distill", str(folder), "--data", str(data), "--seq-len", "32", "--batch-size", "2",
+        "--heldout-tokens", "64", "--micro-batch", "1", "--dtype", "float32", "--init", "keep",
+    ]  # fmt: skip
+    teacher = [
+        "--targets", "teacher", "--reply-engine", "hf", "--reply-tokens", "4",
+        "--teacher-data", str(tmp_path / "replies.jsonl"),
+    ]  # fmt: skip
+
+    def bound(*args: str) -> dict:
+        assert main([*common, *args, "--json", str(tmp_path / "out.json")]) == 0
+        return json.loads((tmp_path / "out.json").read_text())
+
+    probe = bound(*teacher, "--speed", "1")["compute_bound"]
+    # a run of the probe's blocks: its warm-up step and its timed one, 2 x 32 tokens each
+    run = bound(*teacher, "--tokens", "128", "--out", str(tmp_path / "run"))
+    assert run["compute_bound"]["flops_per_token"] == probe["flops_per_token"]
+    human = bound("--targets", "human", "--speed", "1")["compute_bound"]
+    assert human["flops_per_token"] > probe["flops_per_token"]
+    facts = run["compute_bound"]
+    rate = run["tokens_per_second"] * facts["flops_per_token"] / facts["matmul_peak_flops"]
+    assert facts["fraction_of_bound"] == round(rate, 3) and 0 < facts["fraction_of_bound"] < 1
+
+
 def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_run):
     """--compare-naive / --speed run on the training device (the CPU here) with --micro-batch auto
     resolved, and put the step's FLOPs against the measured matmul peak in the compute dtype."""
@@ -250,6 +280,8 @@ def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_r
         "32",
         "--batch-size",
         "2",
+        "--heldout-tokens",
+        "64",  # the run's split, which the probe's blocks come from
         "--dtype",
         "float32",
         "--targets",

@@ -401,6 +401,17 @@ class HeldOut(Record):
 
 
 @record
+class ComputeBound(Record):
+    """A distillation step's FLOPs per train token (on the run's own blocks) over the matmul peak of its
+    devices in the compute dtype (`distill.bound`)."""
+
+    flops_per_token: int | None = None
+    matmul_peak_flops: int | None = None
+    bound_tokens_per_s: float | None = None  # a perfectly matmul-bound step's rate
+    fraction_of_bound: float | None = None  # the run's tokens/s against it (None: no step taken)
+
+
+@record
 class DistillSummary(Record):
     """`distill.json` in the distilled folder, and what `swiftkv distill` prints."""
 
@@ -413,6 +424,7 @@ class DistillSummary(Record):
     continued_tokens: int | None = None
     train_seconds: float | None = None
     tokens_per_second: float | None = None
+    compute_bound: ComputeBound | None = None  # since 2026-11-28
     heldout_before: HeldOut | None = None
     heldout_after: HeldOut | None = None
     final_loss: float | None = None

@@ -54,6 +54,9 @@ class RunState:
     # Optimizer steps of the same data that the runs this one continues (--continue-from) trained before
     # it: this run's step k trains the data's step continued_steps + k.
     continued_steps: int = 0
+    # FLOPs per train token of this run's step on its own blocks (`bound.step_flops_per_token`): its
+    # compute bound's numerator, set by each segment
+    flops_per_token: float | None = None
 
 
 def inner_model(distiller: nn.Module) -> nn.Module:

@@ -53,7 +53,7 @@ def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
     state, distiller = run_training(
         settings, model, tokenizer, world, written_replies(settings, tokenizer, world)
     )
-    summary = run_summary(settings, state, world.device)
+    summary = run_summary(settings, state, world)
     done = finished(state)
     trained = trained_tensors(distiller, world) if done else {}  # a collective under --fsdp
     wrote = world.is_main and done
@@ -63,12 +63,23 @@ def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
         log(
             world,
             f"wrote {settings.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
-            f"{time.time() - started:.0f} s this segment)",
+            f"{time.time() - started:.0f} s this segment; {speed_line(summary)})",
         )
     elif world.is_main:
         log(world, f"stopped after step {state.step}; continue with --resume")
     barrier(world)  # the others wait for the folder, so the run ends when it is written
     return DistillResult(state, summary, wrote)
+
+
+def speed_line(summary: dict) -> str:
+    """The run's tokens/s against its compute bound, as the run's log ends."""
+    bound = summary["compute_bound"]
+    return (
+        f"{summary['tokens_per_second']:,.1f} tok/s = {bound['fraction_of_bound']:.1%} of the "
+        f"{bound['bound_tokens_per_s']:,.0f} tok/s a matmul-bound step would reach "
+        f"({bound['flops_per_token'] / 1e6:,.0f} MFLOP/token at {bound['matmul_peak_flops'] / 1e9:,.0f} "
+        f"GFLOP/s {summary['compute_dtype']})"
+    )
 
 
 def written_replies(settings: DistillSettings, tokenizer, world: World):

@@ -12,13 +12,14 @@ from dataclasses import replace
 
 import torch
 
-from ..data.packing import load_blocks
+from ..data.packing import Blocks
 from ..dtypes import dtype_name, resolve_dtype
-from ..metrics import distill_flops_per_token, matmul_peak
 from ..sources import source_name
 from . import trainable
+from .bound import compute_bound
 from .compiled import CompiledLayers
 from .loss import BatchSizes
+from .run import written_replies
 from .setup import load_student
 from .trainer import (
     ATTENTION,
@@ -27,6 +28,7 @@ from .trainer import (
     optimizer_for,
     sized_micro_batch,
     train_step,
+    training_blocks,
 )
 from .world import World, training_device
 
@@ -41,21 +43,24 @@ def timed_step(
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def probe_blocks(settings, steps: int, tokenizer, world: World) -> Blocks:
+    """The blocks of `steps` steps of the run `settings` describes: its data, split, --skip-tokens and
+    targets (teacher replies where it trains on them, written first if the reply file lacks them), so the
+    probe times the run's step: the loss, and the lm_head rows it runs on, follow the targets' share."""
+    probe = replace(settings, tokens=settings.batch_size * steps * settings.seq_len, passes=1)
+    train, _ = training_blocks(probe, tokenizer, written_replies(probe, tokenizer, world))
+    return train
+
+
 def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
-    """`steps` optimizer steps each way (after one warm-up step each), alternating; `naive=False`
-    times the shared-prefix way alone (training throughput). With `--compile` the decoder layers are
-    compiled as a training run compiles them; the warm-up step then includes the compile."""
+    """`steps` optimizer steps each way (after one warm-up step each), alternating, on the run's kind of
+    blocks (`probe_blocks`); `naive=False` times the shared-prefix way alone (training throughput). With
+    `--compile` the decoder layers are compiled as a training run compiles them; the warm-up step then
+    includes the compile."""
     settings = settings.opened()
     model, tokenizer = load_student(settings)
-    train, _ = load_blocks(
-        settings.data,
-        tokenizer,
-        settings.seq_len,
-        settings.batch_size * (steps + 1) * settings.seq_len,
-        settings.seq_len,
-        settings.seed,
-    )
     world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
+    train = probe_blocks(settings, steps + 1, tokenizer, world)
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
@@ -117,28 +122,3 @@ def peak_memory_mib(device: torch.device) -> float:
 
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def compute_bound(
-    config,
-    settings,
-    train,
-    tokens_per_s: float,
-    dtype: torch.dtype,
-    device: torch.device,
-    peak: float | None = None,
-) -> dict:
-    """The shared-prefix step's FLOPs per train token over the measured matmul peak in the compute
-    dtype on the training device (`peak`: measured before, alone): the tokens/s a perfectly matmul-bound
-    step would reach, and how close the run came."""
-    target_fraction = float(train.loss_mask.float().mean())
-    flops = distill_flops_per_token(
-        config, settings.seq_len, target_fraction, late_weights=settings.trainable in ("late", "late-norms")
-    )
-    peak = peak or matmul_peak(dtype, device=device)
-    return {
-        "flops_per_token": round(flops),
-        "matmul_peak_flops": round(peak),
-        "bound_tokens_per_s": round(peak / flops, 1),
-        "fraction_of_bound": round(tokens_per_s * flops / peak, 3),
-    }

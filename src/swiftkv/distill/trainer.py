@@ -29,6 +29,7 @@ from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from . import memory, microbatch, sharding, trainable
+from .bound import bound_of, device_peak, step_flops_per_token
 from .checkpoint import (
     RunState,
     check_continuable,
@@ -404,6 +405,7 @@ def run_training(
         log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
     state.continued_steps = before
     state.total_steps = total_steps
+    state.flops_per_token = step_flops_per_token(model.config, settings, train)
     state.micro_batch = step_settings.micro_batch
     if not state.history:
         state.history.append(
@@ -492,21 +494,30 @@ def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
 
 
-def run_summary(settings: DistillSettings, state: RunState, device: torch.device) -> dict:
+def run_summary(settings: DistillSettings, state: RunState, world: World) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
     tokens = state.step * settings.batch_size * settings.seq_len
+    tokens_per_second = round(tokens / state.elapsed, 1) if state.elapsed else None
+    dtype = resolve_dtype(settings.dtype, world.device)
     return {
         "settings": settings.as_json(),
         # What `--dtype auto` chose on this machine: the settings keep only "auto".
-        "compute_dtype": dtype_name(resolve_dtype(settings.dtype, device)),
+        "compute_dtype": dtype_name(dtype),
         "steps": state.step,
         "micro_batch": state.micro_batch,
         "train_tokens": tokens,
         # --continue-from: the data's tokens trained before this run, by the runs it continues
         "continued_tokens": state.continued_steps * settings.batch_size * settings.seq_len,
         "train_seconds": round(state.elapsed, 1),
-        "tokens_per_second": round(tokens / state.elapsed, 1) if state.elapsed else None,
+        "tokens_per_second": tokens_per_second,
+        # against the peak of every rank's device (a GPU each; CPU ranks a share of the cores, setup.py),
+        # measured after the steps on the same devices: each rank steps its share of the blocks
+        "compute_bound": bound_of(
+            state.flops_per_token, tokens_per_second, world.size * device_peak(dtype, world.device)
+        )
+        if state.flops_per_token
+        else None,
         "heldout_before": evals[0] if evals else None,
         "heldout_after": evals[-1] if evals else None,
         "final_loss": losses[-1] if losses else None,

@@ -20,9 +20,10 @@ import torch
 from transformers import LlamaConfig
 
 from ..data.packing import Blocks
+from ..distill.bound import compute_bound
 from ..distill.loss import BatchSizes
 from ..distill.settings import settings_for
-from ..distill.speed import compute_bound, peak_memory_mib
+from ..distill.speed import peak_memory_mib
 from ..distill.trainer import prepare, train_step
 from ..distill.world import World
 from ..dtypes import dtype_name, resolve_dtype

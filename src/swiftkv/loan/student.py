@@ -29,10 +29,10 @@ from ..calibration import lstsq_params, teacher_stats
 from ..convert import ConvertSettings
 from ..data.packing import Blocks, in_passes, pack
 from ..data.tokens import Document
+from ..distill.bound import compute_bound
 from ..distill.compiled import compiled_artifacts
 from ..distill.loss import BatchSizes
 from ..distill.settings import DistillSettings, settings_for
-from ..distill.speed import compute_bound
 from ..distill.trainable import load_trained_set
 from ..distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
 from ..distill.world import World
