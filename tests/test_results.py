@@ -278,6 +278,7 @@ def soup15more_card_args() -> list[str]:
                 "soup15more-paris.txt",
                 "replies-every-ids.jsonl.xz",
                 "speed-soup15more.json",
+                "soup15more-n15-bound.json",
             )
         ),
         *("--paired", str(study / "soup15more-gen128-eval.json")),
@@ -311,6 +312,20 @@ def test_a_trained_on_soups_card_holds_the_soups_own_making():
     assert nested in more
     assert "#### The first student: `docs/distill-study/cpu19m-n15-student`" in more
     assert "--init-from docs/distill-study/soup15-n15-student" in more
+
+
+def test_a_cards_bound_counts_the_runs_own_command(tmp_path):
+    """The card's fraction of the matmul bound takes the FLOPs per token of a summary of the run's own command
+    (`--stop-after 0` by code that records them); one of another command is refused, naming the setting."""
+    card = load_card()
+    args = soup15more_card_args()
+    counted = next(i for i, arg in enumerate(args) if arg.endswith("soup15more-n15-bound.json"))
+    summary = json.loads(Path(args[counted]).read_text())
+    summary["settings"]["lr"] *= 2
+    args[counted] = str(tmp_path / "other.json")
+    Path(args[counted]).write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match="differs from the run's in lr"):
+        card.trained_soup_main(args)
 
 
 def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(tmp_path):

@@ -6,8 +6,10 @@
         (a soup of students: soup_card; BOTH_EVAL.json: `swiftkv eval PREVIOUS SOUP --tasks none` results, whose
         greedy answers the card pairs prompt by prompt)
     python docs/distill-study/card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL_RESULTS.json \
-        PARIS.txt REPLIES.jsonl[.xz] SPEED.json [--paired BOTH_EVAL.json] ... > README.md
-        (a soup trained on by one run, `--init-from` its folder: trained_soup_card)
+        PARIS.txt REPLIES.jsonl[.xz] SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... > README.md
+        (a soup trained on by one run, `--init-from` its folder: trained_soup_card; SPEED.json: `swiftkv distill
+        --speed` on the machine that ran it, for its matmul peak; COUNTED.json: `swiftkv distill --json` of the
+        run's command with `--stop-after 0`, for the FLOPs per token of its blocks)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -731,11 +733,13 @@ def trained_soup_card(
     paris: str,
     replies: int,
     speed: dict,
+    counted: dict,
     paired: list[EvalResults | dict] = (),
 ) -> str:
     """The card of a soup trained on by one run (ROUNDS[round_name], `--init-from` the soup's folder) shipped
-    as `alias`: the run's command and schedule, its speed against the matmul bound (`speed`: `swiftkv distill
-    --speed` of the same step on the same machine), the soup's own making (its folder's README), the held-out
+    as `alias`: the run's command and schedule, its speed against the matmul bound (`bound_fraction`: the peak
+    of `speed`, the machine's `swiftkv distill --speed`; the FLOPs per token of `counted`, a summary of the
+    run's command that counted its blocks), the soup's own making (its folder's README), the held-out
     of both in fp32 (`heldout`, `soup_heldout`: `--stop-after 0` runs), the full suite against the soup's, and
     the greedy answers of `paired` runs (each: the soup, then these tensors) paired prompt by prompt."""
     round_ = ROUNDS[round_name]
@@ -775,7 +779,7 @@ def trained_soup_card(
         f"{s['dtype']} ({COMPUTE[run.compute_dtype]} on this CPU; the run's held-out above in it, fp32 under Quality).",
         f"- Teacher replies: {round_.replies.format(count=replies)}.",
         f"- Hardware and time: {round_.hardware}; 2 threads. {steps_time(run)}: "
-        + bound_fraction(run.tokens_per_second, speed)
+        + bound_fraction(run, speed, DistillSummary.of(counted))
         + ".",
         "",
         f"### The soup it started from: `{soup.folder}` (OUT in its commands)",
@@ -802,21 +806,41 @@ def trained_soup_card(
     return "\n".join(lines) + "\n"
 
 
-def bound_fraction(tokens_per_second: float, speed: dict) -> str:
-    """A training rate against its step's matmul bound (`--speed`'s compute_bound: FLOPs per token, peak)."""
-    bound = speed["compute_bound"]
-    fraction = tokens_per_second * bound["flops_per_token"] / bound["matmul_peak_flops"]
+# Settings that say where a run wrote and how far it went, not which blocks it stepped on or how
+RUN_ONLY = ("out", "stop_after", "resume", "force", "checkpoint_dir")
+
+
+def command_differences(a: dict, b: dict) -> list[str]:
+    """The settings in which two runs' commands differ, but for RUN_ONLY (a path by its repository name)."""
+
+    def value(settings: dict, key: str):
+        given = settings.get(key)
+        return repo_path(given) if given and key in ("init_from", "continue_from") else given
+
+    keys = sorted((set(a) | set(b)) - set(RUN_ONLY))
+    return [key for key in keys if value(a, key) != value(b, key)]
+
+
+def bound_fraction(run: DistillSummary, speed: dict, counted: DistillSummary) -> str:
+    """A run's rate against its step's matmul bound: the FLOPs per token of the run's own blocks (`counted`:
+    a summary of its command, e.g. `--stop-after 0`, by code that records compute_bound) at the matmul
+    peak of the machine that ran it (`speed`: `swiftkv distill --speed` there)."""
+    differ = command_differences(run.settings, counted.settings)
+    if differ:
+        raise ValueError(f"the counted summary's command differs from the run's in {', '.join(differ)}")
+    flops, peak = counted.compute_bound.flops_per_token, speed["compute_bound"]["matmul_peak_flops"]
     return (
-        f"{fraction:.2f} of the step's matmul bound ({bound['flops_per_token'] / 1e6:.0f} MFLOP/token at the "
-        f"{bound['matmul_peak_flops'] / 1e9:.0f} GFLOP/s {speed['dtype']} peak `swiftkv distill --speed` measured)"
+        f"{run.tokens_per_second * flops / peak:.2f} of the step's matmul bound ({flops / 1e6:.0f} MFLOP/token "
+        f"on the run's blocks, at the {peak / 1e9:.0f} GFLOP/s {speed['dtype']} peak `swiftkv distill --speed` "
+        "measured there)"
     )
 
 
 def trained_soup_main(argv: list[str]) -> str:
     """card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL.json PARIS.txt REPLIES.jsonl[.xz]
-    SPEED.json [--paired BOTH_EVAL.json] ...: trained_soup_card; each BOTH_EVAL.json a `--tasks none` run of
+    SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ...: trained_soup_card; each BOTH_EVAL.json a `--tasks none` run of
     the soup and these tensors."""
-    round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, *rest = argv
+    round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, counted, *rest = argv
     paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
 
     def read(path: str):
@@ -836,6 +860,7 @@ def trained_soup_main(argv: list[str]) -> str:
         Path(paris).read_text(),
         count,
         read(speed),
+        read(counted),
         [read(path) for path in paired],
     )
 
