@@ -85,8 +85,23 @@ def test_weights_give_each_student_its_share(tmp_path):
     # 3/4 is not a power of two: one bf16 rounding of the first student's delta_a
     assert (change(tensors) - mean).norm() < 2**-8 * mean.norm()
     assert torch.equal(tensors[OWN], (0.75 * a[OWN].float() + 0.25 * b[OWN].float()).bfloat16())
-    with pytest.raises(ValueError, match=r"--weights \[1.0\]: expected 2 positive weights"):
+    with pytest.raises(ValueError, match=r"--weights \[1.0\]: expected 2 nonzero weights"):
         soup.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "b"), "--weights", "1"])
+    for refused in ("1,0", "1,-1", "-2,1"):
+        with pytest.raises(ValueError, match="with a positive sum"):
+            soup.main([str(tmp_path / "x"), str(tmp_path / "a"), str(tmp_path / "b"), f"--weights={refused}"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_negative_weight_extrapolates_past_the_first_student(tmp_path):
+    soup = load_soup()
+    a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
+    soup.main([str(tmp_path / "ab"), str(tmp_path / "a"), str(tmp_path / "b"), "--weights", "3,-1"])
+    _, tensors = read_trained(tmp_path / "ab")
+    # a + (a - b) / 2: the shares 3/2 and -1/2 scale bf16 exactly (powers of two times small integers)
+    beyond = 1.5 * change(a) - 0.5 * change(b)
+    assert (change(tensors) - beyond).norm() < 2**-8 * beyond.norm()
+    assert torch.equal(tensors[OWN], (1.5 * a[OWN].float() - 0.5 * b[OWN].float()).bfloat16())
 
 
 def test_students_of_another_geometry_are_refused(tmp_path):

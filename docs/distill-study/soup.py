@@ -6,7 +6,9 @@ Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.j
 a loan's student snapshot (`swiftkv loan run`'s n15/, n22/), which is read as one: installed over its teacher
 (`swiftkv loan install`) and its trained tensors saved at the loan's rank (`save_swiftkv_params`), in a temp folder.
 The SwiftKV projections are averaged, each student's at its weight (`--weights`, normalized to sum to 1;
-default: equal). Each adapted weight's difference from the base, delta_b @ delta_a, is averaged exactly: the
+default: equal). A negative weight extrapolates: `--weights 3,-1` over a student and its own starting point
+is the student moved on half as far again along what its last stage changed (the shares must sum to a positive
+weight). Each adapted weight's difference from the base, delta_b @ delta_a, is averaged exactly: the
 factors are stacked side by side (rank k x r) and each student's delta_a scaled by its weight, so the stored
 product is the weighted mean of the students' differences. A weight that is a power of two (1/2, 1/4) scales
 bf16 exactly; another costs one bf16 rounding of that delta_a. `--rank R` stores instead the best rank-R
@@ -39,10 +41,13 @@ GEOMETRY = ("base", "num_key_value_layers", "key_value_group_size", "student_tra
 
 
 def soup(folders: list[Path], weights: list[float] | None = None) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(spec, tensors) of the mean of the students in `folders`, each at its share of `weights` (default: equal)."""
+    """(spec, tensors) of the mean of the students in `folders`, each at its share of `weights` (default: equal;
+    a negative one extrapolates away from that student)."""
     weights = weights or [1.0] * len(folders)
-    if len(weights) != len(folders) or min(weights) <= 0:
-        raise ValueError(f"--weights {weights}: expected {len(folders)} positive weights, one per student")
+    if len(weights) != len(folders) or 0.0 in weights or sum(weights) <= 0:
+        raise ValueError(
+            f"--weights {weights}: expected {len(folders)} nonzero weights, one per student, with a positive sum"
+        )
     shares = [w / sum(weights) for w in weights]
     read = [read_student(folder) for folder in folders]
     specs, tensors = [spec for spec, _ in read], [t for _, t in read]
@@ -109,7 +114,10 @@ def main(argv: list[str]) -> None:
         nargs="+",
         help="two or more students of one teacher and N: trained-tensor folders or loan snapshots",
     )
-    parser.add_argument("--weights", help="one weight per student, comma-separated (default: equal)")
+    parser.add_argument(
+        "--weights",
+        help="one weight per student, comma-separated (default: equal; a negative one extrapolates)",
+    )
     parser.add_argument("--rank", type=int, help="store each mean change as its best rank-R factors")
     args = parser.parse_args(argv)
     if len(args.students) < 2:

@@ -33,7 +33,7 @@ heldout() {  # $1 a student: its held-out KL / top-1 before any step (distill --
 }
 for stage in $STAGES; do
   case $stage in
-    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ${WEIGHTS:+--weights $WEIGHTS} ;;
+    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ${WEIGHTS:+--weights=$WEIGHTS} ;;
     heldout) for s in "$A" "$B" "$PWD/$OUT"; do heldout "$s"; done ;;
     eval) [ -f eval-$OUT/results.json ] || /usr/bin/time -v $SK eval "$PWD/$OUT" --teacher smollm2-135m-instruct \
       --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-$OUT --no-progress > eval-$OUT.log 2>&1 ;;
