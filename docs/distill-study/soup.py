@@ -7,8 +7,8 @@ a loan's student snapshot (`swiftkv loan run`'s n15/, n22/), which is read as on
 (`swiftkv loan install`) and its trained tensors saved at the loan's rank (`save_swiftkv_params`), in a temp folder.
 The SwiftKV projections are averaged, each student's at its weight (`--weights`, normalized to sum to 1;
 default: equal). A negative weight extrapolates: `--weights 3,-1` over a student and its own starting point
-is the student moved on half as far again along what its last stage changed (the shares must sum to a positive
-weight). Each adapted weight's difference from the base, delta_b @ delta_a, is averaged exactly: the
+is the student moved on half as far again along what its last stage changed (the weights must have a positive
+sum; a leading negative one is given as `--weights=-1,3`). Each adapted weight's difference from the base, delta_b @ delta_a, is averaged exactly: the
 factors are stacked side by side (rank k x r) and each student's delta_a scaled by its weight, so the stored
 product is the weighted mean of the students' differences. A weight that is a power of two (1/2, 1/4) scales
 bf16 exactly; another costs one bf16 rounding of that delta_a. `--rank R` stores instead the best rank-R
