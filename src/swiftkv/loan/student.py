@@ -29,7 +29,7 @@ from ..calibration import lstsq_params, teacher_stats
 from ..convert import ConvertSettings
 from ..data.packing import Blocks, in_passes, pack
 from ..data.tokens import Document
-from ..distill.bound import compute_bound
+from ..distill.bound import device_peak, step_flops_per_token
 from ..distill.compiled import compiled_artifacts
 from ..distill.loss import BatchSizes
 from ..distill.settings import DistillSettings, settings_for
@@ -351,8 +351,12 @@ def rewarm(steps_done: int, run: StudentRun) -> float:
 
 
 def speed_bound(config, settings, train, dtype, device, peak_flops) -> dict:
-    """FLOPs per train token and the device's matmul peak (`distill.speed.compute_bound`, at 1 tok/s)."""
-    return compute_bound(config, settings, train, 1.0, dtype, device, peak=peak_flops)
+    """FLOPs per train token of the student's step on its blocks, and the device's matmul peak (`peak_flops`:
+    measured alone by students.py; else measured here), which `speed_of` puts a rate against."""
+    return {
+        "flops_per_token": round(step_flops_per_token(config, settings, train)),
+        "matmul_peak_flops": round(peak_flops or device_peak(dtype, device)),
+    }
 
 
 def speed_of(timing: Timing, bound: dict) -> dict:
