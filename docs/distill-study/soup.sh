@@ -5,7 +5,9 @@
 #   soup      OUT = the mean of the students (exact: its rank is the sum of theirs)
 #   heldout   each student's and the soup's held-out KL / top-1 on distill's split (fp32), as JSON
 #   eval      the full suite of the shipped students (fp32, --floor)
-#   [WEIGHTS=W,W] soup.sh N OUT STUDENT_FOLDER STUDENT_FOLDER [STAGE...]   (WEIGHTS: soup.py --weights)
+#   [WEIGHTS=W,W] [RANK=R] soup.sh N OUT STUDENT_FOLDER STUDENT_FOLDER [STAGE...]
+#   (WEIGHTS: soup.py --weights; RANK: soup.py --rank, the mean's changes as their best rank-R factors, for a mean
+#   whose side-by-side factors would double the shipped file for almost nothing)
 # e.g. soup.sh 22 soup22-a docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student
 set -e
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
@@ -33,7 +35,7 @@ heldout() {  # $1 a student: its held-out KL / top-1 before any step (distill --
 }
 for stage in $STAGES; do
   case $stage in
-    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ${WEIGHTS:+--weights=$WEIGHTS} ;;
+    soup) [ -f $OUT/swiftkv.json ] || $PY "$HERE/soup.py" $OUT "$A" "$B" ${WEIGHTS:+--weights=$WEIGHTS} ${RANK:+--rank=$RANK} ;;
     heldout) for s in "$A" "$B" "$PWD/$OUT"; do heldout "$s"; done ;;
     eval) [ -f eval-$OUT/results.json ] || /usr/bin/time -v $SK eval "$PWD/$OUT" --teacher smollm2-135m-instruct \
       --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 --out eval-$OUT --no-progress > eval-$OUT.log 2>&1 ;;
