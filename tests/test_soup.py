@@ -76,6 +76,20 @@ def test_rank_keeps_the_best_approximation_of_the_mean_change(tmp_path, capsys):
     assert "of a difference's norm left out" in capsys.readouterr().out
 
 
+def test_left_out_measures_what_the_stored_factors_miss_of_the_exact_mean(tmp_path):
+    """A soup's card states left_out: zero for a soup stored exactly, the norm share of the discarded singular
+    values (to the factors' bf16 rounding) for one stored at a lower rank."""
+    soup = load_soup()
+    a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)
+    students = [tmp_path / "a", tmp_path / "b"]
+    soup.main([str(tmp_path / "ab"), *map(str, students)])
+    soup.main([str(tmp_path / "ab4"), *map(str, students), "--rank", "4"])
+    assert soup.left_out(tmp_path / "ab", students) == 0.0
+    s = torch.linalg.svdvals((change(a) + change(b)) / 2)
+    discarded = float(s[4:].norm() / s.norm())
+    assert discarded > 0.1 and soup.left_out(tmp_path / "ab4", students) == pytest.approx(discarded, abs=1e-2)
+
+
 def test_weights_give_each_student_its_share(tmp_path):
     soup = load_soup()
     a, b = student(tmp_path / "a", 0), student(tmp_path / "b", 1)

