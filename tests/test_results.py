@@ -208,6 +208,8 @@ def renderings() -> dict[str, str]:
     out["card-swiftkv50-soup.md"] = card.soup_main(soup15_card_args())
     # that soup trained on by one run from its folder (its card below the run's)
     out["card-swiftkv50-more.md"] = card.trained_soup_main(soup15more_card_args())
+    # a soup stored at its parents' rank (soup.py --rank): that student and its own long-prompt last stage
+    out["card-swiftkv50-long.md"] = card.soup_main(soup_long15_card_args())
     return out
 
 
@@ -286,14 +288,36 @@ def soup15more_card_args() -> list[str]:
     ]
 
 
+def soup_long15_card_args() -> list[str]:
+    """card.py soup's arguments for the shipped N = 15 student: the equal mean, stored at rank 128, of soup15more
+    (the -swiftkv50 before it) and soup15more's long-prompt last stage (long15.sh)."""
+    study = DOCS / "distill-study"
+    return [
+        "smollm2-135m-instruct-swiftkv50",
+        "15",
+        str(study / "soup-long15-n15-student"),
+        str(study / "heldout-soup-long15-r128.json"),
+        str(study / "soup-long15-n15-fulleval.json"),
+        str(study / "soup15more-n15-fulleval.json"),
+        "previous tensors (soup15more)",
+        str(study / "soup-long15-paris.txt"),
+        *(
+            f"docs/distill-study/{name}={study / f'heldout-{name}.json'}"
+            for name in ("long15-n15-student", "soup15more-n15-student")
+        ),
+        *("--paired", str(study / "soup-long15-gen128-eval.json")),
+        *("--paired", str(study / "soup-long15-long16-eval.json")),
+    ]
+
+
 def test_the_shipped_cards_are_the_rendered_ones():
     """Each shipped model card is card.py's rendering of the committed records: -swiftkv25 a soup's card,
-    -swiftkv50 the card of a soup trained on."""
+    -swiftkv50 that of a soup stored at its parents' rank."""
     weights = ROOT / "src" / "swiftkv" / "weights"
     card = load_card()
     rendered = {
         "swiftkv25": card.soup_main(soup22_card_args()),
-        "swiftkv50": card.trained_soup_main(soup15more_card_args()),
+        "swiftkv50": card.soup_main(soup_long15_card_args()),
     }
     for alias, text in rendered.items():
         shipped = weights / f"smollm2-135m-instruct-{alias}" / "README.md"
@@ -312,6 +336,23 @@ def test_a_trained_on_soups_card_holds_the_soups_own_making():
     assert nested in more
     assert "#### The first student: `docs/distill-study/cpu19m-n15-student`" in more
     assert "--init-from docs/distill-study/soup15-n15-student" in more
+    # soup15more, shipped until soup-long15, keeps its card's making the same way
+    readme = (DOCS / "distill-study" / "soup15more-n15-student" / "README.md").read_text()
+    assert card.how_made(readme) == card.how_made(more)
+
+
+def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out():
+    """A soup stored at its parents' rank (soup.py --rank) is not their exact mean: its card's command carries
+    --rank, and it states the share of a mean change the stored factors leave out, measured on the folders."""
+    text = load_card().soup_main(soup_long15_card_args())
+    assert (
+        "soup.py OUT docs/distill-study/long15-n15-student docs/distill-study/soup15more-n15-student --rank 128"
+        in text
+    )
+    assert "`RANK=128 bash docs/distill-study/soup.sh 15 OUT" in text
+    assert "(at most 0.3% of its norm left out)" in text
+    exact = load_card().soup_main(soup22_card_args())
+    assert "--rank" not in exact and "left out" not in exact
 
 
 def test_a_cards_bound_counts_the_runs_own_command(tmp_path):
