@@ -8,10 +8,12 @@
 #   decode-steps/  the decode-only step of both models over 128 steps (8 x 2000-token sequences)
 # Each writes JSON + PNG into $OUT/<name>/ and its log beside it; each step skips itself when its
 # output exists.
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-SK=${SK:-/work/main/.venv/bin/swiftkv}
-OUT=${OUT:-/work/main/docs/bench/online-spec}
+SK=${SK:-$ROOT/.venv/bin/swiftkv}
+OUT=${OUT:-$ROOT/docs/bench/online-spec}
 MODEL=smollm2-135m-instruct-swiftkv50 BASE=smollm2-135m-instruct
 NGRAM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 ONLINE=(--online --workload extractive --num-requests 16 --rate-multipliers 0.25,0.5,1,2

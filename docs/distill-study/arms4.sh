@@ -20,7 +20,7 @@ arm_args() {
     # tokens of ShareGPT's train split, fewer than the 8M this arm trains on).
     c1r64bfe) echo "--recipe swiftkv --trainable lora --lora-rank 64 --late-lr 1e-3 --dtype bfloat16 --prompt-turns every" ;;
     # Students trained on a lent GPU (`swiftkv loan`): only their trainable set matters here, to ship them with
-    # `final5.sh loan ship15 ship22` once `swiftkv loan install <files>/n15 --out /work/runs/final5-loan-n15` (and n22) ran.
+    # `final5.sh loan ship15 ship22` once `swiftkv loan install <files>/n15 --out $RUNS/final5-loan-n15` (and n22) ran.
     loan) echo "--recipe swiftkv-lora" ;;
     c3) echo "--recipe swiftkv --trainable late-norms --late-lr 2e-4" ;;
     # Long prompts in the mix (item 3): a quarter of the written tokens answer 1-2k-token prompts, so a

@@ -1,6 +1,6 @@
 """The capacity table of study round 4 (study4.sh): one row per arm from its run folder's files.
 
-    python docs/distill-study/capacity.py /work/runs r13 c2 c1r64 > table.md   (JSON beside: --json FILE)
+    python docs/distill-study/capacity.py RUNS_FOLDER r13 c2 c1r64 > table.md   (JSON beside: --json FILE)
 
 Per arm: trained parameters (from the checkpoint), held-out KL / top-1 at the end of the run, the
 `--tasks none` eval (chat KL / top-1, greedy first divergence / identical answers, long prompts), the

@@ -2,10 +2,12 @@
 # The shipped students, 1,000,000 train tokens each with the `swiftkv` recipe (the study's winner),
 # side by side at one thread each (the fastest use of 2 cores, docs/distillation.md). Resumable:
 # rerun the script after an interruption. LR overrides the preset's lr when an lr arm beat it.
-# Teacher replies: /work/runs/replies-final.jsonl (the study's 1,011 plus those written by gen.sh).
+# Teacher replies: $RUNS/replies-final.jsonl (the study's 1,011 plus those written by gen.sh).
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-SK=/work/main/.venv/bin/swiftkv
-cd /work/runs
+SK=$ROOT/.venv/bin/swiftkv
+cd $RUNS
 LR_ARG=${LR:+--lr $LR}
 final() {  # N, alias suffix
   local out=final-n$1

@@ -21,11 +21,13 @@
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
 # stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later) and install
 # the tensors into that checkout's swiftkv/weights/ (commit them from there).
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
-export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
-SK="/work/main/.venv/bin/python -m swiftkv.cli"
-PY=/work/main/.venv/bin/python
+export PYTHONPATH=${SWIFTKV_SRC:-$ROOT/src}
+SK="$ROOT/.venv/bin/python -m swiftkv.cli"
+PY=$ROOT/.venv/bin/python
 source "$(dirname "$0")/arms4.sh"
 ARM=$1; shift
 ARGS=$(arm_args "$ARM") || exit 2
@@ -37,7 +39,7 @@ TOKENS=${TOKENS:-2000896}
 # so that a new machine skips the replies it holds: the reply cache reads such records as it reads its own.
 IDS="$(cd "$(dirname "$0")" && pwd)/final5-replies-ids.jsonl.xz"
 RUN=${RUN:-final5-$ARM} REPLIES=${REPLIES:-replies-final5.jsonl} REPLY_ENGINE=${REPLY_ENGINE:-vllm}
-cd /work/runs
+cd $RUNS
 if [ ! -f replies-final5.jsonl ]; then
   if [ -f "$IDS" ]; then xz -dc "$IDS" > replies-final5.jsonl; else cp replies-64.jsonl replies-final5.jsonl; fi
 fi

