@@ -122,11 +122,11 @@ def test_every_family_is_exported_registered_and_in_the_shim():
             assert cls.__name__ in shim
         assert AutoConfig.for_model(family.swiftkv_type).__class__ is family.config_class
         assert family.swiftkv_type in shim
-    assert set(SOURCE_FAMILIES) == {"llama", "mistral", "qwen2", "qwen3"}
+    assert set(SOURCE_FAMILIES) == {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"}
 
 
 def test_unsupported_model_type_names_the_families():
-    with pytest.raises(ValueError, match=r"Llama, Mistral, Qwen2, Qwen3"):
+    with pytest.raises(ValueError, match=r"Llama, Mistral, Mixtral, Qwen2, Qwen2Moe, Qwen3, Qwen3Moe"):
         family_of("gemma")
 
 

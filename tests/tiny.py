@@ -1,6 +1,7 @@
 """The one kit of tiny stand-ins for fast tests of real code paths: tiny configs and random models
-(plain and SwiftKV: Llama, Qwen2, Qwen3, and Mistral converted into the Llama family), two tiny tokenizers with a ChatML template, random chats and
-HF folder writers. Nothing here reads a real model or data set. No tests live here."""
+(plain and SwiftKV: Llama, Qwen2, Qwen3, Mistral converted into the Llama family, and the
+Mixture-of-Experts Qwen3-MoE, Qwen2-MoE and Mixtral), two tiny tokenizers with a ChatML template, random
+chats and HF folder writers. Nothing here reads a real model or data set. No tests live here."""
 
 from __future__ import annotations
 
@@ -13,18 +14,30 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from swiftkv import (
     LlamaSwiftKVConfig,
     LlamaSwiftKVForCausalLM,
+    MixtralSwiftKVConfig,
+    MixtralSwiftKVForCausalLM,
+    Qwen2MoeSwiftKVConfig,
+    Qwen2MoeSwiftKVForCausalLM,
     Qwen2SwiftKVConfig,
     Qwen2SwiftKVForCausalLM,
+    Qwen3MoeSwiftKVConfig,
+    Qwen3MoeSwiftKVForCausalLM,
     Qwen3SwiftKVConfig,
     Qwen3SwiftKVForCausalLM,
 )
@@ -46,13 +59,43 @@ ARCHS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2SwiftKVConfig, Qwen2SwiftKVForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, Qwen3SwiftKVConfig, Qwen3SwiftKVForCausalLM),
     "mistral": (MistralConfig, MistralForCausalLM, LlamaSwiftKVConfig, LlamaSwiftKVForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeSwiftKVConfig, Qwen3MoeSwiftKVForCausalLM),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen2MoeSwiftKVConfig, Qwen2MoeSwiftKVForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, MixtralSwiftKVConfig, MixtralSwiftKVForCausalLM),
+}
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+# The MoE shapes, sized for vLLM's CPU build (hidden and expert sizes divisible by 32, head_dim >= 32):
+# 4 experts, 2 per token. Qwen3-MoE: head_dim 64 != hidden / heads (32), top-k renormalised, layer 1 a
+# dense MLP (mlp_only_layers); Qwen2-MoE: a shared expert and its gate, later layer 4 dense; Mixtral: the
+# experts' width is intermediate_size.
+MOE_KWARGS = {
+    "qwen3_moe": dict(
+        hidden_size=128,
+        head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+    ),
+    "qwen2_moe": dict(
+        hidden_size=128,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=96,
+        mlp_only_layers=[4],
+    ),
+    "mixtral": dict(
+        hidden_size=128, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None
+    ),
 }
 # The newer families' tiny shapes: head_dim != hidden / heads (24 vs 16), so code that derives it
 # cannot pass; Mistral without a sliding window (the only kind that converts). Their norm weights are
 # randomised away from 1 (`random_teacher`), so using the wrong norm cannot pass either.
-ARCH_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24, "sliding_window": None}}
-SWIFTKV_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24}}
-RANDOM_NORMS = ("qwen3", "mistral")
+ARCH_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24, "sliding_window": None}, **MOE_KWARGS}
+SWIFTKV_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24}, **MOE_KWARGS}
+RANDOM_NORMS = ("qwen3", "mistral", *MOE_ARCHS)
 
 
 # -- configs and random models --------------------------------------------------------------------
@@ -88,7 +131,8 @@ def tiny_swiftkv_config(arch: str = "llama", **overrides):
 
 def random_teacher(arch: str, seed: int = 0, **overrides):
     """A plain transformers model with random weights (biases randomised too, so Qwen2's count; for
-    RANDOM_NORMS families every RMSNorm weight too, uniform in [0.5, 1.5])."""
+    RANDOM_NORMS families every RMSNorm weight too, uniform in [0.5, 1.5]; for MOE_ARCHS the MLPs,
+    experts and routers with std 0.1, so routing and experts move the logits visibly)."""
     model_class = ARCHS[arch][1]
     torch.manual_seed(seed)
     model = model_class(tiny_config(arch, **overrides)).eval()
@@ -98,6 +142,8 @@ def random_teacher(arch: str, seed: int = 0, **overrides):
                 p.normal_(0, 0.1)
             elif arch in RANDOM_NORMS and "norm" in name:
                 p.uniform_(0.5, 1.5)
+            elif arch in MOE_ARCHS and ".mlp." in name:  # experts and routers that matter (init std 0.02)
+                p.normal_(0, 0.1)
     return model
 
 

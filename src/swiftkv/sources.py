@@ -22,7 +22,7 @@ from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
 from .files import cached_folder, model_identity
 from .model.config import add_legacy_rope_keys
-from .model.families import BASE_MODEL_TYPES, SUPPORTED_MODEL_TYPES, unsupported
+from .model.families import GGUF_SOURCE_TYPES, SUPPORTED_MODEL_TYPES, unsupported
 from .model.surgery import (
     TRAINED_SPEC,
     TRAINED_TENSORS,
@@ -83,7 +83,7 @@ def gguf_architectures() -> list[str]:
     """The GGUF architectures swiftkv converts: its families' model types that transformers' GGUF loader
     reads (llama, mistral, qwen2, qwen3 in transformers 5.19). llama.cpp writes Mistral models as
     `llama`; transformers loads those whose name says mistral as Mistral."""
-    return [t for t in BASE_MODEL_TYPES if t in GGUF_CONFIG_MAPPING]
+    return [t for t in GGUF_SOURCE_TYPES if t in GGUF_CONFIG_MAPPING]
 
 
 def export_gguf(gguf_path: Path, out: Path) -> None:

@@ -1,5 +1,7 @@
 """SwiftKV configs in the published Snowflake format (`llama_swiftkv` / `qwen2_swiftkv`, and
-`qwen3_swiftkv` as ArcticTraining's unmerged qwen3 branch writes it).
+`qwen3_swiftkv` as ArcticTraining's unmerged qwen3 branch writes it), and the same three keys on the
+Mixture-of-Experts families (`qwen3_moe_swiftkv`, `qwen2_moe_swiftkv`, `mixtral_swiftkv`), for which no
+published format exists: their attention is their dense sibling's, so its SwiftKV tensors are named alike.
 
 A SwiftKV config is the base model's config plus three keys:
   swiftkv               -- run the student path (True) or the original teacher path (False)
@@ -16,7 +18,7 @@ import json
 from pathlib import Path
 
 from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from ..files import write_atomic
 
@@ -214,3 +216,44 @@ class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
                 "the original Qwen3 model with `swiftkv convert` instead"
             )
         super().__post_init__(**kwargs)
+
+
+# The Mixture-of-Experts families: the same keys on the base MoE config. Routers and experts are the
+# source's, untouched; only the attention of the later layers gains SwiftKV projections.
+
+
+@strict
+class Qwen3MoeSwiftKVConfig(SwiftKVConfigMixin, Qwen3MoeConfig):
+    """Qwen3MoeConfig + SwiftKV keys (see LlamaSwiftKVConfig); Qwen3's attention, so the student
+    carries q_norm_swiftkv / k_norm_swiftkv as qwen3_swiftkv does."""
+
+    model_type = "qwen3_moe_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
+
+
+@strict
+class Qwen2MoeSwiftKVConfig(SwiftKVConfigMixin, Qwen2MoeConfig):
+    """Qwen2MoeConfig + SwiftKV keys (see LlamaSwiftKVConfig); Qwen2's attention (q/k/v biases)."""
+
+    model_type = "qwen2_moe_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
+
+
+@strict
+class MixtralSwiftKVConfig(SwiftKVConfigMixin, MixtralConfig):
+    """MixtralConfig + SwiftKV keys (see LlamaSwiftKVConfig); Llama's attention."""
+
+    model_type = "mixtral_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None

@@ -6,15 +6,28 @@ model class (`swiftkv.vllm.model`) how to serve it.
 
 A family may accept several source model_types: Mistral checkpoints are Llama-shaped (same weight
 names and math, their own `head_dim`), so they convert into the Llama family (`llama_swiftkv`) as
-long as they use no sliding window (`source_refusal`)."""
+long as they use no sliding window (`source_refusal`).
+
+The Mixture-of-Experts families (Qwen3-MoE, Qwen2-MoE, Mixtral) are transformers' MoE classes with the
+same SwiftKV attention as their dense siblings (Qwen3's, Qwen2's, Llama's); routers and experts stay
+the source's. They read and write their experts in the source's checkpoint layout (`checkpoint_layout`,
+`model.moe`) and are not served on vLLM yet (`vllm_layer` None: the plugin refuses them)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .config import LlamaSwiftKVConfig, Qwen2SwiftKVConfig, Qwen3SwiftKVConfig
+from .config import (
+    LlamaSwiftKVConfig,
+    MixtralSwiftKVConfig,
+    Qwen2MoeSwiftKVConfig,
+    Qwen2SwiftKVConfig,
+    Qwen3MoeSwiftKVConfig,
+    Qwen3SwiftKVConfig,
+)
 from .modeling import swiftkv_causal_lm
+from .moe import quantized_experts_refusal, unsupported_moe_reason
 
 
 def sliding_window_refusal(config) -> str | None:
@@ -64,6 +77,12 @@ def no_biases(config) -> dict[str, bool]:
     return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
 
 
+def moe_source_refusal(config) -> str | None:
+    """Why an MoE source cannot become SwiftKV: a sliding window (as for the dense families) or
+    quantized experts."""
+    return sliding_window_refusal(config) or quantized_experts_refusal(config)
+
+
 @dataclass(frozen=True)
 class Family:
     """One family's traits. Its transformers classes are transformers' own `<display>...` classes of
@@ -72,11 +91,12 @@ class Family:
     base_type: str  # transformers model_type of the family's plain model, e.g. "llama"
     config_class: type  # its SwiftKV config (model_type "<base>_swiftkv")
     display: str  # the family's name in messages and docs, and its transformers class prefix
-    vllm_layer: str  # "module:Class" of vLLM's own decoder layer, which serves the early layers
+    vllm_layer: str | None  # "module:Class" of vLLM's decoder layer for the early layers; None: not served
     biases: Callable[[object], dict[str, bool]] = config_biases  # which vLLM projections carry a bias
     qk_norm: bool = False  # q/k normalised per head before RoPE (Qwen3): the student carries its own norms
     other_sources: tuple[str, ...] = ()  # further plain model_types converted into this family
     source_refusal: Callable[[object], str | None] = sliding_window_refusal
+    checkpoint_layout: str | None = None  # MoE: the base type whose expert layout it saves (`model.moe`)
     model_class: type = field(init=False)  # its SwiftKV causal LM
 
     def __post_init__(self):
@@ -94,6 +114,18 @@ class Family:
     @property
     def source_types(self) -> tuple[str, ...]:
         return (self.base_type, *self.other_sources)
+
+    @property
+    def vllm_refusal(self) -> str | None:
+        """Why the vLLM plugin cannot serve this family (None: it can)."""
+        if self.vllm_layer is not None:
+            return None
+        return (
+            f"{self.architecture} ({self.swiftkv_type}) cannot be served on vLLM yet: the plugin's later "
+            "layers run a dense MLP, and serving a Mixture-of-Experts SwiftKV model through vLLM's fused MoE "
+            f"is not built. Run it with transformers instead (swiftkv generate / swiftkv eval); vLLM serves "
+            f"{', '.join(f.swiftkv_type for f in FAMILIES.values() if f.vllm_layer is not None)}"
+        )
 
 
 VLLM_MODELS = "vllm.model_executor.models"
@@ -118,10 +150,37 @@ FAMILIES = {
             biases=no_biases,
             qk_norm=True,
         ),
+        Family(
+            "qwen3_moe",
+            Qwen3MoeSwiftKVConfig,
+            "Qwen3Moe",
+            None,
+            qk_norm=True,
+            source_refusal=moe_source_refusal,
+            checkpoint_layout="qwen3_moe",
+        ),
+        Family(
+            "qwen2_moe",
+            Qwen2MoeSwiftKVConfig,
+            "Qwen2Moe",
+            None,
+            source_refusal=moe_source_refusal,
+            checkpoint_layout="qwen2_moe",
+        ),
+        Family(
+            "mixtral",
+            MixtralSwiftKVConfig,
+            "Mixtral",
+            None,
+            source_refusal=moe_source_refusal,
+            checkpoint_layout="mixtral",
+        ),
     )
 }
 SOURCE_FAMILIES = {source: f for f in FAMILIES.values() for source in f.source_types}
-BASE_MODEL_TYPES = tuple(SOURCE_FAMILIES)  # plain model_types that convert (llama, mistral, qwen2, qwen3)
+BASE_MODEL_TYPES = tuple(SOURCE_FAMILIES)  # plain model_types that convert (llama, mistral, qwen2, ...)
+# Those a GGUF file may hold: the dense ones (transformers' GGUF reader of MoE experts is not verified here).
+GGUF_SOURCE_TYPES = tuple(t for t, f in SOURCE_FAMILIES.items() if f.checkpoint_layout is None)
 SUPPORTED_MODEL_TYPES = (*BASE_MODEL_TYPES, *(f.swiftkv_type for f in FAMILIES.values()))
 ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 SWIFTKV_CLASSES = tuple(cls for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
@@ -133,10 +192,20 @@ FAMILY_NAMES = ", ".join(
 
 
 def unsupported(model_type) -> str:
+    """The one message for a model_type no family takes; for a known MoE type it names what blocks it."""
+    why = unsupported_moe_reason(model_type)
     return (
-        f"model_type {model_type!r} is not supported; expected one of {list(SUPPORTED_MODEL_TYPES)} "
-        f"({FAMILY_NAMES} causal LMs)"
+        f"model_type {model_type!r} is not supported{f': {why}' if why else ''}; expected one of "
+        f"{list(SUPPORTED_MODEL_TYPES)} ({FAMILY_NAMES} causal LMs)"
     )
+
+
+def check_vllm_serves(config) -> None:
+    """Refuse, with the family's reason, a SwiftKV config whose family the vLLM plugin cannot serve."""
+    model_type = getattr(config, "model_type", None)
+    why = family_of(model_type).vllm_refusal if model_type in SUPPORTED_MODEL_TYPES else None
+    if why:
+        raise ValueError(why)
 
 
 def family_of(model_type: str) -> Family:

@@ -8,6 +8,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 from ..model.config import head_dim_of
+from ..model.families import check_vllm_serves
 from .env import RUNNER_ENV, choose_model_runner
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_method
@@ -39,10 +40,12 @@ class SwiftKVConfigHook(VerifyAndUpdateConfig):
     """Switch on kv_sharing_fast_prefill: without it vLLM would run every prompt token through the
     later layers, i.e. SwiftKV would give no prefill saving. vLLM runs this hook while it builds the
     engine config, before the model runner sizes its fast-prefill buffers. Then refuse what cannot run
-    beside SwiftKV (`check_neighbours`)."""
+    beside SwiftKV (`check_neighbours`). A family the plugin cannot serve (the MoE ones) is refused
+    first, with its reason, before the engine builds anything."""
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
+        check_vllm_serves(vllm_config.model_config.hf_config)
         cache_config = vllm_config.cache_config
         if not cache_config.kv_sharing_fast_prefill:
             logger.info("SwiftKV: switching on kv_sharing_fast_prefill (prompt tokens skip layers >= N)")
