@@ -15,8 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.model.families import FAMILIES, SOURCE_FAMILIES, check_vllm_serves, family_of
-from swiftkv.model.moe import UNSUPPORTED_MOE
+from swiftkv.model.families import FAMILIES, SOURCE_FAMILIES, UNSUPPORTED_MOE, check_vllm_serves, family_of
 from tests import reference
 from tests.tiny import (
     ARCHS,
@@ -324,6 +323,31 @@ def test_distill_trains_the_swiftkv_tensors_and_freezes_routers_and_experts(tmp_
     assert summary["heldout_after"]["kl"] < summary["heldout_before"]["kl"]
 
 
+def test_distill_refuses_training_the_moe_blocks(tmp_path, capsys):
+    from tests.test_distill_cli import distill_args
+
+    folder = moe_student_folder(tmp_path, "mixtral")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(10, seed=7))
+    capsys.readouterr()
+    assert main(distill_args(folder, data, tmp_path / "out", "--trainable", "lora", "--lora-rank", "4")) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "routers and experts stay frozen; use --trainable swiftkv" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_trained_tensor_files_rebuild_the_student(tmp_path):
+    from swiftkv.model.surgery import save_swiftkv_params
+    from swiftkv.sources import load_model, resolve_source
+
+    teacher, student = random_student("qwen2_moe", N, 2, swiftkv_std=0.1)
+    save_tiny_folder(tmp_path / "base", teacher, tiny_tokenizer())
+    save_swiftkv_params(student, tmp_path / "trained", base=str(tmp_path / "base"), dtype=torch.float32)
+    rebuilt = load_model(resolve_source(tmp_path / "trained"))
+    x = ids(1, 13)
+    with torch.no_grad():
+        assert max_diff(rebuilt(x).logits, student(x).logits) == 0.0
+
+
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_eval_chat_agreement_and_generate_command(tmp_path, arch, capsys):
     """Teacher-forced agreement against transformers' own MoE teacher equals one naive forward per role;
@@ -375,3 +399,21 @@ def test_eval_chat_agreement_and_generate_command(tmp_path, arch, capsys):
     tokenizer = load_tokenizer(student_folder)
     expected = generate_text(load_model(student_folder), tokenizer, chat_input_ids(tokenizer, "w1 w2 w3"), 6)
     assert streamed.strip() == expected.strip()
+
+
+@pytest.mark.slow  # two torchrun processes
+def test_two_fsdp_processes_equal_the_one_process_run(tmp_path):
+    """--fsdp shards the MoE decoder layers (fused 3-D experts included) with no MoE-specific code; two
+    processes follow the one-process run within the rounding that regrouping the sums alone causes."""
+    from tests.test_distill_cli import distill_args
+    from tests.test_distill_fsdp import assert_same_run, regrouping_noise, torchrun
+
+    folder = moe_student_folder(tmp_path, "qwen3_moe")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(distill_args(folder, data, one, "--json", f"{one}.json")) == 0
+    torchrun(2, distill_args(folder, data, two, "--fsdp", "--json", f"{two}.json"))
+    assert_same_run(one, two, regrouping_noise(folder, data, one))
+    source, written = load_file(folder / "model.safetensors"), load_file(two / "model.safetensors")
+    changed = {name for name in written if not torch.equal(written[name], source[name])}
+    assert changed and all("swiftkv" in name for name in changed)

@@ -10,8 +10,7 @@ Each family's `<Family>SwiftKVConfig` / `<Family>SwiftKVForCausalLM` is exported
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .model import SwiftKVConfigError as SwiftKVConfigError
-from .model.families import FAMILIES, SWIFTKV_CLASSES
-from .model.moe import register_checkpoint_layout
+from .model.families import FAMILIES, SWIFTKV_CLASSES, register_checkpoint_layout
 
 __version__ = "0.1.0"
 

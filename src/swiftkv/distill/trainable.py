@@ -23,6 +23,7 @@ import math
 import torch
 from torch import nn
 
+from ..model.families import family_of
 from ..model.modeling import on_student_path, swiftkv_parameters
 from ..model.surgery import load_trained
 
@@ -89,6 +90,11 @@ def check_trainable(trainable: str, lora_rank: int | None, config) -> None:
     """Refuse an unknown set or a rank that is not a low rank of the adapted layers (before any work)."""
     if trainable not in TRAINABLE_SETS:
         raise ValueError(f"--trainable {trainable!r} is unknown; expected one of {list(TRAINABLE_SETS)}")
+    if STUDENT_MODULES[trainable] and family_of(config.model_type).experts:
+        raise ValueError(
+            f"--trainable {trainable} trains the later layers' MLP, but this {config.model_type} model's "
+            "are Mixture-of-Experts blocks, whose routers and experts stay frozen; use --trainable swiftkv"
+        )
     if lora_rank is None:
         return
     if trainable != "lora":

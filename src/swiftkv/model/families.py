@@ -10,13 +10,24 @@ long as they use no sliding window (`source_refusal`).
 
 The Mixture-of-Experts families (Qwen3-MoE, Qwen2-MoE, Mixtral) are transformers' MoE classes with the
 same SwiftKV attention as their dense siblings (Qwen3's, Qwen2's, Llama's); routers and experts stay
-the source's. They read and write their experts in the source's checkpoint layout (`checkpoint_layout`,
-`model.moe`) and are not served on vLLM yet (`vllm_layer` None: the plugin refuses them)."""
+the source's. They read and write their experts in the source's checkpoint layout (`checkpoint_layout`): transformers 5
+holds each layer's experts as fused 3-D parameters (`mlp.experts.gate_up_proj` [experts, 2I, H]), which it
+reads from, and writes back to, the per-expert tensors of the published checkpoints through a conversion
+mapping looked up by model_type; a `<base>_swiftkv` type is not in that table (and transformers skips it for
+classes outside its own package unless the user registered the type), so each MoE family registers its base
+type's mapping under its own (`register_checkpoint_layout`). They are not served on vLLM yet (`vllm_layer`
+None: the plugin refuses them). MoE types no family takes are refused naming what blocks them
+(`UNSUPPORTED_MOE`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from transformers.conversion_mapping import (
+    get_checkpoint_conversion_mapping,
+    register_checkpoint_conversion_mapping,
+)
 
 from .config import (
     LlamaSwiftKVConfig,
@@ -27,7 +38,6 @@ from .config import (
     Qwen3SwiftKVConfig,
 )
 from .modeling import swiftkv_causal_lm
-from .moe import quantized_experts_refusal, unsupported_moe_reason
 
 
 def sliding_window_refusal(config) -> str | None:
@@ -77,6 +87,22 @@ def no_biases(config) -> dict[str, bool]:
     return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
 
 
+def quantized_experts_refusal(config) -> str | None:
+    """Why a quantized MoE source cannot become SwiftKV (None: it is not quantized). Conversion runs the
+    teacher in full precision and writes every expert back; a quantized checkpoint (FP8, AWQ, GPTQ, ...)
+    would have to be dequantized and requantized, which nothing here does."""
+    quantization = getattr(config, "quantization_config", None)
+    if not quantization:
+        return None
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    method = method or getattr(quantization, "quant_method", None) or "unknown"
+    return (
+        f"its weights are quantized (quantization_config.quant_method={str(method)!r}), experts included "
+        "(mlp.experts.*); SwiftKV converts unquantized checkpoints only: convert the bf16/fp32 release of "
+        "this model"
+    )
+
+
 def moe_source_refusal(config) -> str | None:
     """Why an MoE source cannot become SwiftKV: a sliding window (as for the dense families) or
     quantized experts."""
@@ -96,7 +122,7 @@ class Family:
     qk_norm: bool = False  # q/k normalised per head before RoPE (Qwen3): the student carries its own norms
     other_sources: tuple[str, ...] = ()  # further plain model_types converted into this family
     source_refusal: Callable[[object], str | None] = sliding_window_refusal
-    checkpoint_layout: str | None = None  # MoE: the base type whose expert layout it saves (`model.moe`)
+    checkpoint_layout: str | None = None  # MoE: the base type whose expert layout it saves
     model_class: type = field(init=False)  # its SwiftKV causal LM
 
     def __post_init__(self):
@@ -114,6 +140,11 @@ class Family:
     @property
     def source_types(self) -> tuple[str, ...]:
         return (self.base_type, *self.other_sources)
+
+    @property
+    def experts(self) -> bool:
+        """Whether its layers hold Mixture-of-Experts blocks (routers and experts, kept frozen)."""
+        return self.checkpoint_layout is not None
 
     @property
     def vllm_refusal(self) -> str | None:
@@ -180,7 +211,7 @@ FAMILIES = {
 SOURCE_FAMILIES = {source: f for f in FAMILIES.values() for source in f.source_types}
 BASE_MODEL_TYPES = tuple(SOURCE_FAMILIES)  # plain model_types that convert (llama, mistral, qwen2, ...)
 # Those a GGUF file may hold: the dense ones (transformers' GGUF reader of MoE experts is not verified here).
-GGUF_SOURCE_TYPES = tuple(t for t, f in SOURCE_FAMILIES.items() if f.checkpoint_layout is None)
+GGUF_SOURCE_TYPES = tuple(t for t, f in SOURCE_FAMILIES.items() if not f.experts)
 SUPPORTED_MODEL_TYPES = (*BASE_MODEL_TYPES, *(f.swiftkv_type for f in FAMILIES.values()))
 ARCHITECTURES = tuple(f.architecture for f in FAMILIES.values())
 SWIFTKV_CLASSES = tuple(cls for f in FAMILIES.values() for cls in (f.config_class, f.model_class))
@@ -191,9 +222,57 @@ FAMILY_NAMES = ", ".join(
 )
 
 
+# MoE model types of transformers 5.19 that `convert` meets, with what the SwiftKV later-layer attention (one
+# full-attention K/V per group, RoPE on all of head_dim, no sinks) or this package lacks for each.
+UNSUPPORTED_MOE = {
+    "gpt_oss": (
+        "its attention has per-head attention sinks and alternates sliding-window (128) and full-attention "
+        "layers; SwiftKV's later-layer attention has neither (one full-attention K/V per group, no sinks)"
+    ),
+    "olmoe": (
+        "it normalises q and k over the whole projection (q_norm/k_norm of width hidden_size), not per head; "
+        "SwiftKV's q/k norms are per head (Qwen3's)"
+    ),
+    "flex_olmo": "it normalises q and k over the whole projection (OLMoE's attention), not per head",
+    "deepseek_v2": (
+        "it uses multi-head latent attention (MLA: a compressed KV latent and a decoupled RoPE key), which "
+        "needs its own SwiftKV projections (kv_a/kv_b); not supported yet"
+    ),
+    "deepseek_v3": (
+        "it uses multi-head latent attention (MLA: a compressed KV latent and a decoupled RoPE key), which "
+        "needs its own SwiftKV projections (kv_a/kv_b); not supported yet"
+    ),
+    "qwen3_next": (
+        "three of every four layers are linear attention (Gated DeltaNet), which has no K/V cache to share"
+    ),
+    "qwen3_5_moe": "most of its layers are linear attention (Gated DeltaNet), which has no K/V cache to share",
+    "minimax": "every other layer is linear (lightning) attention, which has no K/V cache to share",
+    "jamba": "most of its layers are Mamba layers, which have no K/V cache to share",
+    "llama4": (
+        "its layers alternate chunked attention and RoPE-free (NoPE) global attention; SwiftKV's later "
+        "layers attend over the full context with RoPE"
+    ),
+    "dbrx": "its attention fuses q/k/v in one clipped projection (Wqkv, clip_qkv)",
+    "phimoe": "its layers normalise with LayerNorm (with bias), not RMSNorm",
+    "glm4_moe": "its attention rotates only part of each head (partial_rotary_factor)",
+    "granitemoe": (
+        "its attention and residuals are scaled by multipliers (attention_multiplier, residual_multiplier)"
+    ),
+}
+
+
+def register_checkpoint_layout(swiftkv_type: str, base_type: str) -> None:
+    """Read and write `swiftkv_type` folders with `base_type`'s expert layout. Idempotent (the package may
+    be imported through several paths in one process)."""
+    mapping = get_checkpoint_conversion_mapping(base_type)
+    if mapping is None:
+        raise ValueError(f"transformers has no checkpoint conversion mapping for {base_type!r}")
+    register_checkpoint_conversion_mapping(swiftkv_type, mapping, overwrite=True)
+
+
 def unsupported(model_type) -> str:
     """The one message for a model_type no family takes; for a known MoE type it names what blocks it."""
-    why = unsupported_moe_reason(model_type)
+    why = UNSUPPORTED_MOE.get(model_type)
     return (
         f"model_type {model_type!r} is not supported{f': {why}' if why else ''}; expected one of "
         f"{list(SUPPORTED_MODEL_TYPES)} ({FAMILY_NAMES} causal LMs)"
