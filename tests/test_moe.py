@@ -214,6 +214,25 @@ def test_convert_with_every_init(moe_teacher, tmp_path, calib_text):
             if arch == "qwen3_moe":  # q_norm copied, k_norm the group's mean
                 norms = [source[f"model.layers.{j}.self_attn.k_norm.weight"] for j in (owner, owner + 1)]
                 assert torch.allclose(out[f"{attention}.k_norm_swiftkv.weight"], torch.stack(norms).mean(0))
+    # --trim drops the later layers' q/k/v (and Qwen3-MoE's q/k norms) and leaves the student as it was;
+    # plain_teacher recovers transformers' own MoE model from an untrimmed folder.
+    from swiftkv.model.surgery import plain_teacher
+
+    convert(
+        ConvertSettings(
+            source=str(folder), out=tmp_path / "trim", init="copy", measure=False, trim=True, **options
+        )
+    )
+    trimmed_keys = set(load_file(tmp_path / "trim" / "model.safetensors"))
+    assert f"model.layers.{N}.self_attn.q_proj.weight" not in trimmed_keys
+    assert f"model.layers.{N - 1}.self_attn.q_proj.weight" in trimmed_keys
+    x = ids(1, 12)
+    full, trimmed = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("copy", "trim"))
+    teacher = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        assert max_diff(full(x).logits, trimmed(x).logits) <= 1e-6
+        assert type(plain_teacher(full)) is ARCHS[arch][1]
+        assert max_diff(plain_teacher(full)(x).logits, teacher(x).logits) <= 1e-5
     errors = report.kv_relative_error
     for name in ("k", "v"):
         assert sum(errors["lstsq"][name]) < sum(errors["copy"][name])
@@ -280,6 +299,17 @@ def test_the_vllm_plugin_refuses_moe_families_and_serves_the_dense_ones():
         if family.vllm_layer is not None:
             check_vllm_serves(family.config_class())
     assert family_of("qwen3_moe_swiftkv").vllm_refusal.startswith("Qwen3MoeSwiftKVForCausalLM")
+
+
+def test_swiftkv_serve_refuses_a_moe_folder_in_one_line(tmp_path, capsys):
+    _, student = random_student("mixtral", N, 2)
+    folder = save_tiny_folder(tmp_path / "student", student, tiny_tokenizer())
+    capsys.readouterr()
+    assert cli("serve", folder) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.count("\n") == 0 and "MixtralSwiftKVForCausalLM (mixtral_swiftkv) cannot be served on vLLM" in err
+    )
 
 
 @pytest.mark.vllm

@@ -280,8 +280,9 @@ def unsupported(model_type) -> str:
 
 
 def check_vllm_serves(config) -> None:
-    """Refuse, with the family's reason, a SwiftKV config whose family the vLLM plugin cannot serve."""
-    model_type = getattr(config, "model_type", None)
+    """Refuse, with the family's reason, a SwiftKV config (or config.json as a dict) whose family the vLLM
+    plugin cannot serve."""
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
     why = family_of(model_type).vllm_refusal if model_type in SUPPORTED_MODEL_TYPES else None
     if why:
         raise ValueError(why)

@@ -15,6 +15,7 @@ import torch
 
 from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
 from ..model.config import head_dim_of
+from ..model.families import check_vllm_serves
 from ..sources import open_source
 from .engine import KV_CACHE_BYTES
 from .env import choose_model_runner, configure_cpu_env
@@ -109,6 +110,7 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     folder = open_source(model).folder
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
+    check_vllm_serves(json.loads((folder / "config.json").read_text()))
     version = installed_vllm_version()
     if version is None:
         raise ValueError(f"swiftkv serve needs vLLM {supported_range()}; none is installed")
