@@ -36,6 +36,28 @@ def parse_micro_batch(text: str) -> int | str:
     return value
 
 
+def check_split(batch_size: int, world_size: int, micro_batch: int | str) -> None:
+    """--batch-size is the global batch (blocks per optimizer step over all processes): each of the
+    `world_size` processes takes an equal share, a whole number of micro-batches (`auto` sizes them later
+    from the divisors of that share, so it needs only the share). Refused with the numbers and the
+    nearest batch that splits, before any model is loaded."""
+    micro = 1 if micro_batch == AUTO else int(micro_batch)
+    unit = world_size * micro
+    if batch_size > 0 and batch_size % unit == 0:
+        return
+    raise ValueError(
+        f"--batch-size {batch_size} (the global batch) does not split over {world_size} process(es) x "
+        f"--micro-batch {micro_batch}: expected a multiple of {unit}, e.g. --batch-size "
+        f"{nearest_multiple(batch_size, unit)}"
+    )
+
+
+def nearest_multiple(value: int, unit: int) -> int:
+    """The positive multiple of `unit` nearest to `value` (the larger one on a tie)."""
+    below = value // unit * unit
+    return below if below > 0 and value - below < below + unit - value else below + unit
+
+
 def divisors_descending(n: int) -> list[int]:
     return [k for k in range(n, 0, -1) if n % k == 0]
 

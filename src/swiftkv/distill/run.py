@@ -21,7 +21,7 @@ from .settings import DistillSettings
 from .setup import load_student
 from .trainable import merge_trained
 from .trainer import evaluate, finished, run_summary, run_training, trained_tensors
-from .world import World, barrier, close_world, init_world, log
+from .world import World, barrier, close_world, init_world, launched_world_size, log
 
 
 @dataclass
@@ -37,6 +37,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     if not settings.out:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     settings.check_parallelism()
+    settings.check_batch_split(launched_world_size())
     settings.check_skip()
     settings = settings.opened()  # a missing source is reported here, as such, before any work
     check_start(settings)

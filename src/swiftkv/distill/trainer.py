@@ -256,16 +256,6 @@ def evaluate(
 # --------------------------------------------------------------------------------------------------
 
 
-def check_batch(batch_size: int, micro_batch: int | str, world: World) -> None:
-    per_rank = batch_size // world.size
-    micro = micro_batch if micro_batch != microbatch.AUTO else 1
-    if batch_size % world.size or per_rank % micro:
-        raise ValueError(
-            f"--batch-size {batch_size} must split into {world.size} process(es) x a multiple "
-            f"of --micro-batch {micro_batch}"
-        )
-
-
 def sized_micro_batch(
     model: nn.Module, train: Blocks, step: StepSettings, batch_size: int, world: World
 ) -> StepSettings:
@@ -396,7 +386,7 @@ def run_training(
 ) -> tuple[RunState, nn.Module]:
     """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
     in place, and `trained_tensors` gathers what it trained through it."""
-    check_batch(settings.batch_size, settings.micro_batch, world)
+    settings.check_batch_split(world.size)
     ckpt = settings.checkpoint_path()
     continued = check_continuable(settings)
     before = continued.steps if continued else 0

@@ -33,7 +33,7 @@ class World:
 def init_world(fsdp: bool = False) -> World:
     """torchrun sets WORLD_SIZE/RANK: join the group (gloo on CPU, nccl on GPU). `--fsdp` without
     torchrun runs as one shard of a one-process group, so it takes the same code path."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    size = launched_world_size()
     device = training_device()
     if size == 1 and not fsdp:
         return World(device=device)
@@ -56,6 +56,11 @@ def init_world(fsdp: bool = False) -> World:
             torch.distributed.init_process_group(backend)
     rank, size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     return World(rank, size, ddp=size > 1, device=device, fsdp=fsdp, owns_group=owns_group)
+
+
+def launched_world_size() -> int:
+    """The processes torchrun started (WORLD_SIZE; 1 without torchrun), known before any group exists."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def close_world(world: World) -> None:
