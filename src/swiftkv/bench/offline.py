@@ -11,7 +11,8 @@ Workloads (random token ids, prefix caching off so nothing is served from cache)
   ttft      one 2000-token prompt, max_tokens=1, median of 5            -> seconds
   tpot      8 x (500 in, 64 out) minus the same batch with 1 out, / 63  -> seconds per output token
   e2e       32 x (2000 in, 200 out), the paper's 10:1 workload           -> requests/s and tokens/s
-  kv        KV-cache capacity in tokens at the same KV memory
+  kv        KV-cache capacity in tokens at the same KV memory (on CUDA without --kv-cache-memory: at the
+            same gpu_memory_utilization, vLLM's own sizing)
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ from ..plots import figure
 from ..results import BenchResults
 from ..settings import setting
 from ..sources import Source, open_source
-from ..vllm.engine import KV_CACHE_BYTES, engine_kwargs, kv_cache_tokens
+from ..vllm.engine import KV_CACHE_BYTES, engine_kwargs, kv_cache_bytes, kv_cache_tokens
 from ..vllm.env import configure_cpu_env
 from ..vllm.serve import parse_bytes
 
 WORKLOAD_NAMES = ("prefill", "ttft", "tpot", "e2e")
+KV_AUTO = "auto"  # --kv-cache-memory: vLLM's sizing on CUDA, KV_CACHE_BYTES on the CPU build
 
 
 def parse_workloads(text: str) -> tuple[str, ...]:
@@ -62,7 +64,9 @@ class BenchSettings:
     model: str | Source = setting(None, "the SwiftKV model (folder or alias)", cli=False)
     baseline: str | Source = setting(None, "the model it was converted from, served the same way", cli=False)
     kv_cache_memory: str = setting(
-        f"{KV_CACHE_BYTES // 2**30}G", "KV-cache memory for each engine: bytes or e.g. 2G, 512M"
+        KV_AUTO,
+        "KV-cache memory for each engine: bytes or e.g. 2G, 512M; auto: vLLM's own sizing on CUDA "
+        f"(gpu_memory_utilization), {KV_CACHE_BYTES // 2**30}G on vLLM's CPU build",
     )
     max_model_len: int = setting(4096, "longest sequence each engine accepts")
     dtype: str = setting(
@@ -86,11 +90,14 @@ class BenchSettings:
         return replace(self, model=open_source(self.model), baseline=open_source(self.baseline))
 
 
-def engine_settings(settings: BenchSettings) -> dict:
+def engine_settings(settings: BenchSettings, on_cuda: bool | None = None) -> dict:
     """The engine options both models run with (overrides for `swiftkv.vllm.engine.engine_kwargs`);
-    prefix caching is off so no workload is served from cache."""
+    prefix caching is off so no workload is served from cache. No KV size on CUDA unless one is given."""
+    on_cuda = torch.cuda.is_available() if on_cuda is None else on_cuda
+    requested = None if settings.kv_cache_memory == KV_AUTO else parse_bytes(settings.kv_cache_memory)
+    kv_bytes = kv_cache_bytes(on_cuda, requested)
     return {
-        "kv_cache_memory_bytes": parse_bytes(settings.kv_cache_memory),
+        **({} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}),
         "max_model_len": settings.max_model_len,
         "enable_prefix_caching": False,
         "dtype": dtype_name(resolve_dtype(settings.dtype)),

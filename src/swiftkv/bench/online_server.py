@@ -39,11 +39,11 @@ def server_args(engine: dict, port: int, served_name: str) -> list[str]:
         engine["dtype"],
         "--max-model-len",
         str(engine["max_model_len"]),
-        "--kv-cache-memory-bytes",
-        str(engine["kv_cache_memory_bytes"]),
         "--enable-prefix-caching" if engine["enable_prefix_caching"] else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log",
     ]  # one log line per request is noise at high rates
+    if "kv_cache_memory_bytes" in engine:  # absent on CUDA unless given: vLLM sizes the cache
+        args += ["--kv-cache-memory-bytes", str(engine["kv_cache_memory_bytes"])]
     return args + (["--enforce-eager"] if engine["enforce_eager"] else [])
 
 

@@ -12,9 +12,23 @@ from .env import configure_cpu_env, engine_core_in_process
 # KV-sharing fast prefill is what lets prompt tokens skip layers >= N. The plugin's config hook
 # switches it on for SwiftKV models anyway; passing it keeps plain-vLLM command lines honest too.
 SWIFTKV_ENGINE_ARGS = {"kv_sharing_fast_prefill": True}
-# KV-cache memory of every engine swiftkv starts (serve, the replies stage): on CPU the default is a
-# fraction of RAM, which the 2-core machines this targets do not have to spare.
+# KV-cache memory of the engines swiftkv starts on vLLM's CPU build (serve, bench, the replies stage) when
+# the user sets none: that build's own default is a fraction of the host's RAM, which small machines do not
+# have to spare. On CUDA vLLM sizes the cache itself (`kv_cache_bytes`).
 KV_CACHE_BYTES = 2 * 2**30
+
+
+def kv_cache_bytes(on_cuda: bool, requested: int | None = None, sized_otherwise: bool = False) -> int | None:
+    """The KV-cache memory swiftkv passes to vLLM (None: pass nothing). The user's own size wins
+    (`requested`); a user who sized the cache another way (`sized_otherwise`: --gpu-memory-utilization)
+    gets nothing added; on CUDA vLLM then sizes it from gpu_memory_utilization (0.9 of the GPU by default,
+    less the weights and activations), which a fixed 2 GiB would leave mostly unused; on the CPU build,
+    KV_CACHE_BYTES."""
+    if requested is not None:
+        return requested
+    if sized_otherwise or on_cuda:
+        return None
+    return KV_CACHE_BYTES
 
 
 def engine_kwargs(model: str, **overrides) -> dict:

@@ -17,18 +17,15 @@ from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
 from ..model.config import head_dim_of
 from ..model.families import check_vllm_serves
 from ..sources import open_source
-from .engine import KV_CACHE_BYTES
+from .engine import kv_cache_bytes
 from .env import choose_model_runner, configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_options
 from .versions import check_vllm_version, installed_vllm_version, supported_range
 
-# Added to `vllm serve` unless the user passes the same option (or, for memory, any memory option).
-# KV memory is set explicitly because on CPU vLLM would otherwise take a share of RAM. The dtype
-# default is not a constant: it is the hardware's choice (`default_dtype`).
-SERVE_DEFAULTS = {
-    "--kv-cache-memory-bytes": str(KV_CACHE_BYTES),
-}
+# Added to `vllm serve` unless the user passes the same option: the dtype (the hardware's choice,
+# `default_dtype`) and, on vLLM's CPU build only, the KV memory (`engine.kv_cache_bytes`) unless the user
+# passes either memory option.
 MEMORY_OPTIONS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
 
 
@@ -80,13 +77,19 @@ def vllm_server_launcher() -> list[str]:
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
-def serve_command(folder: str, served_name: str, vllm_args: list[str]) -> list[str]:
-    """The `vllm serve` command line: our defaults first, the user's options after (they win)."""
+def serve_command(
+    folder: str, served_name: str, vllm_args: list[str], on_cuda: bool | None = None
+) -> list[str]:
+    """The `vllm serve` command line: our defaults first, the user's options after (they win).
+    `on_cuda` (default: whether torch sees a GPU) decides the KV-cache default."""
+    on_cuda = torch.cuda.is_available() if on_cuda is None else on_cuda
     command = [*vllm_server_launcher(), folder, "--kv-sharing-fast-prefill"]
     if not user_gave("--dtype", vllm_args):
         command += ["--dtype", default_dtype()]
-    if not any(user_gave(option, vllm_args) for option in MEMORY_OPTIONS):
-        command += ["--kv-cache-memory-bytes", SERVE_DEFAULTS["--kv-cache-memory-bytes"]]
+    sized = any(user_gave(option, vllm_args) for option in MEMORY_OPTIONS)
+    kv_bytes = kv_cache_bytes(on_cuda, sized_otherwise=sized)
+    if kv_bytes is not None:
+        command += ["--kv-cache-memory-bytes", str(kv_bytes)]
     if not user_gave("--served-model-name", vllm_args):
         command += ["--served-model-name", served_name]
     return command + vllm_args
