@@ -21,7 +21,9 @@ from tests.tiny import random_chats, save_tiny_folder, write_jsonl
         (0, 2, 1, 2),
     ],
 )
-def test_a_batch_that_does_not_split_names_the_numbers_and_the_nearest_that_does(batch, world, micro, nearest):
+def test_a_batch_that_does_not_split_names_the_numbers_and_the_nearest_that_does(
+    batch, world, micro, nearest
+):
     expected = (
         f"--batch-size {batch} (the global batch) does not split over {world} process(es) x --micro-batch "
         f"{micro}: expected a multiple of {world * (1 if micro == 'auto' else micro)}, e.g. --batch-size "

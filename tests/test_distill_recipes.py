@@ -79,7 +79,7 @@ def test_recipes_are_presets_that_explicit_options_override():
     )
     with pytest.raises(
         ValueError,
-        match=r"--recipe 'nope' is unknown; expected one of \['reference', 'swiftkv', 'swiftkv-lora'\]",
+        match=r"--recipe 'nope' is unknown; expected one of \['reference', 'reference-large', 'swiftkv', 'swiftkv-lora'\]",
     ):
         settings_for("m", "nope")
 
@@ -87,8 +87,53 @@ def test_recipes_are_presets_that_explicit_options_override():
 def test_cli_names_the_valid_recipes(tmp_path, capsys):
     folder = save_tiny_folder(tmp_path / "m")
     assert main(["distill", str(folder), "--recipe", "fast", "--out", str(tmp_path / "o")]) == 2
-    assert "expected one of ['reference', 'swiftkv', 'swiftkv-lora']" in capsys.readouterr().err
+    assert (
+        "expected one of ['reference', 'reference-large', 'swiftkv', 'swiftkv-lora']"
+        in capsys.readouterr().err
+    )
     assert not (tmp_path / "o").exists()
+
+
+def test_reference_large_is_snowflakes_8b_recipe_at_its_scale():
+    """ArcticTraining's Llama-3.1-8B config: the reference loss (T^2 KL at T = 2 over all positions, MSE of
+    hidden_states[-2]), mean init, lr 2e-4 with 5% warmup and linear decay, 8 GPUs x micro-batch 1 of 8,192
+    tokens, one epoch."""
+    large = settings_for("m", "reference-large")
+    loss = (large.temperature, large.kl_mean_over, large.mse_weight, large.mse_hidden_index, large.init)
+    assert loss == (2.0, "positions", 1.0, -2, "mean")
+    assert (large.lr, large.warmup, large.batch_size, large.micro_batch, large.seq_len) == (
+        2e-4,
+        0.05,
+        8,
+        1,
+        8192,
+    )
+    assert (large.tokens, large.passes, large.targets, large.trainable) == (
+        500_000_000,
+        1,
+        "human",
+        "swiftkv",
+    )
+    assert large.train_tokens == 500_039_680  # rounded up to whole steps of 8 x 8192 tokens: 7,630 steps
+    assert large.train_tokens // (8 * 8192) == 7630
+
+
+@pytest.mark.parametrize(("batch", "lr"), [(8, 2e-4), (32, 4e-4), (2, 1e-4), (64, 2e-4 * 8**0.5)])
+def test_the_large_recipes_lr_follows_the_global_batch_by_its_square_root(batch, lr):
+    assert settings_for("m", "reference-large", batch_size=batch).lr == pytest.approx(lr, rel=1e-12)
+    assert settings_for("m", "reference-large", batch_size=batch, lr=3e-4).lr == 3e-4  # a given lr is kept
+    for fixed in ("swiftkv", "reference", "swiftkv-lora"):  # tuned at their own step: never rescaled
+        assert settings_for("m", fixed, batch_size=batch).lr == settings_for("m", fixed).lr
+
+
+def test_the_help_states_the_lr_rule(capsys):
+    with pytest.raises(SystemExit):
+        main(["distill", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "under --recipe reference-large a --batch-size B without --lr trains at 2e-4 x sqrt(B / 8)"
+        in help_text
+    )
 
 
 def test_probe_is_transformers_hidden_states_minus_two():
@@ -488,3 +533,21 @@ def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
     )
     with pytest.raises(ValueError, match=re.escape(expected)):
         load_student(settings)
+
+
+def test_only_vllm_splits_a_writer_over_ranks(tmp_path, capsys):
+    from swiftkv.replies import RepliesSettings
+
+    for engine in ("hf", "static"):
+        with pytest.raises(ValueError, match=f"only the vllm engine .* writes with {engine}"):
+            RepliesSettings(source="m", engine=engine, tensor_parallel_size=2).check_engine()
+    RepliesSettings(source="m", engine="vllm", tensor_parallel_size=8).check_engine()
+    with pytest.raises(ValueError, match="--tensor-parallel-size 0: expected 1 or more"):
+        RepliesSettings(source="m", engine="vllm", tensor_parallel_size=0).check_engine()
+    folder = save_tiny_teacher(tmp_path / "teacher")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(4))
+    out = tmp_path / "replies.jsonl"
+    args = ["replies", str(folder), "--data", str(data), "--out", str(out), "--engine", "hf"]
+    assert main([*args, "--tensor-parallel-size", "2"]) == 2
+    assert "--tensor-parallel-size 2: only the vllm engine" in capsys.readouterr().err
+    assert not out.exists()

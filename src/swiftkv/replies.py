@@ -38,7 +38,7 @@ from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
 from .sources import Source, load_model, load_tokenizer, open_source, read_config_dict
 from .static_greedy import in_length_order, left_padded, static_generator
-from .vllm.engine import KV_CACHE_BYTES, engine_kwargs
+from .vllm.engine import engine_kwargs, kv_cache_bytes
 from .vllm.env import configure_cpu_env
 
 GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
@@ -75,8 +75,8 @@ class RepliesSettings:
     )
     data: str = setting(
         "sharegpt",
-        "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk "
-        "folder: the first user turn of each train chat is a prompt",
+        "'sharegpt', a .json/.jsonl chat file, a text folder, a datasets.save_to_disk folder, or several "
+        "of them interleaved by weight (A,B:2,C): the first user turn of each train chat is a prompt",
     )
     tokens: int = setting(
         1_000_000,
@@ -100,6 +100,11 @@ class RepliesSettings:
         choices=ENGINES,
     )
     dtype: str = setting("auto", "compute dtype: auto = bf16 where native, else fp32", choices=DTYPE_CHOICES)
+    tensor_parallel_size: int = setting(
+        1,
+        "ranks the vLLM engine splits the writer over (tensor parallelism): GPUs on CUDA (e.g. 8 for a 70B), "
+        "CPU cores on vLLM's CPU build; vllm engine only",
+    )
     long_share: float = setting(
         0.0,
         "share of --tokens written as answers to long prompts (1-2k tokens of "
@@ -124,11 +129,21 @@ class RepliesSettings:
         return self.prompt_turns == "every"
 
     def check_engine(self) -> None:
-        """The static engine runs plain models: the teacher writes (a SwiftKV SRC's own teacher weights)."""
+        """The static engine runs plain models: the teacher writes (a SwiftKV SRC's own teacher weights).
+        Only vLLM splits a writer over several devices."""
         if self.engine == "static" and self.writer == "student":
             raise ValueError(
                 "--reply-engine static writes with a plain model, and --reply-writer student is a "
                 "SwiftKV one; expected --reply-engine vllm or hf"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size}: expected 1 or more ranks")
+        engine = resolved_engine(self)
+        if self.tensor_parallel_size > 1 and engine != "vllm":
+            raise ValueError(
+                f"--tensor-parallel-size {self.tensor_parallel_size}: only the vllm engine splits a writer "
+                f"over ranks, and this run writes with {engine}; expected --engine vllm (installed) or "
+                "--tensor-parallel-size 1"
             )
 
     def max_prompt_tokens(self) -> int:
@@ -248,6 +263,7 @@ def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
                     dtype_name(dtype),
                     eos_token_id,
                     max_prompt_tokens=settings.max_prompt_tokens(),
+                    tensor_parallel_size=settings.tensor_parallel_size,
                 )
             elif engine == "static":
                 rows = HF_BATCH_CUDA if device == "cuda" else HF_BATCH
@@ -377,14 +393,18 @@ def vllm_generator(
     eos_token_id: int,
     enforce_eager: bool = False,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    tensor_parallel_size: int = 1,
 ) -> Generate:
-    """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call). Token ids
-    in, token ids out: the engine needs no tokenizer, and the reply stops at the given end-of-turn id."""
+    """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call), split over
+    `tensor_parallel_size` ranks. Token ids in, token ids out: the engine needs no tokenizer, and the
+    reply stops at the given end-of-turn id."""
     state = {}
 
     def generate(prompts: list[list[int]]) -> list[Reply]:
         if "llm" not in state:
-            state["llm"] = start_engine(folder, max_tokens, dtype, enforce_eager, max_prompt_tokens)
+            state["llm"] = start_engine(
+                folder, max_tokens, dtype, enforce_eager, max_prompt_tokens, tensor_parallel_size
+            )
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -441,20 +461,30 @@ def start_engine(
     dtype: str,
     enforce_eager: bool = False,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    tensor_parallel_size: int = 1,
 ):
+    """A vLLM engine for the writer: its KV cache sized by vLLM on CUDA, KV_CACHE_BYTES on the CPU build
+    (`engine.kv_cache_bytes`); tensor parallel ranks as worker processes (the CPU build's only way)."""
     from vllm import LLM
 
-    configure_cpu_env()
+    configure_cpu_env(ranks=tensor_parallel_size)
     window = read_config_dict(folder).get("max_position_embeddings", max_prompt_tokens + max_tokens)
+    kv_bytes = kv_cache_bytes(torch.cuda.is_available())
+    parallel = (
+        {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "mp"}
+        if tensor_parallel_size > 1
+        else {}
+    )
     return LLM(
         **engine_kwargs(
             str(folder),
             dtype=dtype,
             max_model_len=min(window, max_prompt_tokens + max_tokens),
-            kv_cache_memory_bytes=KV_CACHE_BYTES,
             enable_prefix_caching=False,
             skip_tokenizer_init=True,
             enforce_eager=enforce_eager,
+            **({} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}),
+            **parallel,
         )
     )
 

@@ -8,6 +8,7 @@ plain text (str).
   FILE.json       a JSON array of such records
   FILE.txt/.md/.rst, or a FOLDER of them   plain text, one example per file
   FOLDER          a `datasets.save_to_disk` folder of such records
+  A,B:2,C         several of the above interleaved by weight (`swiftkv.data.mix`)
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from . import sharegpt
+from .mix import interleave, mix_parts
 
 SHAREGPT_ALIAS = "sharegpt"
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 CHAT_ROLES = ("system", "user", "assistant")
-DATA_HELP = "'sharegpt', a .jsonl/.json chat or text file, a .txt/.md/.rst file or folder, or a datasets.save_to_disk folder"
+DATA_HELP = (
+    "'sharegpt', a .jsonl/.json chat or text file, a .txt/.md/.rst file or folder, a datasets.save_to_disk "
+    "folder, or several of them interleaved by weight (A,B:2,C)"
+)
 
 Messages = list[dict]
 Example = Messages | str
@@ -137,6 +142,12 @@ def read_sharegpt() -> Iterator[Messages | None]:
 def check_source(spec: str, option: str = "--data") -> None:
     """Raise FileNotFoundError when a `--data` value names nothing to read, so a command can tell
     before it loads a model (`read_source` reads lazily)."""
+    parts = mix_parts(spec, single=(SHAREGPT_ALIAS,))
+    if len(parts) > 1:
+        for part, _ in parts:
+            check_source(part, option)
+        return
+    spec = parts[0][0]  # one source (a weight alone changes nothing)
     if spec == SHAREGPT_ALIAS:
         sharegpt.sharegpt_file()
     elif not Path(spec).exists():
@@ -146,6 +157,11 @@ def check_source(spec: str, option: str = "--data") -> None:
 def read_source(spec: str, option: str = "--data") -> Iterator[Example | None]:
     """The examples of a `--data` value (None marks an example that is to be skipped)."""
     check_source(spec, option)
+    parts = mix_parts(spec, single=(SHAREGPT_ALIAS,))
+    if len(parts) > 1:
+        yield from interleave([read_source(part, option) for part, _ in parts], [w for _, w in parts])
+        return
+    spec = parts[0][0]
     if spec == SHAREGPT_ALIAS:
         yield from read_sharegpt()
         return

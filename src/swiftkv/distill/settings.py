@@ -13,12 +13,19 @@ Recipes (`--recipe`):
              positions; lr 2e-4 at steps of 16 blocks; the human-written replies of the data.
   swiftkv-lora  swiftkv plus student-only rank-64 adapters (lr 1e-3) on the later layers' o_proj and
              MLP; the written folder merges them, so it serves unchanged but no longer contains its teacher.
+  reference-large  the reference at the scale Snowflake ran it for Llama-3.1-8B (ArcticTraining's 8B
+             config: 8 GPUs x micro-batch 1 of up to 8,192 tokens, lr 2e-4, 1 epoch): blocks of 8,192
+             tokens, a global batch of 8 blocks (65,536 tokens a step), one block per forward, 500M train
+             tokens (a cap: a run trains one pass over whatever its --data holds below it), checkpoints
+             and held-out evaluations every 500 steps. Its lr follows the global batch: --batch-size B
+             without --lr trains at 2e-4 x sqrt(B / 8) (`scaled_lr`).
 How each recipe was chosen, with the study's figures, is in docs/distillation.md and docs/history.md.
 Options given on the command line override the recipe's values.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -31,7 +38,7 @@ from ..replies import WRITERS as REPLY_WRITERS
 from ..settings import parse_count, setting
 from ..sources import Source, SourceLike, open_source, source_name
 from .loss import LossTerms
-from .microbatch import AUTO, parse_micro_batch
+from .microbatch import AUTO, check_split, parse_micro_batch
 from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -71,7 +78,9 @@ class DistillSettings:
     )
     out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
     data: str = setting(
-        "sharegpt", "'sharegpt', a .json/.jsonl chat file, a text folder, or a datasets.save_to_disk folder"
+        "sharegpt",
+        "'sharegpt', a .json/.jsonl chat file, a text folder, a datasets.save_to_disk folder, or several "
+        "of them interleaved by weight (A,B:2,C: two of B's examples for each of A's and C's)",
     )
     teacher: str | Source | None = setting(
         None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
@@ -172,7 +181,12 @@ class DistillSettings:
     )
     heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
     seq_len: int = setting(1024, "tokens per packed block")
-    batch_size: int = setting(2, "blocks per optimizer step, over all processes (the lr was tuned with it)")
+    batch_size: int = setting(
+        2,
+        "the global batch: blocks per optimizer step over all processes, split into the processes x "
+        "--micro-batch (so it must be a multiple of their product). The lr was tuned with each recipe's "
+        "batch; under --recipe reference-large a --batch-size B without --lr trains at 2e-4 x sqrt(B / 8)",
+    )
     micro_batch: int | str = setting(
         AUTO,
         "blocks per forward, or auto: on CUDA the largest divisor of the "
@@ -267,6 +281,10 @@ class DistillSettings:
                 "--fsdp with --naive: the naive way runs layers < N a second time for the student only "
                 "to compare speeds on one process; drop one of them"
             )
+
+    def check_batch_split(self, world_size: int) -> None:
+        """--batch-size is the global batch: it must split over `world_size` processes x --micro-batch."""
+        check_split(self.batch_size, world_size, self.micro_batch)
 
     def check_skip(self) -> None:
         """--skip-tokens passes over one kind of train document: human chats, or written prompts."""
@@ -410,8 +428,28 @@ RECIPES: dict[str, dict] = {
         "reply_tokens": 512,
     },
     "swiftkv-lora": {"trainable": "lora", "lora_rank": 64, "late_lr": 1e-3},
+    "reference-large": {
+        "init": "mean",
+        "targets": "human",
+        "kl_mean_over": "positions",
+        "mse_weight": 1.0,
+        "lr": 2e-4,
+        "warmup": 0.05,
+        "batch_size": 8,
+        "micro_batch": 1,
+        "seq_len": 8192,
+        "tokens": 500_000_000,
+        "passes": 1,
+        "reply_tokens": 512,
+        "eval_every": 500,
+        "checkpoint_every": 500,
+    },
 }
 DEFAULT_RECIPE = "swiftkv"
+# Recipes whose lr follows the global batch: given --batch-size B and no --lr, lr x sqrt(B / B_ref) with
+# B_ref the recipe's own batch (the square-root rule for Adam-type optimizers: the gradient noise of a
+# batch falls as 1 / sqrt(B)). The other recipes keep their lr at any batch (it was tuned at their step).
+LR_FOLLOWS_BATCH = ("reference-large",)
 
 
 def settings_for(source: str, recipe: str = DEFAULT_RECIPE, **given) -> DistillSettings:
@@ -422,4 +460,12 @@ def settings_for(source: str, recipe: str = DEFAULT_RECIPE, **given) -> DistillS
     if unknown:
         raise TypeError(f"unknown distillation settings: {sorted(unknown)}")
     chosen = {k: v for k, v in given.items() if v is not None}
-    return DistillSettings(source=source, recipe=recipe, **{**RECIPES[recipe], **chosen})
+    values = {**RECIPES[recipe], **chosen}
+    if recipe in LR_FOLLOWS_BATCH and "batch_size" in chosen and "lr" not in chosen:
+        values["lr"] = scaled_lr(RECIPES[recipe]["lr"], chosen["batch_size"], RECIPES[recipe]["batch_size"])
+    return DistillSettings(source=source, recipe=recipe, **values)
+
+
+def scaled_lr(lr: float, batch_size: int, reference_batch: int) -> float:
+    """The peak lr at global batch `batch_size` of a recipe whose `lr` was set at `reference_batch`."""
+    return lr * math.sqrt(batch_size / reference_batch)
