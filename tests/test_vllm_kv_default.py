@@ -54,10 +54,14 @@ def test_bench_engines_and_servers_follow_the_same_decision():
     assert auto.kv_cache_memory == "auto"
     on_gpu, on_cpu = engine_settings(auto, on_cuda=True), engine_settings(auto, on_cuda=False)
     assert "kv_cache_memory_bytes" not in on_gpu and on_cpu["kv_cache_memory_bytes"] == KV_CACHE_BYTES
+    # on one GPU the offline bench's two engines are alive at once: each asks vLLM for half its default share
+    assert on_gpu["gpu_memory_utilization"] == 0.45 and "gpu_memory_utilization" not in on_cpu
     given = BenchSettings(model="m", baseline="b", kv_cache_memory="512M")
     assert engine_settings(given, on_cuda=True)["kv_cache_memory_bytes"] == 512 * 2**20
-    assert kv_option(server_args(on_gpu, 8000, "m")) is None  # the online bench's servers alike
+    gpu_args = server_args(on_gpu, 8000, "m")  # the online bench's servers alike
+    assert kv_option(gpu_args) is None and gpu_args[gpu_args.index("--gpu-memory-utilization") + 1] == "0.45"
     assert kv_option(server_args(on_cpu, 8000, "m")) == str(KV_CACHE_BYTES)
-    assert {k: v for k, v in on_gpu.items()} == {
-        k: v for k, v in on_cpu.items() if k != "kv_cache_memory_bytes"
+    memory = ("kv_cache_memory_bytes", "gpu_memory_utilization")
+    assert {k: v for k, v in on_gpu.items() if k not in memory} == {
+        k: v for k, v in on_cpu.items() if k not in memory
     }

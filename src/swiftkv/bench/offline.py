@@ -12,7 +12,7 @@ Workloads (random token ids, prefix caching off so nothing is served from cache)
   tpot      8 x (500 in, 64 out) minus the same batch with 1 out, / 63  -> seconds per output token
   e2e       32 x (2000 in, 200 out), the paper's 10:1 workload           -> requests/s and tokens/s
   kv        KV-cache capacity in tokens at the same KV memory (on CUDA without --kv-cache-memory: at the
-            same gpu_memory_utilization, vLLM's own sizing)
+            same gpu_memory_utilization, from which vLLM subtracts each model's own weights)
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from ..vllm.serve import parse_bytes
 
 WORKLOAD_NAMES = ("prefill", "ttft", "tpot", "e2e")
 KV_AUTO = "auto"  # --kv-cache-memory: vLLM's sizing on CUDA, KV_CACHE_BYTES on the CPU build
+GPU_SHARE = 0.45  # of the GPU per engine on CUDA with auto: half of vLLM's own default (0.9) each
 
 
 def parse_workloads(text: str) -> tuple[str, ...]:
@@ -65,8 +66,9 @@ class BenchSettings:
     baseline: str | Source = setting(None, "the model it was converted from, served the same way", cli=False)
     kv_cache_memory: str = setting(
         KV_AUTO,
-        "KV-cache memory for each engine: bytes or e.g. 2G, 512M; auto: vLLM's own sizing on CUDA "
-        f"(gpu_memory_utilization), {KV_CACHE_BYTES // 2**30}G on vLLM's CPU build",
+        "KV-cache memory for each engine: bytes or e.g. 2G, 512M; auto: on CUDA vLLM's own sizing at "
+        f"gpu_memory_utilization {GPU_SHARE} each (both engines share the GPU), {KV_CACHE_BYTES // 2**30}G on "
+        "vLLM's CPU build",
     )
     max_model_len: int = setting(4096, "longest sequence each engine accepts")
     dtype: str = setting(
@@ -92,17 +94,22 @@ class BenchSettings:
 
 def engine_settings(settings: BenchSettings, on_cuda: bool | None = None) -> dict:
     """The engine options both models run with (overrides for `swiftkv.vllm.engine.engine_kwargs`);
-    prefix caching is off so no workload is served from cache. No KV size on CUDA unless one is given."""
-    on_cuda = torch.cuda.is_available() if on_cuda is None else on_cuda
-    requested = None if settings.kv_cache_memory == KV_AUTO else parse_bytes(settings.kv_cache_memory)
-    kv_bytes = kv_cache_bytes(on_cuda, requested)
+    prefix caching is off so no workload is served from cache."""
     return {
-        **({} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}),
+        **memory_settings(settings, torch.cuda.is_available() if on_cuda is None else on_cuda),
         "max_model_len": settings.max_model_len,
         "enable_prefix_caching": False,
         "dtype": dtype_name(resolve_dtype(settings.dtype)),
         "enforce_eager": settings.enforce_eager,
     }
+
+
+def memory_settings(settings: BenchSettings, on_cuda: bool) -> dict:
+    """The KV size given, or the CPU build's fixed one (`engine.kv_cache_bytes`); on CUDA otherwise vLLM sizes
+    the cache from gpu_memory_utilization, at GPU_SHARE since both engines are alive on one GPU at once."""
+    requested = None if settings.kv_cache_memory == KV_AUTO else parse_bytes(settings.kv_cache_memory)
+    kv_bytes = kv_cache_bytes(on_cuda, requested)
+    return {"gpu_memory_utilization": GPU_SHARE} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}
 
 
 @dataclass

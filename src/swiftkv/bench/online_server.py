@@ -44,6 +44,8 @@ def server_args(engine: dict, port: int, served_name: str) -> list[str]:
     ]  # one log line per request is noise at high rates
     if "kv_cache_memory_bytes" in engine:  # absent on CUDA unless given: vLLM sizes the cache
         args += ["--kv-cache-memory-bytes", str(engine["kv_cache_memory_bytes"])]
+    else:
+        args += ["--gpu-memory-utilization", str(engine["gpu_memory_utilization"])]
     return args + (["--enforce-eager"] if engine["enforce_eager"] else [])
 
 
