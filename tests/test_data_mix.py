@@ -1,10 +1,9 @@
-"""`--data A,B:2,C`: sources interleaved by weight (`swiftkv.data.mix`), as Snowflake's recipes mix their
+"""`--data A,B:2,C`: sources interleaved by weight (`swiftkv.data.chat`), as Snowflake's recipes mix their
 chat sets: the exact order, sources that run out, any single source kind inside a mix, and bad parts."""
 
 import pytest
 
-from swiftkv.data.chat import read_source
-from swiftkv.data.mix import interleave, mix_parts
+from swiftkv.data.chat import interleave, mix_parts, read_source
 from tests.tiny import write_jsonl
 
 
