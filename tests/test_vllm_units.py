@@ -393,7 +393,7 @@ def test_the_plugin_and_swiftkv_serve_refuse_an_unsupported_vllm_before_any_engi
     monkeypatch.setattr(vllm, "__version__", "0.33.0")
     with pytest.raises(ValueError, match="supports vLLM 0.26 to 0.32.x"):
         register()  # what vLLM calls in each of its processes
-    monkeypatch.setattr("swiftkv.vllm.serve.installed_vllm_version", lambda: "0.25.0")
+    monkeypatch.setattr("swiftkv.vllm.versions.installed_vllm_version", lambda: "0.25.0")
     monkeypatch.setattr("os.execve", lambda *args: pytest.fail("the server started"))
     assert main(["serve", str(save_tiny_folder(tmp_path / "m", tiny_student()))]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]

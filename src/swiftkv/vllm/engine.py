@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from ..dtypes import AUTO, dtype_name, resolve_dtype
 from .env import configure_cpu_env, engine_core_in_process
+from .versions import check_installed_vllm
 
 # KV-sharing fast prefill is what lets prompt tokens skip layers >= N. The plugin's config hook
 # switches it on for SwiftKV models anyway; passing it keeps plain-vLLM command lines honest too.
@@ -33,7 +34,9 @@ def kv_cache_bytes(on_cuda: bool, requested: int | None = None, sized_otherwise:
 
 def engine_kwargs(model: str, **overrides) -> dict:
     """Keyword arguments for `vllm.LLM` / `EngineArgs`: the hardware's dtype (`auto`: bf16 where it
-    is native, fp32 otherwise), SwiftKV's fast prefill, and the caller's overrides (which win)."""
+    is native, fp32 otherwise), SwiftKV's fast prefill, and the caller's overrides (which win). Refuses a
+    vLLM outside the supported range here, before the engine starts (`versions`)."""
+    check_installed_vllm()
     return {
         "model": model,
         "dtype": dtype_name(resolve_dtype(AUTO)),

