@@ -5,7 +5,8 @@ numbers), eval (chat agreement, trade-off sweep) and bench (compute bound)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -103,35 +104,107 @@ def prefill_compute_saving(config) -> float | None:
     return 1 - student / (layers * per_layer)
 
 
-def distill_flops_per_token(
-    config, seq_len: int, target_fraction: float, late_weights: bool = False
-) -> float:
-    """FLOPs per train token of one shared-prefix distillation step, the numerator of its compute
-    bound. Layers < N run forward once for both models; the teacher's later layers forward; the
-    student's later layers forward (q/o/MLP, attention, and each group's K/V from s) and backward:
-    activation gradients cost one more forward (attention two), weight gradients only for the
-    trained SwiftKV projections (and the later layers' o_proj and MLP with `late_weights`, the
-    student-only copies of `--trainable late`); the lm_head runs on the trained rows (`target_fraction`
-    of the tokens) forward for the teacher, forward and backward (activations) for the student."""
+# What one distillation step executes (`distill/trainer.py`, `model/modeling.py`, `distill/loss.py`), counted
+# as the matmuls that run. Attention is counted over every key of the block (causal masking not taken off), and
+# its backward as twice its forward: the convention of torchtitan's and nanoGPT's MFU (`6N + 12 L H Q T`); the
+# kernels that recompute the scores in their backward execute half an attention forward more.
+LATE_COPIES = ("late", "late-norms")  # trainable sets whose later o_proj / MLP get weight gradients
+
+
+@dataclass(frozen=True)
+class StepPaths:
+    """What a run's settings make a step run besides the SwiftKV projections."""
+
+    trainable: str = "swiftkv"  # `--trainable`: lora adds adapters, late / late-norms trained copies
+    lora_rank: int = 16
+    naive: bool = False  # layers < N run a second time, for the student (no gradient reaches them)
+    probe: bool = False  # the MSE's probe: the student's later layers run on every position
+    recompute: bool = False  # activation checkpointing: the student's later layers run forward again
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward + backward of the trainer: `blocks` blocks of `seq_len` tokens, the student's later layers
+    run on `positions` sequence positions of every block (the union of the trained ones,
+    `modeling.student_selection`; all with the probe), and `rows` trained rows reach the vocabulary (at
+    least 1: a micro-batch with none runs one stand-in row, `trainer.on_device`)."""
+
+    blocks: int
+    seq_len: int
+    positions: int
+    rows: int
+
+
+def lora_flops(config, rank: int) -> int:
+    """Forward FLOPs per token of one later layer's adapters (o_proj and the three MLP projections)."""
+    q = config.num_attention_heads * head_dim_of(config)
+    hidden, inner = config.hidden_size, config.intermediate_size
+    return 2 * rank * ((q + hidden) + 3 * (hidden + inner))
+
+
+def micro_batch_flops(config, micro: MicroBatch, paths: StepPaths) -> float:
+    """FLOPs of one micro-batch's forward and backward. Forward: layers < N once for both models (twice with
+    `naive`), the teacher's later layers, each AcrossKV group's K/V from s, the student's later layers on
+    their positions (q, attention over every key, o, MLP, adapters), the lm_head on the trained rows for both.
+    Backward (frozen weights take input gradients only, and only where a trained tensor lies below): the
+    lm_head's input gradient; per later layer its MLP and o_proj input gradients, attention twice, adapters
+    twice, q_proj_swiftkv's weight gradient, and its input gradient above layer N (layer N's input is h_N,
+    which needs none, unless its input norm is a trained copy); the trained copies' weight gradients; each
+    group's K/V weight and input gradients (s = norm_swiftkv(h_N) carries norm_swiftkv's)."""
     flops = layer_linear_flops(config)
-    n, later, groups = (
-        config.num_key_value_layers,
-        config.num_hidden_layers - config.num_key_value_layers,
-        config.num_kv_groups,
-    )
-    attention = attention_flops(config, (seq_len + 1) / 2)
+    n = config.num_key_value_layers
+    later, groups = config.num_hidden_layers - n, config.num_kv_groups
+    tokens, queries = micro.blocks * micro.seq_len, micro.blocks * micro.positions
+    attention = attention_flops(config, micro.seq_len)
     full_layer = sum(flops.values()) + attention
-    student_linear = later * (flops["q"] + flops["o"] + flops["mlp"]) + groups * flops["kv"]
-    student = (
-        2 * student_linear
-        + 3 * later * attention  # forward + activation gradients
-        + later * flops["q"]
-        + groups * flops["kv"]
-    )  # weight gradients of the SwiftKV projections
-    if late_weights:
-        student += later * (flops["o"] + flops["mlp"])
-    head = 2 * config.hidden_size * config.vocab_size * target_fraction
-    return n * full_layer + later * full_layer + student + 3 * head
+    lora = lora_flops(config, paths.lora_rank) if paths.trainable == "lora" else 0
+    student_layer = flops["q"] + flops["o"] + flops["mlp"] + attention + lora
+    q_input_grads = later - 1 + (paths.trainable == "late-norms")
+    backward_layer = flops["o"] + flops["mlp"] + 2 * attention + 2 * lora + flops["q"]
+    if paths.trainable in LATE_COPIES:
+        backward_layer += flops["o"] + flops["mlp"]
+    # torch's checkpoint stops recomputing once the last tensor the backward reads is back: each layer's last
+    # matmul (down_proj, or with adapters the down adapter's second factor) is not run again
+    last_matmul = 2 * paths.lora_rank * config.hidden_size if lora else flops["mlp"] // 3
+    recomputed = (student_layer - last_matmul) if paths.recompute else 0
+    student = later * (student_layer + recomputed + backward_layer) * queries
+    student += q_input_grads * flops["q"] * queries + 3 * groups * flops["kv"] * tokens
+    prefix = n * full_layer * tokens * (1 + paths.naive)
+    head = 3 * 2 * config.hidden_size * config.vocab_size * micro.rows
+    return prefix + later * full_layer * tokens + student + head
+
+
+def distill_flops_per_token(config, micro_batches: Iterable[MicroBatch], paths: StepPaths) -> float:
+    """FLOPs per train token of the steps made of `micro_batches` (`micro_batch_flops` over their tokens):
+    the numerator of a step's compute bound and of its MFU."""
+    micro_batches = list(micro_batches)
+    tokens = sum(m.blocks * m.seq_len for m in micro_batches)
+    return sum(micro_batch_flops(config, m, paths) for m in micro_batches) / tokens
+
+
+# Nominal dense bf16 tensor-core peaks (FLOP/s), the denominator of MFU, from NVIDIA's datasheets (which print
+# them with 2:4 sparsity, twice these): H100 SXM and H200 SXM 1,979 sparse (nvidia.com/en-us/data-center/h100/,
+# /h200/), H100 PCIe 1,513, H100 NVL and H200 NVL 1,671; A100 312 dense (A100 datasheet); L40S 733 sparse (L40S datasheet);
+# B200 4.5 PFLOP/s sparse (HGX B200 datasheet). Matched in order against `torch.cuda.get_device_name` (the SXM
+# H100 reports as "NVIDIA H100 80GB HBM3"); a CPU has none (MFU "n/a").
+NOMINAL_BF16_PEAKS = (
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),
+    ("H200 NVL", 835e12),
+    ("H200", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("B200", 2250e12),
+)
+
+
+def nominal_peak(device_name: str) -> float | None:
+    """The nominal dense bf16 peak of the device called `device_name` (None: a CPU, or a GPU not listed)."""
+    for key, peak in NOMINAL_BF16_PEAKS:
+        if key.lower() in device_name.lower():
+            return peak
+    return None
 
 
 def matmul_peak(

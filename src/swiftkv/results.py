@@ -402,13 +402,18 @@ class HeldOut(Record):
 
 @record
 class ComputeBound(Record):
-    """A distillation step's FLOPs per train token (on the run's own blocks) over the matmul peak of its
-    devices in the compute dtype (`distill.bound`)."""
+    """A distillation step's FLOPs per train token as executed (on the run's own blocks) over the matmul peak
+    of its devices in the compute dtype, and over their nominal peak (`distill.bound`)."""
 
     flops_per_token: int | None = None
     matmul_peak_flops: int | None = None
     bound_tokens_per_s: float | None = None  # a perfectly matmul-bound step's rate
     fraction_of_bound: float | None = None  # the run's tokens/s against it (None: no step taken)
+    # since 2026-12-01 (FLOPs counted as executed): the devices' name, their nominal dense bf16 peak and the
+    # run's MFU against it (None on a CPU or an unlisted GPU)
+    device: str | None = None
+    nominal_peak_flops: int | None = None
+    mfu: float | None = None
 
 
 @record

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import torch.distributed as dist
 
+from ..distill.bound import bound_line
 from ..distill.from_weights import with_folder_rank
 from ..distill.plan import print_plan
 from ..distill.run import heldout_agreement, run_distillation
@@ -85,12 +87,12 @@ def run(args) -> int:
             "process on the whole model: drop --fsdp"
         )
     if args.compare_naive or args.speed:
-        return report(
-            measure_shared_vs_naive(
-                settings, args.compare_naive or args.speed, naive=bool(args.compare_naive)
-            ),
-            args.json,
+        measured = measure_shared_vs_naive(
+            settings, args.compare_naive or args.speed, naive=bool(args.compare_naive)
         )
+        report(measured, args.json)
+        print(f"swiftkv distill: {bound_line(measured['compute_bound'])}", file=sys.stderr, flush=True)
+        return 0
     if args.eval_only:
         return report(heldout_agreement(settings), args.json)
     result = run_distillation(settings)

@@ -15,6 +15,7 @@ from ..model.surgery import write_model_folder
 from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
+from .bound import bound_line
 from .checkpoint import RunState, check_start
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
@@ -73,13 +74,12 @@ def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
 
 
 def speed_line(summary: dict) -> str:
-    """The run's tokens/s against its compute bound, as the run's log ends."""
+    """The run's tokens/s against its compute bound, as the run's log ends: the fraction of the measured
+    peak and the MFU against the nominal one."""
     bound = summary["compute_bound"]
     return (
-        f"{summary['tokens_per_second']:,.1f} tok/s = {bound['fraction_of_bound']:.1%} of the "
-        f"{bound['bound_tokens_per_s']:,.0f} tok/s a matmul-bound step would reach "
-        f"({bound['flops_per_token'] / 1e6:,.0f} MFLOP/token at {bound['matmul_peak_flops'] / 1e9:,.0f} "
-        f"GFLOP/s {summary['compute_dtype']})"
+        f"{summary['tokens_per_second']:,.1f} tok/s {summary['compute_dtype']} = {bound_line(bound)}; "
+        f"a matmul-bound step would reach {bound['bound_tokens_per_s']:,.0f} tok/s"
     )
 
 

@@ -16,7 +16,7 @@ from ..data.packing import Blocks
 from ..dtypes import dtype_name, resolve_dtype
 from ..sources import source_name
 from . import trainable
-from .bound import compute_bound
+from .bound import compute_bound, device_label
 from .compiled import CompiledLayers
 from .loss import BatchSizes
 from .run import written_replies
@@ -89,7 +89,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
         "tokens_per_way": tokens,
         "seq_len": settings.seq_len,
         "dtype": dtype_name(dtype),
-        "device": device_name(world.device),
+        "device": device_label(world.device),
         "micro_batch": step_settings.micro_batch,
         "compiled": compiled.active,
         "threads": torch.get_num_threads(),
@@ -104,7 +104,13 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
             "tokens_per_cpu_s": round(tokens / cpu, 1),
         }
     result["compute_bound"] = compute_bound(
-        model.config, settings, train, result["shared"]["tokens_per_s"], dtype, world.device
+        model.config,
+        settings,
+        train,
+        result["shared"]["tokens_per_s"],
+        dtype,
+        world.device,
+        micro_batch=step_settings.micro_batch,
     )
     result["peak_memory_mib"] = peak_memory_mib(world.device)
     if naive:
@@ -119,6 +125,3 @@ def peak_memory_mib(device: torch.device) -> float:
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
 
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -29,7 +29,7 @@ from ..dtypes import autocast, dtype_name, resolve_dtype
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
 from . import memory, microbatch, sharding, trainable
-from .bound import bound_of, device_peak, step_flops_per_token
+from .bound import devices_bound, step_flops_per_token
 from .checkpoint import (
     RunState,
     check_continuable,
@@ -408,7 +408,7 @@ def run_training(
         log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
     state.continued_steps = before
     state.total_steps = total_steps
-    state.flops_per_token = step_flops_per_token(model.config, settings, train)
+    state.flops_per_token = step_flops_per_token(model.config, settings, train, step_settings.micro_batch)
     state.micro_batch = step_settings.micro_batch
     if not state.history:
         state.history.append(
@@ -516,8 +516,8 @@ def run_summary(settings: DistillSettings, state: RunState, world: World) -> dic
         "tokens_per_second": tokens_per_second,
         # against the peak of every rank's device (a GPU each; CPU ranks a share of the cores, setup.py),
         # measured after the steps on the same devices: each rank steps its share of the blocks
-        "compute_bound": bound_of(
-            state.flops_per_token, tokens_per_second, world.size * device_peak(dtype, world.device)
+        "compute_bound": devices_bound(
+            state.flops_per_token, tokens_per_second, dtype, world.device, devices=world.size
         )
         if state.flops_per_token
         else None,
