@@ -70,7 +70,10 @@ CASES = {
     "teacher replies, micro-batch 2": (reply_mask, {"micro_batch": 2}),
     "late-norms copies": (human_mask, {"trainable": "late-norms"}),
     "naive": (human_mask, {"naive": True}),
-    "activation checkpointing, lora": (human_mask, {"recipe": "swiftkv-lora", "activation_checkpointing": True}),
+    "activation checkpointing, lora": (
+        human_mask,
+        {"recipe": "swiftkv-lora", "activation_checkpointing": True},
+    ),
 }
 
 

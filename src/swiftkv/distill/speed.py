@@ -124,4 +124,3 @@ def peak_memory_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
-
