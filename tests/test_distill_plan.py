@@ -1,37 +1,51 @@
-"""`swiftkv distill SRC --plan`: memory per process from a config alone (meta device)."""
+"""`swiftkv distill SRC --plan`: memory per process from a config alone (meta device), whether it fits and what
+would, and the time on this machine's device from a few real steps on random weights of SRC's shape."""
 
 import json
 import shutil
 
+import pytest
+import torch
+
 from swiftkv.cli import main
+from swiftkv.distill.bound import step_flops_per_token
+from swiftkv.distill.plan_time import HOURS_PER_100M, random_blocks
+from swiftkv.distill.settings import settings_for
 from swiftkv.distill.trainable import install
+from swiftkv.model.surgery import swiftkv_config
 from swiftkv.sources import load_model
-from tests.tiny import save_tiny_folder
+from tests.tiny import random_teacher, save_tiny_folder
+
+
+def config_only(tmp_path, name="config-only"):
+    folder = save_tiny_folder(tmp_path / "student")
+    only = tmp_path / name
+    only.mkdir()
+    shutil.copy(folder / "config.json", only / "config.json")
+    return folder, only
+
+
+def plan(tmp_path, *args: str) -> dict:
+    assert main(["distill", *map(str, args), "--json", str(tmp_path / "plan.json")]) == 0
+    return json.loads((tmp_path / "plan.json").read_text())
 
 
 def test_plan_needs_only_the_config_and_shards_what_fsdp_shards(tmp_path, capsys):
-    folder = save_tiny_folder(tmp_path / "student")
-    config_only = tmp_path / "config-only"
-    config_only.mkdir()
-    shutil.copy(folder / "config.json", config_only / "config.json")
-    args = [
-        "distill",
-        str(config_only),
+    folder, only = config_only(tmp_path)
+    common = [
+        only,
         "--plan",
         "--world-size",
         "4",
         "--seq-len",
         "64",
-        "--micro-batch",
-        "2",
         "--dtype",
         "float32",
-        "--json",
-        str(tmp_path / "plan.json"),
+        "--plan-steps",
+        "0",
     ]
-    assert main(args) == 0
+    ddp, fsdp = plan(tmp_path, *common, "--micro-batch", "2")["memory"]
     assert "fsdp x 4" in capsys.readouterr().out
-    ddp, fsdp = json.loads((tmp_path / "plan.json").read_text())
     assert (ddp["mode"], fsdp["mode"]) == ("ddp", "fsdp")
     for part in ("weights", "trained", "optimizer"):
         assert abs(fsdp[part] * 4 - ddp[part]) < 1e-9, part
@@ -39,8 +53,10 @@ def test_plan_needs_only_the_config_and_shards_what_fsdp_shards(tmp_path, capsys
     assert ddp["activations"] == fsdp["activations"] > 0
     # 4 bytes per fp32 frozen weight: the tiny model's frozen parameters, counted on the meta device
     assert abs(ddp["weights"] * 2**30 - 4 * frozen_parameters(folder)) < 1
-    assert main(args[:-2] + ["--micro-batch", "auto"]) == 2
-    assert "--plan needs a number for --micro-batch" in capsys.readouterr().err
+    # --micro-batch auto is what the trainer would choose: on a CPU 2 blocks of the per-process batch at most
+    auto = plan(tmp_path, *common, "--plan-device", "cpu", "--batch-size", "8")["memory"][0]
+    two = plan(tmp_path, *common, "--plan-device", "cpu", "--micro-batch", "2")["memory"][0]
+    assert auto["activations"] == two["activations"]
 
 
 def frozen_parameters(folder) -> int:
@@ -49,9 +65,91 @@ def frozen_parameters(folder) -> int:
     return sum(p.numel() for p in model.parameters() if not p.requires_grad)
 
 
-def test_tensor_bytes_counts_the_storages_made_inside_it_until_they_are_freed():
-    import torch
+def test_a_plain_hf_config_is_planned_at_the_conversion_it_would_get(tmp_path):
+    """A plain config.json (a file or its folder) plans the SwiftKV model `convert` would make: N = L/2 unless
+    --num-key-value-layers says; a SwiftKV config keeps its own N."""
+    teacher = random_teacher("llama")
+    plain = tmp_path / "plain"
+    teacher.config.save_pretrained(plain)
+    args = ["--plan", "--seq-len", "64", "--micro-batch", "1", "--plan-steps", "0", "--dtype", "float32"]
+    halves = plan(tmp_path, plain, *args)["memory"]
+    by_file = plan(tmp_path, plain / "config.json", *args)["memory"]
+    assert halves == by_file
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    swiftkv_config(teacher.config, teacher.config.num_hidden_layers // 2, 1).save_pretrained(converted)
+    assert plan(tmp_path, converted, *args)["memory"] == halves
+    fewer = plan(tmp_path, plain, *args, "--num-key-value-layers", "4")["memory"]
+    assert fewer[0]["trained"] < halves[0]["trained"]  # 2 later layers instead of 3
+    assert main(["distill", str(converted), *args, "--num-key-value-layers", "4"]) == 2
 
+
+def test_a_plan_that_does_not_fit_says_by_how_much_and_what_would(tmp_path, capsys):
+    _, only = config_only(tmp_path)
+    args = [
+        only,
+        "--plan",
+        "--world-size",
+        "2",
+        "--seq-len",
+        "128",
+        "--micro-batch",
+        "4",
+        "--plan-steps",
+        "0",
+    ]
+    result = plan(tmp_path, *args, "--dtype", "float32", "--device-memory", "0.003")
+    fit = result["fit"]
+    out = capsys.readouterr().out
+    over = fit["total_gib"] - fit["capacity_gib"]
+    assert fit["fits"] is False and over > 0 and f"{over:,.2f} GiB over" in out
+    assert fit["would_fit"] and "would fit: " in out
+    suggested = fit["would_fit"][0].split(" (")[0].split()  # e.g. ['--fsdp'] or ['--micro-batch', '2']
+    again = plan(tmp_path, *args, "--dtype", "float32", "--device-memory", "0.003", *suggested)["fit"]
+    assert again["fits"] is True and again["total_gib"] <= 0.003
+    # nothing single fits a smaller budget: the changes together, or the world size FSDP would need
+    tight = plan(tmp_path, *args, "--dtype", "float32", "--device-memory", "0.0012")["fit"]
+    assert tight["fits"] is False and len(tight["would_fit"]) == 1 and "--fsdp" in tight["would_fit"][0]
+
+
+def test_the_time_plan_comes_from_real_steps_and_the_runs_flops(tmp_path, capsys):
+    """Two timed steps of the trainer on random weights (on a CPU: two layers at the true width), turned into
+    tokens/s by the planned run's FLOPs as executed on blocks whose last quarter is trained."""
+    _, only = config_only(tmp_path)
+    result = plan(tmp_path, only, "--plan", "--seq-len", "64", "--micro-batch", "2", "--dtype", "float32")
+    timing = result["time"]
+    assert timing["device"] == ("cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name())
+    config = json.loads((only / "config.json").read_text())
+    settings = settings_for(str(only), seq_len=64, micro_batch=2, dtype="float32")
+    model_config = load_model(tmp_path / "student").config
+    assert config["num_hidden_layers"] == model_config.num_hidden_layers
+    expected = step_flops_per_token(model_config, settings, random_blocks(2, 64, 128), 2)
+    assert timing["flops_per_token"] == pytest.approx(expected)
+    assert timing["tokens_per_s"] == pytest.approx(timing["achieved_flops"] / expected)
+    assert timing["device_hours_per_100m_tokens"] == pytest.approx(HOURS_PER_100M / timing["tokens_per_s"])
+    assert timing["tokens_per_s"] > 0 and 0 < timing["fraction_of_peak"]
+    assert "device-hours per 100M tokens" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["distill", "{only}", "--out", "{out}"],
+        ["generate", "{only}", "hello"],
+        ["eval", "{only}", "--tasks", "none", "--out", "{out}"],
+        ["convert", "{only}", "{out}", "--num-key-value-layers", "2"],
+    ],
+)
+def test_a_config_only_folder_is_refused_in_one_line_anywhere_but_the_plan(tmp_path, capsys, argv):
+    _, only = config_only(tmp_path)
+    capsys.readouterr()  # the folder writer's progress
+    code = main([a.format(only=only, out=tmp_path / "out") for a in argv])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert code == 2 and len(errors) == 1 and f"{only} has no model weights" in errors[0], errors
+    assert not (tmp_path / "out").exists()
+
+
+def test_tensor_bytes_counts_the_storages_made_inside_it_until_they_are_freed():
     from swiftkv.distill.memory import TensorBytes
 
     weight = torch.randn(1024, 1024, requires_grad=True)  # made before: not counted

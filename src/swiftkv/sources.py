@@ -246,8 +246,13 @@ def load_folder_model(folder: Path, dtype: torch.dtype):
 
 
 def check_weights_present(folder: Path) -> None:
+    """The one check every command that reads a folder's weights makes first: a folder holding only a
+    config.json is a plan's input (`swiftkv distill FOLDER --plan`), not a model."""
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        raise FileNotFoundError(f"{folder} has no model weights (*.safetensors); expected an HF model folder")
+        raise FileNotFoundError(
+            f"{folder} has no model weights (*.safetensors); expected an HF model folder (a folder holding "
+            "only a config.json is for `swiftkv distill FOLDER --plan`)"
+        )
 
 
 # A folder holds a loadable tokenizer when it has one of these (tokenizer_config.json alone is not one).

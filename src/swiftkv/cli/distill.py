@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 from ..distill.bound import bound_line
 from ..distill.from_weights import with_folder_rank
-from ..distill.plan import print_plan
+from ..distill.plan import PlanRequest, print_plan
+from ..distill.plan_time import TIMED_STEPS
 from ..distill.run import heldout_agreement, run_distillation
 from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings, settings_for
 from ..distill.setup import set_threads
@@ -60,8 +61,10 @@ def register(subparsers) -> None:
         "--plan",
         action="store_true",
         help="print the memory per process of this run (weights, trained parameters, gradients, "
-        "optimizer state, activations) for DDP and FSDP at --world-size processes, train nothing; "
-        "MODEL may be a folder holding only a SwiftKV config.json",
+        "optimizer state, activations) for DDP and FSDP at --world-size processes, whether it fits "
+        "(--device-memory) and what would, and its time on this machine's device (tok/s, device-hours per "
+        "100M tokens, from a few steps on random weights of MODEL's shape); train nothing. MODEL may be a "
+        "folder holding only a config.json, a SwiftKV one or a plain HF one (see --num-key-value-layers)",
     )
     parser.add_argument("--world-size", type=int, default=1, metavar="K", help="processes the --plan is for")
     parser.add_argument(
@@ -69,6 +72,28 @@ def register(subparsers) -> None:
         choices=("cuda", "cpu"),
         default="cuda",
         help="the device the --plan is for (a CPU keeps attention probabilities; default cuda)",
+    )
+    parser.add_argument(
+        "--num-key-value-layers",
+        type=int,
+        metavar="N",
+        help="--plan of a plain HF config (not converted yet): the N it would be converted at (default L/2)",
+    )
+    parser.add_argument(
+        "--key-value-group-size", type=int, metavar="G", help="--plan of a plain HF config: its G (default 1)"
+    )
+    parser.add_argument(
+        "--device-memory",
+        type=float,
+        metavar="GIB",
+        help="--plan: memory per process to fit (default: this GPU's, or on --plan-device cpu the RAM's share)",
+    )
+    parser.add_argument(
+        "--plan-steps",
+        type=int,
+        default=TIMED_STEPS,
+        metavar="STEPS",
+        help=f"--plan: timed steps on random weights on this machine's device (default {TIMED_STEPS}; 0: no time)",
     )
     parser.add_argument("--json", help="also write the run summary / measurement JSON here")
     parser.set_defaults(func=run)
@@ -78,8 +103,21 @@ def run(args) -> int:
     given = given_values(args, DistillSettings)
     settings = with_folder_rank(settings_for(args.model, args.recipe, **given), "lora_rank" in given)
     if args.plan:
-        print_plan(settings, args.world_size, args.plan_device, args.json)
+        request = PlanRequest(
+            args.world_size,
+            args.plan_device,
+            args.num_key_value_layers,
+            args.key_value_group_size,
+            args.device_memory,
+            args.plan_steps,
+        )
+        print_plan(settings, request, args.json)
         return 0
+    if args.num_key_value_layers or args.key_value_group_size or args.device_memory:
+        raise ValueError(
+            "--num-key-value-layers, --key-value-group-size and --device-memory describe a --plan; "
+            "a run trains the converted folder as it is"
+        )
     set_threads()
     if settings.fsdp and (args.compare_naive or args.speed or args.eval_only):
         raise ValueError(

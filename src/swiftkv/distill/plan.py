@@ -1,7 +1,10 @@
-"""Memory plan of a distillation run: bytes per process, before anything is loaded.
+"""Memory and time plan of a distillation run, before anything is loaded or converted: bytes per process,
+whether they fit the memory a process has (and, if not, by how much and which settings would fit), and the
+time on this machine's device (`plan_time`).
 
 The model is built on the meta device from its config alone (`SRC` may be a folder holding only a SwiftKV
-`config.json`), with the run's trainable set installed, so every count is the run's own: frozen weights
+`config.json`, or a plain HF config, converted as `swiftkv convert` would at --num-key-value-layers, default
+L/2), with the run's trainable set installed, so every count is the run's own: frozen weights
 in the compute dtype (cast once), trained parameters as fp32 masters, their fp32 gradients and AdamW's
 two fp32 moments. Under FSDP each of those is divided by the world size, and the units being gathered
 come on top: the root (head, norms, tied embeddings), held from forward to backward, and two decoder
@@ -24,20 +27,27 @@ case: every position is trained.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ..dtypes import DTYPE_NAMES
+from ..dtypes import DTYPE_NAMES, resolve_dtype
 from ..files import write_atomic
 from ..model.config import is_swiftkv
+from ..model.surgery import swiftkv_config
 from ..sources import SourceLike, open_source
-from . import trainable
+from . import microbatch, trainable
+from .microbatch import AUTO
+from .plan_time import TIMED_STEPS, time_plan
+from .world import training_device
 
 GIB = 2**30
 LOSS_CHUNK_COPIES = 5  # fp32 [chunk, V]: student and teacher logits, their log-softmaxes, the gradient
 GATHERED_LAYERS = 2  # FSDP: the layer computing and the one prefetched
+MAX_PLANNED_WORLD = 4096  # processes the fit search tries, doubling
 
 
 @dataclass
@@ -65,17 +75,38 @@ class MemoryPlan:
         ]
 
 
-def meta_model(source: SourceLike, trainable_set: str, lora_rank: int | None):
-    """The SwiftKV model of `source`'s config on the meta device, with the run's trainable set installed
-    (a folder holding only config.json is a source too)."""
-    folder = open_source(source).folder
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
-    if not is_swiftkv(config):
-        raise ValueError(
-            f"--plan: {folder} is not a SwiftKV model (no num_key_value_layers); plan a converted folder"
-        )
+def plan_config(source: SourceLike, num_key_value_layers: int | None, key_value_group_size: int | None):
+    """The SwiftKV config a plan is for: SRC's own (a converted folder, or a folder holding only its
+    config.json), or a plain HF config (a folder or a `config.json` path, no weights needed) converted at
+    `num_key_value_layers` (default L/2) and `key_value_group_size` (default 1), as `swiftkv convert` would."""
+    path = Path(str(source))
+    config_file = path if path.suffix == ".json" and path.is_file() else open_source(source).folder
+    config = AutoConfig.from_pretrained(str(config_file))
+    if is_swiftkv(config):
+        given = {
+            "--num-key-value-layers": num_key_value_layers,
+            "--key-value-group-size": key_value_group_size,
+        }
+        own = {
+            "--num-key-value-layers": config.num_key_value_layers,
+            "--key-value-group-size": config.key_value_group_size,
+        }
+        for option, value in given.items():
+            if value is not None and value != own[option]:
+                raise ValueError(
+                    f"--plan: {source} is a SwiftKV config with {option} {own[option]}; drop {option} {value} "
+                    "(it plans a plain config's conversion)"
+                )
+        return config
+    layers = config.num_hidden_layers
+    n = layers // 2 if num_key_value_layers is None else num_key_value_layers
+    return swiftkv_config(config, n, key_value_group_size or 1)
+
+
+def meta_model(config, trainable_set: str, lora_rank: int | None):
+    """The SwiftKV model of `config` on the meta device, with the run's trainable set installed."""
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=True)
+        model = AutoModelForCausalLM.from_config(config)
     trainable.install(model, trainable_set, lora_rank)
     return model
 
@@ -150,37 +181,181 @@ def activation_bytes(
     return tokens * (kept + shared) + rows + masks + loss_chunk
 
 
-def print_plan(
-    settings, world_size: int, device: str = "cuda", json_path: str | None = None
-) -> list[MemoryPlan]:
-    """`swiftkv distill SRC --plan`: the plan of DDP and of FSDP at `world_size` processes (or only FSDP's
-    with --fsdp) on `device` (cuda or cpu), printed in GiB."""
-    if settings.micro_batch == "auto":
-        raise ValueError("--plan needs a number for --micro-batch (auto is decided on the device)")
-    dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
-    model = meta_model(settings.source, settings.trainable, settings.lora_rank)
-    modes = (True,) if settings.fsdp else (False, True)
-    plans = [
-        memory_plan(
-            model,
-            world_size,
-            fsdp,
-            settings.seq_len,
-            settings.micro_batch,
-            dtype,
-            settings.chunk_rows,
-            settings.activation_checkpointing,
-            device,
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `--plan` was asked beside the run's settings."""
+
+    world_size: int = 1
+    device: str = "cuda"  # the device the memory is planned for
+    num_key_value_layers: int | None = None  # a plain config's conversion
+    key_value_group_size: int | None = None
+    device_memory_gib: float | None = None  # per process; default: this GPU's, or the shared RAM's share
+    timed_steps: int = TIMED_STEPS  # of the time plan on this machine's device (0: no time plan)
+
+
+def plan_memory(model, settings, request: PlanRequest, dtype: torch.dtype, **changes) -> MemoryPlan:
+    """`memory_plan` of the run's settings with `changes` (fsdp, micro_batch, activation_checkpointing,
+    world_size)."""
+    values = {
+        "world_size": request.world_size,
+        "fsdp": settings.fsdp,
+        "micro_batch": settings.micro_batch,
+        "activation_checkpointing": settings.activation_checkpointing,
+        **changes,
+    }
+    return memory_plan(
+        model,
+        values["world_size"],
+        values["fsdp"],
+        settings.seq_len,
+        values["micro_batch"],
+        dtype,
+        settings.chunk_rows,
+        values["activation_checkpointing"],
+        request.device,
+    )
+
+
+@dataclass
+class Fit:
+    """Whether the run's plan fits its memory per process, by how much it misses, and what would fit."""
+
+    capacity_gib: float | None  # None: nothing to check against (no GPU here and no --device-memory)
+    against: str  # where the capacity comes from
+    total_gib: float
+    fits: bool | None
+    would_fit: list[str]  # settings that would fit, each with its total
+
+    @property
+    def line(self) -> str:
+        if self.capacity_gib is None:
+            return f"fit: not checked ({self.against})"
+        head = f"{self.total_gib:,.2f} GiB per process against {self.capacity_gib:,.2f} GiB ({self.against})"
+        if self.fits:
+            return f"fits: {head}, {self.capacity_gib - self.total_gib:,.2f} GiB to spare"
+        return (
+            f"does not fit: {head}, {self.total_gib - self.capacity_gib:,.2f} GiB over; would fit: "
+            + "; ".join(self.would_fit)
         )
-        for fsdp in modes
-    ]
+
+
+def capacity(request: PlanRequest) -> tuple[float | None, str]:
+    """Memory per process (GiB) and where it comes from: --device-memory, this GPU's, or on a CPU the shared
+    RAM's share of each process."""
+    if request.device_memory_gib is not None:
+        return request.device_memory_gib, "--device-memory"
+    if request.device == "cuda":
+        if not torch.cuda.is_available():
+            return None, "no GPU here; give --device-memory GiB"
+        total = torch.cuda.get_device_properties(0).total_memory / GIB
+        return total, f"{torch.cuda.get_device_name(0)}'s memory"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return ram / request.world_size, f"{ram:,.1f} GiB of shared RAM over {request.world_size} process(es)"
+
+
+def check_fit(model, settings, request: PlanRequest, dtype: torch.dtype, plan: MemoryPlan) -> Fit:
+    limit, against = capacity(request)
+    fits = None if limit is None else plan.total <= limit
+    fit = Fit(limit, against, plan.total, fits, [])
+    if fits is False:
+        fit.would_fit = fitting_settings(model, settings, request, dtype, limit)
+    return fit
+
+
+def setting_changes(settings, request: PlanRequest) -> list[tuple[str, dict]]:
+    """Each single change that lowers a process's memory: FSDP, activation checkpointing, each smaller
+    micro-batch (a divisor of the run's)."""
+    changes = []
+    if not settings.fsdp and request.world_size > 1:
+        changes.append(("--fsdp", {"fsdp": True}))
+    if not settings.activation_checkpointing:
+        changes.append(("--activation-checkpointing", {"activation_checkpointing": True}))
+    micro = int(settings.micro_batch)
+    changes += [(f"--micro-batch {m}", {"micro_batch": m}) for m in range(micro - 1, 0, -1) if micro % m == 0]
+    return changes
+
+
+def fitting_settings(model, settings, request: PlanRequest, dtype: torch.dtype, limit: float) -> list[str]:
+    """The settings that would fit `limit`: every single change that does; else the fewest changes together
+    (the smallest micro-batch among them); else the world size FSDP would need with all of them."""
+
+    def total(**values) -> float:
+        return plan_memory(model, settings, request, dtype, **values).total
+
+    singles = setting_changes(settings, request)
+    fitting = [(name, total(**values)) for name, values in singles]
+    found = [f"{name} ({gib:,.2f} GiB)" for name, gib in fitting if gib <= limit]
+    if found:
+        return found
+    kinds = {}  # one change of each kind; the micro-batches come largest first, so the smallest stays
+    for name, values in singles:
+        kinds[name.split()[0]] = (name, values)
+    every = " ".join(name for name, _ in kinds.values())
+    combined = {k: v for _, values in kinds.values() for k, v in values.items()}
+    gib = total(**combined)
+    if gib <= limit:
+        return [f"{every} ({gib:,.2f} GiB)"]
+    world = request.world_size
+    while world < MAX_PLANNED_WORLD:
+        world *= 2
+        gib = total(**{**combined, "fsdp": True, "world_size": world})
+        if gib <= limit:
+            return [f"--fsdp over --world-size {world} with {every} ({gib:,.2f} GiB)"]
+    return [f"nothing up to --world-size {MAX_PLANNED_WORLD} with --fsdp {every}"]
+
+
+def auto_micro_batch(model, settings, request: PlanRequest, dtype: torch.dtype) -> int:
+    """What `--micro-batch auto` would choose (`trainer.sized_micro_batch`): 1 under FSDP on a GPU, 2 blocks at
+    most on a CPU, else the largest divisor of the per-process batch whose plan fits the memory (1 where there
+    is no memory to check against)."""
+    per_rank = max(1, settings.batch_size // request.world_size)
+    if request.device == "cpu":
+        return microbatch.cpu_micro_batch(per_rank)
+    limit, _ = capacity(request)
+    if settings.fsdp or limit is None:
+        return 1
+    return microbatch.largest_fitting(
+        per_rank,
+        lambda size: (
+            plan_memory(model, settings, request, dtype, micro_batch=size).total
+            <= microbatch.MEMORY_SHARE * limit
+        ),
+    )
+
+
+def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> dict:
+    """`swiftkv distill SRC --plan`: the memory per process of DDP and of FSDP at the world size (or only
+    FSDP's with --fsdp) on the planned device, whether the run's fits its memory and what would, and the time
+    on this machine's device (`plan_time`); printed, and written as JSON to `json_path`."""
+    dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
+    config = plan_config(settings.source, request.num_key_value_layers, request.key_value_group_size)
+    model = meta_model(config, settings.trainable, settings.lora_rank)
+    if settings.micro_batch == AUTO:
+        settings = replace(settings, micro_batch=auto_micro_batch(model, settings, request, dtype))
+    modes = (True,) if settings.fsdp else (False, True)
+    plans = [plan_memory(model, settings, request, dtype, fsdp=fsdp) for fsdp in modes]
     print(
-        f"{settings.source}: L = {model.config.num_hidden_layers}, N = {model.config.num_key_value_layers}, "
-        f"trainable {settings.trainable}, {str(dtype).removeprefix('torch.')}, seq {settings.seq_len} x micro-batch "
-        f"{settings.micro_batch}{', activation checkpointing' if settings.activation_checkpointing else ''}, on {device}"
+        f"{settings.source}: L = {config.num_hidden_layers}, N = {config.num_key_value_layers}, "
+        f"G = {config.key_value_group_size}, trainable {settings.trainable}, {str(dtype).removeprefix('torch.')}, "
+        f"seq {settings.seq_len} x micro-batch {settings.micro_batch}"
+        f"{', activation checkpointing' if settings.activation_checkpointing else ''}, on {request.device}"
     )
     for plan in plans:
         print("\n".join(plan.lines()))
+    fit = check_fit(model, settings, request, dtype, plans[0] if not settings.fsdp else plans[-1])
+    print(fit.line)
+    timing = None
+    if request.timed_steps:
+        device = training_device()
+        whole = plan_memory(model, settings, request, dtype, world_size=1, fsdp=False).total
+        here = resolve_dtype(settings.dtype, device)  # the compute dtype a run would take on this device
+        timing = time_plan(config, settings, here, device, whole, request.timed_steps)
+        print("\n".join(timing.lines(request.world_size)))
+    result = {
+        "memory": [asdict(p) for p in plans],
+        "fit": asdict(fit),
+        "time": asdict(timing) if timing else None,
+    }
     if json_path:
-        write_atomic(json_path, json.dumps([asdict(p) for p in plans], indent=2) + "\n")
-    return plans
+        write_atomic(json_path, json.dumps(result, indent=2) + "\n")
+    return result

@@ -17,7 +17,7 @@ import torch
 from ..files import folder_fingerprint
 from ..model.config import is_swiftkv
 from ..model.surgery import teacher_difference, tokenizer_differences
-from ..sources import SourceLike, check_supported, open_source
+from ..sources import SourceLike, check_supported, check_weights_present, open_source
 
 STUDENT, TEACHER = "student", "teacher"
 ROLES = (TEACHER, STUDENT)
@@ -107,6 +107,7 @@ def load_pair(
         sources[TEACHER] = open_source(teacher_src)
     for source in sources.values():
         check_causal_lm(source.folder)
+        check_weights_present(source.folder)
     names = {STUDENT: str(student_src), TEACHER: str(teacher_src or f"{student_src} (swiftkv off)")}
     tokenizer = sources[STUDENT].load_tokenizer()
     if teacher_src is not None:  # before any weights are read: a wrong pair fails fast

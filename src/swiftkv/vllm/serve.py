@@ -16,7 +16,7 @@ import torch
 from ..dtypes import AUTO, describe_choice, dtype_name, resolve_dtype
 from ..model.config import head_dim_of
 from ..model.families import check_vllm_serves
-from ..sources import open_source
+from ..sources import check_weights_present, open_source
 from .engine import kv_cache_bytes
 from .env import choose_model_runner, configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
@@ -117,6 +117,7 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     check_vllm_serves(json.loads((folder / "config.json").read_text()))
     check_installed_vllm()
     check_neighbour_options(folder, vllm_args)
+    check_weights_present(folder)  # after the options, which a config alone answers
     choose_model_runner(os.environ, torch.cuda.is_available())
     configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
     print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
