@@ -129,3 +129,30 @@ def test_nominal_peaks_by_device_name():
     assert nominal_peak("NVIDIA H100 PCIe") == 756e12 and nominal_peak("NVIDIA A100-SXM4-80GB") == 312e12
     assert nominal_peak("NVIDIA L40S") == 362e12 and nominal_peak("NVIDIA B200") == 2250e12
     assert nominal_peak("cpu") is None and nominal_peak("NVIDIA GeForce RTX 4090") is None
+
+
+def test_the_published_8b_shape_figure_restated():
+    """The H200 loan's Llama-3.1-8B-shape step (2026-11-27: seq 4096, 4 blocks per forward, the last quarter of
+    each block trained, 21,262.8 tok/s against a measured 753.3 TFLOP/s bf16 peak): the old count reproduces the
+    recorded 32,194,839,040 FLOPs per token (90.9%); as executed it is 62.0% of that peak and 47.3% MFU."""
+    from transformers import LlamaConfig
+
+    from swiftkv.distill.bound import bound_line, bound_of, devices_bound
+    from swiftkv.model.surgery import swiftkv_config
+
+    shape = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32)
+    config = swiftkv_config(LlamaConfig(**shape, num_attention_heads=32, num_key_value_heads=8), 16, 1)
+    mask = torch.zeros(8, 4096, dtype=torch.bool)
+    mask[:, 3072:-1] = True  # 1,023 trained positions a block
+    blocks = Blocks(torch.zeros(8, 4096, dtype=torch.long), torch.arange(4096).repeat(8, 1), mask)
+    settings = settings_for("random", "swiftkv", seq_len=4096, batch_size=4)
+    assert round(old_flops_per_token(config, 4096, float(mask.float().mean()))) == 32_194_839_040
+    flops = step_flops_per_token(config, settings, blocks, 4)
+    assert round(flops / 1e9, 2) == 21.98
+    h200 = bound_of(flops, 21262.8, 753297054729709, nominal_peak("NVIDIA H200"), "NVIDIA H200")
+    assert (h200["fraction_of_bound"], h200["mfu"]) == (0.62, 0.473)
+    assert "62.0% of the measured 753 TFLOP/s matmul peak, MFU 47.3% (the nominal 989 TFLOP/s" in bound_line(
+        h200
+    )
+    cpu = devices_bound(flops, 21262.8, torch.bfloat16, torch.device("cpu"), peak=753297054729709)
+    assert cpu["fraction_of_bound"] == 0.62 and cpu["mfu"] is None and "MFU n/a" in bound_line(cpu)
