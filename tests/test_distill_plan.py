@@ -9,8 +9,8 @@ import torch
 
 from swiftkv.cli import main
 from swiftkv.distill.bound import step_flops_per_token
-from swiftkv.distill.plan_time import HOURS_PER_100M, random_blocks
 from swiftkv.distill.settings import settings_for
+from swiftkv.distill.speed import HOURS_PER_100M, random_blocks
 from swiftkv.distill.trainable import install
 from swiftkv.model.surgery import swiftkv_config
 from swiftkv.sources import load_model

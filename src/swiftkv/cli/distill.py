@@ -10,11 +10,10 @@ import torch.distributed as dist
 from ..distill.bound import bound_line
 from ..distill.from_weights import with_folder_rank
 from ..distill.plan import PlanRequest, print_plan
-from ..distill.plan_time import TIMED_STEPS
 from ..distill.run import heldout_agreement, run_distillation
 from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings, settings_for
 from ..distill.setup import set_threads
-from ..distill.speed import measure_shared_vs_naive
+from ..distill.speed import TIMED_STEPS, measure_shared_vs_naive
 from ..files import write_atomic
 from .options import add_dataclass_options, given_values
 

@@ -1,6 +1,6 @@
 """Memory and time plan of a distillation run, before anything is loaded or converted: bytes per process,
 whether they fit the memory a process has (and, if not, by how much and which settings would fit), and the
-time on this machine's device (`plan_time`).
+time on this machine's device (`speed.time_plan`).
 
 The model is built on the meta device from its config alone (`SRC` may be a folder holding only a SwiftKV
 `config.json`, or a plain HF config, converted as `swiftkv convert` would at --num-key-value-layers, default
@@ -41,7 +41,7 @@ from ..model.surgery import swiftkv_config
 from ..sources import SourceLike, open_source
 from . import microbatch, trainable
 from .microbatch import AUTO
-from .plan_time import TIMED_STEPS, time_plan
+from .speed import TIMED_STEPS, time_plan
 from .world import training_device
 
 GIB = 2**30
@@ -326,7 +326,7 @@ def auto_micro_batch(model, settings, request: PlanRequest, dtype: torch.dtype) 
 def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> dict:
     """`swiftkv distill SRC --plan`: the memory per process of DDP and of FSDP at the world size (or only
     FSDP's with --fsdp) on the planned device, whether the run's fits its memory and what would, and the time
-    on this machine's device (`plan_time`); printed, and written as JSON to `json_path`."""
+    on this machine's device (`speed.time_plan`); printed, and written as JSON to `json_path`."""
     dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
     config = plan_config(settings.source, request.num_key_value_layers, request.key_value_group_size)
     model = meta_model(config, settings.trainable, settings.lora_rank)
