@@ -276,8 +276,8 @@ def setting_changes(settings, request: PlanRequest) -> list[tuple[str, dict]]:
 
 
 def fitting_settings(model, settings, request: PlanRequest, dtype: torch.dtype, limit: float) -> list[str]:
-    """The settings that would fit `limit`: every single change that does; else the fewest changes together
-    (the smallest micro-batch among them); else the world size FSDP would need with all of them."""
+    """The settings that would fit `limit`: every single change that does; else all of them together (with
+    the smallest micro-batch); else the world size FSDP would need with all of them."""
 
     def total(**values) -> float:
         return plan_memory(model, settings, request, dtype, **values).total
