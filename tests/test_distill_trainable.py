@@ -320,7 +320,7 @@ def test_init_from_a_gpu_loans_snapshot_starts_where_that_student_ended(tmp_path
     the student in the first file's progress): the run starts where the snapshot's student ended, to
     bf16 rounding; a snapshot of another N, or one that does not name its teacher, is refused."""
     from swiftkv.distill.from_weights import weights_trained
-    from swiftkv.loan.snapshot import write_snapshot
+    from swiftkv.distill.snapshot import write_snapshot
     from swiftkv.model.surgery import save_swiftkv_params
     from swiftkv.replies import save_plain_teacher
     from swiftkv.sources import load_model

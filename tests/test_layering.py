@@ -1,8 +1,10 @@
 """The import rules of the package, checked on the source (every import, function-level ones too):
-data flows one way, so `data/` imports no later stage, and `vllm/` holds only what vLLM loads (no
-benchmark harness, no data readers). Imports sit at module level unless they defer an optional heavy
-dependency (vLLM, lm-eval, datasets, matplotlib, gguf, aiohttp, prometheus_client), which the last test
-checks by importing every module."""
+the package's units (its subpackages and top-level modules) sit on LAYERS, and each imports only units of
+the layers below its own, so no import runs back up; data flows one way, so `data/` imports no later
+stage, and `vllm/` holds only what vLLM loads (no benchmark harness, no data readers); nothing in the
+package imports the scripts beside it (scripts/), which import it as user code does. Imports sit at module
+level unless they defer an optional heavy dependency (vLLM, lm-eval, datasets, matplotlib, gguf, aiohttp,
+prometheus_client), which the last test checks by importing every module."""
 
 from __future__ import annotations
 
@@ -16,6 +18,20 @@ import pytest
 import swiftkv
 
 PACKAGE = Path(swiftkv.__file__).parent
+SCRIPTS = PACKAGE.parents[1] / "scripts"
+
+# The package's units, top layer first: a unit imports units of lower layers only (none of its own layer's,
+# none above). Read from the code as it is; a new unit must be placed here before it is imported anywhere.
+LAYERS = (
+    ("cli",),  # one module per command, over everything below
+    ("distill",),  # trains on the replies stage's output
+    ("bench", "evaluate", "demo", "replies"),  # stages and measurements over convert, vLLM and the model
+    ("convert", "vllm"),
+    ("calibration", "sources", "generation", "static_greedy"),
+    ("metrics", "data", "dtypes"),
+    ("model",),
+    ("files", "settings", "results", "plots"),
+)
 
 RULES = {
     "swiftkv.data": (
@@ -59,6 +75,95 @@ def imports_of(path: Path) -> set[str]:
     return {name for name in found if name == "swiftkv" or name.startswith("swiftkv.")}
 
 
+def unit_of(name: str) -> str:
+    """The unit a swiftkv module belongs to: its subpackage or top-level module (`swiftkv` for the root)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "swiftkv"
+
+
+def unit_imports() -> dict[tuple[str, str], set[str]]:
+    """(importing unit, imported unit) -> the modules making that import, over the package's source. The
+    bare package (`from . import calibration` names it beside its module) is every module's parent, not
+    an import of the root's `__init__` as a unit."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        importer = module_name(path)
+        for name in imports_of(path):
+            pair = (unit_of(importer), unit_of(name))
+            if pair[0] != pair[1] and name != "swiftkv":
+                found.setdefault(pair, set()).add(importer)
+    return found
+
+
+def back_arrows(edges, layers=LAYERS) -> list[str]:
+    """Each import of a unit on the same layer or above the importer's, said. The package root (its
+    `__init__`, which registers the models) imports from below and is imported by nobody."""
+    rank = {unit: depth for depth, units in enumerate(layers) for unit in units}
+    return sorted(
+        f"{importer} imports {imported} ({', '.join(sorted(modules))})"
+        for (importer, imported), modules in edges.items()
+        if importer != "swiftkv" and rank[imported] <= rank[importer]
+    )
+
+
+def test_every_unit_sits_on_a_layer_once():
+    units = {unit_of(module_name(path)) for path in PACKAGE.rglob("*.py")} - {"swiftkv"}
+    placed = [unit for layer in LAYERS for unit in layer]
+    assert sorted(placed) == sorted(set(placed)), "a unit is on two layers"
+    assert units == set(placed), (
+        f"not placed: {sorted(units - set(placed))}; gone: {sorted(set(placed) - units)}"
+    )
+
+
+def test_no_import_runs_back_up_the_layers():
+    assert back_arrows(unit_imports()) == []
+
+
+def test_the_layer_check_fails_on_a_reversed_or_sideways_arrow():
+    edges = unit_imports()
+    assert ("distill", "model") in edges and ("cli", "distill") in edges  # the real graph, as read
+    reversed_arrow = {**edges, ("model", "distill"): {"swiftkv.model.surgery"}}
+    assert back_arrows(reversed_arrow) == ["model imports distill (swiftkv.model.surgery)"]
+    sideways = {**edges, ("bench", "evaluate"): {"swiftkv.bench.offline"}}
+    assert back_arrows(sideways) == ["bench imports evaluate (swiftkv.bench.offline)"]
+
+
+def script_packages() -> set[str]:
+    """The names the scripts beside the package import as: their folders' modules and packages."""
+    names = set()
+    for path in SCRIPTS.rglob("*.py"):
+        top = path.relative_to(SCRIPTS).parts
+        for depth in range(1, len(top)):
+            folder = SCRIPTS.joinpath(*top[:depth])
+            if folder.is_dir() and not (folder / "__init__.py").exists():
+                inner = path.relative_to(folder).parts
+                names.add(inner[0].removesuffix(".py"))
+    return names
+
+
+def test_nothing_in_the_package_imports_the_scripts():
+    names = script_packages()
+    assert {"loan", "outputs", "gpu_check"} <= names  # what scripts/gpu holds, as its scripts import it
+    importing = sorted(
+        f"{module_name(path)} imports {name}"
+        for path in PACKAGE.rglob("*.py")
+        for name in all_imports_of(path)
+        if name.split(".")[0] in names | {"scripts"}
+    )
+    assert importing == []
+
+
+def all_imports_of(path: Path) -> set[str]:
+    """Every absolute module name `path` imports (relative imports are the package's own)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+    return found
+
+
 @pytest.mark.parametrize("layer", sorted(RULES))
 def test_layer_imports_nothing_above_it(layer):
     folder = PACKAGE / layer.split(".", 1)[1]
@@ -98,3 +203,23 @@ print(len(names), *[m for m in {HEAVY_OPTIONAL!r} if m in sys.modules])
     ).stdout.split()
     assert int(out[0]) > 70, out  # every module was imported
     assert out[1:] == [], f"module-level imports load {out[1:]}"
+
+
+def test_the_command_line_lists_only_what_users_run():
+    """The rented-GPU workflow is scripts (scripts/gpu/loan), not a command: what users run of it is
+    `swiftkv distill --snapshot-every / --profile-steps`."""
+    from swiftkv.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices  # noqa: SLF001 - argparse's own listing
+    assert set(commands) == {
+        "convert",
+        "export",
+        "generate",
+        "demo",
+        "replies",
+        "distill",
+        "eval",
+        "serve",
+        "bench",
+    }
+    assert not list((PACKAGE / "loan").glob("*.py"))  # (a stale __pycache__ of an older checkout aside)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKED = ["src", "tests", "docs"]
+CHECKED = ["src", "tests", "docs", "scripts"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:
@@ -17,9 +17,13 @@ def ruff(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_code_is_formatted_by_ruff_format():
     result = ruff("format", "--check")
-    assert result.returncode == 0, f"run `ruff format src tests docs`:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"run `ruff format src tests docs scripts`:\n{result.stdout}{result.stderr}"
+    )
 
 
 def test_ruff_check_passes():
     result = ruff("check")
-    assert result.returncode == 0, f"`ruff check src tests docs` fails:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"`ruff check src tests docs scripts` fails:\n{result.stdout}{result.stderr}"
+    )

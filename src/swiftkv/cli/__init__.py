@@ -23,7 +23,6 @@ COMMAND_MODULES = tuple(
         "eval",
         "serve",
         "bench",
-        "loan",
     )
 )
 

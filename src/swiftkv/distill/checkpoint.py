@@ -33,6 +33,7 @@ from ..files import atomic_file, check_new_output
 from ..model.surgery import load_trained
 from .from_weights import check_weights_student, weights_folder, weights_trained
 from .settings import CHECKPOINT_FILE, MODEL_KEY, SETTING_DEFAULTS, DistillSettings, RunIdentity
+from .snapshot import saved_checkpoint
 from .trainable import load_trained_set
 from .world import World, barrier
 
@@ -319,6 +320,17 @@ def differing_settings(saved: dict, identity: RunIdentity, may_change: tuple[str
     )
 
 
+def snapshot_resume(settings: DistillSettings) -> DistillSettings:
+    """A run with --snapshot-every started again by the same command: it resumes from the checkpoint it
+    left (`snapshot.saved_checkpoint`), as with --resume; --force starts over, and a first start starts."""
+    if settings.snapshot_every is None or settings.resume or settings.force:
+        return settings
+    path = settings.checkpoint_path()
+    if path is None or saved_checkpoint(path.parent, path.name) is None:
+        return settings
+    return replace(settings, resume=True)
+
+
 def check_start(settings: DistillSettings) -> Path | None:
     """Refuse to clobber: an existing output needs --force, an existing checkpoint needs --resume;
     and a --resume, --continue-from or --init-from whose checkpoint is missing or from another run fails here,
@@ -327,6 +339,10 @@ def check_start(settings: DistillSettings) -> Path | None:
         check_new_output(settings.out, settings.force)
     if settings.passes < 1:
         raise ValueError(f"--passes {settings.passes}: expected a whole number of passes, at least 1")
+    if settings.snapshot_every is not None and not settings.snapshot_every > 0:
+        raise ValueError(f"--snapshot-every {settings.snapshot_every}: expected a number of seconds above 0")
+    if settings.profile_steps is not None and settings.profile_steps < 1:
+        raise ValueError(f"--profile-steps {settings.profile_steps}: expected a number of steps, at least 1")
     continued = check_continuable(settings)
     check_initializable(settings)
     path = settings.checkpoint_path()

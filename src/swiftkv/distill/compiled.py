@@ -14,11 +14,11 @@ module global so that dynamo reads it as a constant), grad on or off (the teache
 an input that requires grad or not, plain and adapted MLPs, with or without a document mask. Those are
 more than dynamo's default of 8 compiled versions per function, past which it runs the rest eagerly
 without failing, so the limit is raised, and the first compiled call logs how many graphs and graph
-breaks it made: a loan's log shows at once whether the layers compiled whole.
+breaks it made: a run's log shows at once whether the layers compiled whole.
 
 `compiled_artifacts` serializes what a process compiled (torch's portable cache of the Inductor and
 AOTAutograd results) and `load_compiled_artifacts` loads it into another process's caches, so a fresh
-machine (a loan's box: `loan/artifacts.py`) compiles the same layers from cache hits.
+machine (e.g. a freshly rented GPU) compiles the same layers from cache hits.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ run settings, only the trained tensors: its SwiftKV parameters and, for a `--tra
 each adapted weight's difference from the base as rank factors (weight += delta_b @ delta_a), which
 are an adapter's own two factors (its B @ A) up to how the product is split. A run started from it
 trains on from those tensors with a fresh AdamW, like one started from an earlier run's checkpoint.
-A GPU loan's student snapshot (`swiftkv loan run`'s OUT/n15/ ...) is such a folder too: its tensors are
-already named as a run's trained parameters, and its progress says which student it holds.
+A student snapshot (`snapshot.py`: bf16 files with the run's progress in the first one's metadata) is
+such a folder too: its tensors are already named as a run's trained parameters, and its progress says
+which student it holds.
 
 Both store the tensors in bf16, so the run starts within bf16 rounding of the student they name (the
 held-out score at step 0 shows where)."""
@@ -17,16 +18,16 @@ from pathlib import Path
 
 import torch
 
-from ..loan.snapshot import FIRST_FILE as SNAPSHOT_FIRST_FILE
-from ..loan.snapshot import read_progress, read_snapshot
 from ..model.surgery import DELTA_FACTORS, TRAINED_SPEC, read_trained, read_trained_spec
 from ..sources import WEIGHTS_DIR, Source, available_aliases, read_config_dict, source_name
 from .settings import DistillSettings
+from .snapshot import FIRST_FILE as SNAPSHOT_FIRST_FILE
+from .snapshot import read_progress, read_snapshot
 from .trainable import DEFAULT_LORA_RANK, LORA_A, LORA_B, STUDENT_MODULES
 
 
 def weights_folder(given: str) -> Path | None:
-    """The weights folder `given` names (a folder holding TRAINED_SPEC, a loan's student snapshot, or an
+    """The weights folder `given` names (a folder holding TRAINED_SPEC, a student snapshot, or an
     installed student's alias); None when it names none (it may then name a checkpoint)."""
     path = Path(given)
     if (path / TRAINED_SPEC).is_file() or is_snapshot(path):

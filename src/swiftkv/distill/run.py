@@ -16,7 +16,7 @@ from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
 from .bound import bound_line
-from .checkpoint import RunState, check_start
+from .checkpoint import RunState, check_start, snapshot_resume
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
@@ -41,6 +41,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     settings.check_batch_split(launched_world_size())
     settings.check_skip()
     settings = settings.opened()  # a missing source is reported here, as such, before any work
+    settings = snapshot_resume(settings)
     check_start(settings)
     world = init_world(settings.fsdp)
     try:

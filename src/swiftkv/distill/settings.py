@@ -56,6 +56,8 @@ RUN_ONLY_SETTINGS = (
     "checkpoint_dir",
     "eval_every",
     "checkpoint_every",
+    "snapshot_every",
+    "profile_steps",
     "stop_after",
     "force",
     "resume",
@@ -173,8 +175,8 @@ class DistillSettings:
     init_from: str | None = setting(
         None,
         "an earlier run's checkpoint (OUT.ckpt or its checkpoint.pt), or a student's SwiftKV weights "
-        "(a folder with swiftkv.json, an installed student's alias, or a GPU loan's student snapshot, "
-        "e.g. OUT/n15), whose trained tensors this run "
+        "(a folder with swiftkv.json, an installed student's alias, or a student snapshot: 0.safetensors "
+        "with the run's progress in its metadata), whose trained tensors this run "
         "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
         "a fresh AdamW; the same student: the same source, --trainable and --lora-rank (a weights "
         "folder's rank unless --lora-rank is given)",
@@ -246,6 +248,17 @@ class DistillSettings:
     eval_every: int = setting(50, "steps between held-out evaluations")
     checkpoint_every: int = setting(10, "steps between checkpoints")
     checkpoint_dir: str | None = setting(None, "default: OUT.ckpt")
+    snapshot_every: float | None = setting(
+        None,
+        "also write the checkpoint at least every SECONDS of wall time (atomically: a run killed at any "
+        "moment keeps the last complete one), for machines that can be taken away; the same command run "
+        "again resumes from it, without --resume",
+    )
+    profile_steps: int | None = setting(
+        None,
+        "profile this many steps after the first (torch.profiler) and print where a step's time goes: wall "
+        "ms against the ms the device was busy, and the ops with the most self time; the steps train as usual",
+    )
     stop_after: int | None = setting(
         None, "stop (checkpointed) after this many steps, e.g. to slice a long run"
     )

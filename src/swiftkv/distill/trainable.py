@@ -158,7 +158,7 @@ def wrap_module(
 def load_trained_set(
     model: nn.Module, trained: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor], where
 ) -> None:
-    """Copy saved tensors (a loan snapshot's, a weights folder's) into `model`'s installed trainable set
+    """Copy saved tensors (a student snapshot's, a weights folder's) into `model`'s installed trainable set
     (`trained`, by name): exactly that set (no tensor missing or extra), each of its parameter's shape
     (`surgery.load_trained` checks those)."""
     missing = sorted(set(trained) - set(tensors))

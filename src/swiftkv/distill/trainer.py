@@ -42,7 +42,9 @@ from .checkpoint import (
 )
 from .compiled import CompiledLayers
 from .loss import BatchSizes, LossTerms, distill_loss
+from .profile import StepProfiler
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
+from .snapshot import SnapshotClock
 from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
@@ -397,6 +399,8 @@ def run_training(
     memory.reset_peak(world.device)
     identity = settings.identity()
     state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
+    if settings.resume:
+        log(world, f"resuming {ckpt} after step {state.step}")
     # A resumed run's tensors are its own checkpoint's; only a fresh start takes an earlier run's.
     if continued and not settings.resume:
         load_trained_from(continued.checkpoint, distiller, world)
@@ -427,7 +431,11 @@ def run_training(
     )
     block_tokens = settings.batch_size * settings.seq_len
     tensors, first = memory.TensorBytes(), state.step
+    # The segment's first step allocates (and compiles): profiled steps start after it where there are more.
+    profiler = StepProfiler(settings.profile_steps, first + (last - first > 1), world.device, progress.write)
+    clock = SnapshotClock(settings.snapshot_every)
     for step in progress:
+        profiler.before(step)
         started = time.perf_counter()
         blocks = rank_blocks(train, step, settings.batch_size, world)
         sizes = BatchSizes.of(
@@ -438,6 +446,7 @@ def run_training(
         with tensors if step - first < TENSOR_COUNTED_STEPS else contextlib.nullcontext():
             loss = compiled.run(train_step, distiller, model, optimizer, blocks, sizes, step_settings, world)
         loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
+        profiler.after(step)
         state.step, seconds = step + 1, time.perf_counter() - started
         state.elapsed += seconds
         lr = optimizer.param_groups[0]["lr"]
@@ -452,12 +461,20 @@ def run_training(
             )
             if world.is_main:
                 progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
-        if ckpt is not None and (state.step % settings.checkpoint_every == 0 or state.step == last):
+        due = state.step % settings.checkpoint_every == 0 or state.step == last
+        if ckpt is not None and (clock.due(lambda late: agreed(late, world)) or due):
             save_checkpoint(ckpt, distiller, optimizer, state, identity, world)
+            clock.saved()
+    profiler.close()
     progress.close()
     state.step_memory_mib = round(memory.peak_mib(world.device) - model_mib, 1)
     state.step_tensor_mib = tensors.peak_mib if last > first else None
     return state, distiller
+
+
+def agreed(flag: bool, world: World) -> bool:
+    """The main process's `flag`, on every process (a decision that leads to collective calls)."""
+    return bool(all_reduce(torch.tensor([float(flag and world.is_main)]), world)[0])
 
 
 class Prepared(NamedTuple):

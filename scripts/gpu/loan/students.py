@@ -1,5 +1,5 @@
-"""The loan itself (`swiftkv loan run STAGE --out OUT`): everything a lent GPU does, in one command, with
-every result under OUT as soon as it exists, so a loan cut at any moment brings back what it got.
+"""The GPU run itself (`python -m loan run STAGE --out OUT`): everything the rented GPU does, in one command,
+with every result under OUT as soon as it exists, so a run cut at any moment brings back what it got.
 
   1. the stage checked (a missing file is named with the stage that writes it) and the teacher put
      back together from its two parts (digest checked);
@@ -26,7 +26,6 @@ import importlib.util
 import io
 import json
 import subprocess
-import sys
 import tarfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,17 +33,19 @@ from pathlib import Path
 
 import torch
 
-from ..distill.compiled import reason_of
-from ..distill.microbatch import AUTO, parse_micro_batch
-from ..dtypes import dtype_name, resolve_dtype
-from ..files import write_atomic
-from ..metrics import matmul_peak
-from ..replies import hf_generator
-from ..settings import parse_count, setting
-from ..sources import open_source
-from ..static_greedy import static_generator
+from swiftkv.distill.compiled import reason_of
+from swiftkv.distill.microbatch import AUTO, parse_micro_batch
+from swiftkv.distill.snapshot import read_progress
+from swiftkv.dtypes import dtype_name, resolve_dtype
+from swiftkv.files import write_atomic
+from swiftkv.metrics import matmul_peak
+from swiftkv.replies import hf_generator
+from swiftkv.settings import parse_count, setting
+from swiftkv.sources import open_source
+from swiftkv.static_greedy import static_generator
+
+from . import module_command
 from .artifacts import bundle_artifacts
-from .snapshot import read_progress
 from .stage import (
     BLOCKS_FILE,
     PARTS,
@@ -70,7 +71,7 @@ END_MARGIN_SECONDS = 25  # kept after the students' deadline for their last snap
 @dataclass
 class LoanSettings:
     stage: str = setting(
-        None, "the stage folder (part1/ and part2/, as `swiftkv loan stage` wrote them)", cli=False
+        None, "the stage folder (part1/ and part2/, as `python -m loan stage` wrote them)", cli=False
     )
     out: str | None = setting(None, "where results go as they come (the device tool's $OUT)")
     minutes: float = setting(9.0, "wall minutes of the whole command; the students stop before its end")
@@ -168,10 +169,12 @@ def run_loan(settings: LoanSettings) -> Report:
 
 def assemble_teacher(stage: Path, manifest: dict) -> Path:
     """The teacher's two parts joined, checked against the staged digest, unpacked beside the stage. A GGUF
-    teacher needs the `gguf` package, which the box lacks: the stage carries it (part2/site.tar.xz), and it
+    teacher needs the `gguf` package, which the GPU machine may lack: the stage carries it (part2/site.tar.xz), and it
     must be on PYTHONPATH before Python starts (transformers checks for it once), as gpu_students.sh does."""
     parts = [
-        need(stage / "part1" / f"{TEACHER_TAR}.0", "`swiftkv loan stage` (part1, carried by the first call)"),
+        need(
+            stage / "part1" / f"{TEACHER_TAR}.0", "`python -m loan stage` (part1, carried by the first call)"
+        ),
         staged(stage, f"{TEACHER_TAR}.1"),
     ]
     if manifest["teacher"]["path"].endswith(".gguf") and importlib.util.find_spec("gguf") is None:
@@ -185,7 +188,7 @@ def assemble_teacher(stage: Path, manifest: dict) -> Path:
     if hashlib.sha256(data).hexdigest() != manifest["teacher"]["tar_sha256"]:
         raise ValueError(
             f"the teacher's parts in {stage}/{'|'.join(PARTS)} do not join into the staged teacher (digest "
-            "differs): both parts must come from the same `swiftkv loan stage` run"
+            "differs): both parts must come from the same `python -m loan stage` run"
         )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(work, filter="data")
@@ -205,10 +208,8 @@ def device_name(device: torch.device) -> str:
 
 def measure_shape(settings: LoanSettings, peak: float) -> dict:
     """The shape's numbers from its own process (its 8B model leaves with it), or the reason it failed."""
-    command = [
-        sys.executable,
-        "-m",
-        "swiftkv.loan.shape",
+    command, env = module_command(
+        "shape",
         "--shape",
         settings.shape,
         "--seconds",
@@ -221,11 +222,13 @@ def measure_shape(settings: LoanSettings, peak: float) -> dict:
         str(peak),
         "--out",
         str(Path(settings.out) / "shape.json.tmp"),
-    ]
+    )
     say(f"shape {settings.shape}: seq {settings.shape_seq_len}, {settings.shape_seconds:.0f} s of steps")
     result_path = Path(settings.out) / "shape.json.tmp"
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=settings.shape_seconds + 120)
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=settings.shape_seconds + 120
+        )
         error = None if done.returncode == 0 and result_path.is_file() else done.stderr[-2000:]
     except subprocess.TimeoutExpired:
         error = f"no result within {settings.shape_seconds + 120:.0f} s"
@@ -310,7 +313,7 @@ def replies_written_before(settings: LoanSettings, stage: Path) -> list[list[int
 
 
 def fallback_writer(error: Exception, folder, reply_tokens: int, dtype, eos: int, kind: str):
-    """transformers' generate, when the static engine fails on this box (said, with the reason)."""
+    """transformers' generate, when the static engine fails on this machine (said, with the reason)."""
     say(f"static engine failed ({reason_of(error)}); writing with transformers' generate")
     return "hf", hf_generator(folder, reply_tokens, dtype, eos, kind)
 
@@ -359,9 +362,8 @@ def train_students(runs: list[StudentRun], stage: Path, out: Path, report: Repor
     processes = {}
     for run in runs:
         path = run_file(run, stage / "work" / f"student-n{run.num_key_value_layers}.json")
-        processes[run.num_key_value_layers] = subprocess.Popen(
-            [sys.executable, "-m", "swiftkv.loan.student", str(path)]
-        )
+        command, env = module_command("student", str(path))
+        processes[run.num_key_value_layers] = subprocess.Popen(command, env=env)
     for n, process in processes.items():
         try:
             code = process.wait(timeout=max(1.0, runs[0].deadline - time.time() + END_MARGIN_SECONDS - 5))

@@ -1,4 +1,4 @@
-"""One student of a loan, in its own process (`python -m swiftkv.loan.student RUN.json`, started by
+"""One student of a loan, in its own process (`python -m loan.student RUN.json`, started by
 `students.py`), so the students share the GPU and a failure of one leaves the others training.
 
 The student is built on the device from the teacher: the SwiftKV geometry and convert's lstsq init,
@@ -6,11 +6,11 @@ fitted on the staged calibration blocks. It trains with distill's own pieces (`t
 `train_step`, `evaluate`, `lr_at`: the recipe's trainable set, loss and schedule) on packed blocks of the
 staged prompts and the replies written in this loan, repeated in new seeded orders when the data is
 shorter than the run. Every `snapshot_seconds`, and at the deadline, it scores the held-out blocks and
-replaces its snapshot (`snapshot.py`).
+replaces its snapshot (`swiftkv.distill.snapshot`, in files of at most SNAPSHOT_FILE_BYTES).
 
 A run resumes from a snapshot: the trained tensors exactly, the data order and the schedule from its
 step, and a fresh optimizer whose rate warms up again over `rewarm_steps` (AdamW's moments, twice the
-trained tensors in fp32, do not fit the transfer back). A resume with another step, schedule or data is
+trained tensors in fp32, do not fit what a run brings back). A resume with another step, schedule or data is
 refused, naming the setting.
 """
 
@@ -25,26 +25,30 @@ from pathlib import Path
 
 import torch
 
-from ..calibration import lstsq_params, teacher_stats
-from ..convert import ConvertSettings
-from ..data.packing import Blocks, in_passes, pack
-from ..data.tokens import Document
-from ..distill.bound import device_peak, step_flops_per_token
-from ..distill.compiled import compiled_artifacts
-from ..distill.loss import BatchSizes
-from ..distill.settings import DistillSettings, settings_for
-from ..distill.trainable import load_trained_set
-from ..distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
-from ..distill.world import World
-from ..dtypes import autocast, dtype_name, resolve_dtype
-from ..files import write_atomic
-from ..model.surgery import build_swiftkv_model, copy_init_params, load_trained
-from ..sources import open_source
+from swiftkv.calibration import lstsq_params, teacher_stats
+from swiftkv.convert import ConvertSettings
+from swiftkv.data.packing import Blocks, in_passes, pack
+from swiftkv.data.tokens import Document
+from swiftkv.distill.bound import device_peak, step_flops_per_token
+from swiftkv.distill.compiled import compiled_artifacts
+from swiftkv.distill.loss import BatchSizes
+from swiftkv.distill.profile import profile_steps
+from swiftkv.distill.settings import DistillSettings, settings_for
+from swiftkv.distill.snapshot import read_snapshot, write_snapshot
+from swiftkv.distill.trainable import load_trained_set
+from swiftkv.distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
+from swiftkv.distill.world import World
+from swiftkv.dtypes import autocast, dtype_name, resolve_dtype
+from swiftkv.files import write_atomic
+from swiftkv.model.surgery import build_swiftkv_model, copy_init_params, load_trained
+from swiftkv.sources import open_source
+
 from .artifacts import BUNDLE_FILE, load_bundle
-from .profile import PROFILED_STEPS, profile_steps
-from .snapshot import read_snapshot, write_snapshot
 from .stage import decode_ids
 
+# The files a run brings back are at most outputs.MAX_FILE_BYTES each; a snapshot's files stay under it.
+SNAPSHOT_FILE_BYTES = 15 * 2**20
+PROFILED_STEPS = 3  # steps profiled after the first speed line (swiftkv.distill.profile)
 RIDGE = ConvertSettings.ridge  # convert's default: the same lstsq init as `swiftkv convert --init lstsq`
 # What a resumed run must share with the snapshot it continues: the student, the data, the step, the schedule.
 RESUME_KEYS = (
@@ -160,7 +164,7 @@ class Session:
         }
         self.score(step)
         self.progress["speed"] = speed_of(self.timing, self.bound)
-        write_snapshot(Path(self.run.out), self.trained, self.progress)
+        write_snapshot(Path(self.run.out), self.trained, self.progress, SNAPSHOT_FILE_BYTES)
         say(self.run, f"snapshot at step {step}: held-out {json.dumps(self.progress['heldout'][-1])}")
         if self.run.artifacts and self.prepared.compiled.active:
             artifacts = compiled_artifacts(lambda line: say(self.run, line))

@@ -1,9 +1,9 @@
-"""A loan's teacher replies as the reply file a CPU run reads: `swiftkv loan replies OUT --stage S --into F`.
+"""A loan's teacher replies as the reply file a CPU run reads: `python -m loan replies OUT --stage S --into F`.
 
 A loan brings its replies back as token ids aligned with the staged prompts (OUT/replies.npz.xz), not keyed.
 Merged into a reply file (`key`, `reply_ids`, `finished` records, plain or .xz), they serve `swiftkv distill
---teacher-data F` on any machine and the next `swiftkv loan stage --replies F`, so no later loan or CPU
-session writes them again. The file's own records are kept first and as they are (a reader takes the first
+--teacher-data F` on any machine and the next `python -m loan stage --replies F`, so no later run writes
+them again. The file's own records are kept first and as they are (a reader takes the first
 record of a key); the loan's replies to other prompts follow in the prompts' order."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import json
 import lzma
 from pathlib import Path
 
-from ..data.tokens import Reply, prompt_key
-from ..files import atomic_file
-from ..replies import read_replies, reply_record
+from swiftkv.data.tokens import Reply, prompt_key
+from swiftkv.files import atomic_file
+from swiftkv.replies import read_replies, reply_record
+
 from .stage import PROMPTS_FILE, REPLIES_FILE, STAGE_FILE, decode_ids, need, staged
 
 
@@ -22,7 +23,7 @@ def loan_replies(loan_out: Path, stage: Path) -> dict[str, Reply]:
     """The loan's replies by prompt key, the first of a repeated prompt kept. Each is read back as the
     writer made it (`Reply.of_row`: finished when it holds the end-of-turn id, which ends it)."""
     prompts = decode_ids(staged(stage, PROMPTS_FILE).read_bytes())
-    replies = decode_ids(need(loan_out / REPLIES_FILE, "swiftkv loan run").read_bytes())
+    replies = decode_ids(need(loan_out / REPLIES_FILE, "python -m loan run").read_bytes())
     if len(replies) > len(prompts):
         raise ValueError(
             f"{loan_out / REPLIES_FILE} holds {len(replies)} replies but {stage} stages {len(prompts)} prompts; "

@@ -1,11 +1,11 @@
-"""`swiftkv loan stage TEACHER --out STAGE`: everything a GPU loan trains from, staged on a CPU into two
-folders, each small enough for one transfer beside the code.
+"""`python -m loan stage TEACHER --out STAGE`: everything a rented GPU trains the students from, staged on
+a CPU into two folders, each small enough for one transfer beside the code (TRANSFER_MIB).
 
-A loan carries at most 64 MiB per call, the code included, and the box keeps its files only while it is
-warm. So the teacher travels as it is stored (the 98 MB GGUF of SmolLM2 is smaller than any dequantized
-copy), cut in two; the replies are written on the GPU, except those written ahead on a CPU (`--replies`);
-the lstsq init is not staged but fitted there from the calibration blocks convert would use. What is
-staged:
+The GPU machine this was written for has no network and takes TRANSFER_MIB per upload, the code included,
+and keeps its files only between calls close together. So the teacher travels as it is stored (the 98 MB
+GGUF of SmolLM2 is smaller than any dequantized copy), cut in two; the replies are written on the GPU,
+except those written ahead on a CPU (`--replies`); the lstsq init is not staged but fitted there from the
+calibration blocks convert would use. What is staged:
 
   part1/teacher.tar.0      the first bytes of the teacher (a tar of the .gguf file, or of an HF folder)
   part2/teacher.tar.1      the rest
@@ -14,7 +14,7 @@ staged:
                            prompts are prefixes of its last one, so each chat's tokens are stored once
   part2/blocks.pt          the calibration blocks (convert's lstsq fit) and the held-out blocks (distill's)
   part2/replies.npz.xz     with --replies: the teacher's replies written ahead, to the prompts from the
-                           first up to the first one they do not answer; the loan writes only the rest
+                           first up to the first one they do not answer; the GPU run writes only the rest
   part2/site.tar.xz        the `gguf` package transformers reads a GGUF with (GGUF teachers only)
   part2/stage.json         what was staged and how: sizes, digests, the split's settings
 
@@ -28,6 +28,7 @@ import importlib.metadata
 import io
 import json
 import lzma
+import subprocess
 import tarfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,20 +36,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..calibration import token_blocks
-from ..convert import ConvertSettings
-from ..data.chat import read_source
-from ..data.packing import pack
-from ..data.split import shuffled, take_documents
-from ..data.tokens import MAX_PROMPT_TOKENS, prompt_key, turn_prompts
-from ..files import atomic_output_dir
-from ..replies import REPLY_TOKENS, read_replies
-from ..settings import parse_count, setting
-from ..sources import SMOLLM2_ALIAS, open_source, smollm2_gguf
-from .tree import MIB, travelling_tree_mib
+from swiftkv.calibration import token_blocks
+from swiftkv.convert import ConvertSettings
+from swiftkv.data.chat import read_source
+from swiftkv.data.packing import pack
+from swiftkv.data.split import shuffled, take_documents
+from swiftkv.data.tokens import MAX_PROMPT_TOKENS, prompt_key, turn_prompts
+from swiftkv.files import atomic_output_dir
+from swiftkv.replies import REPLY_TOKENS, read_replies
+from swiftkv.settings import parse_count, setting
+from swiftkv.sources import SMOLLM2_ALIAS, open_source, smollm2_gguf
 
-TRANSFER_MIB = 64  # what one call of the device tool carries, the code included
-MARGIN_MIB = 1  # left free in each part for files the tree gains before the loan
+MIB = 2**20
+ROOT = Path(__file__).resolve().parents[3]  # the checkout (scripts/gpu/loan/stage.py)
+# Settings of the GPU machine these scripts were written for, not of swiftkv: one upload carried at most
+# TRANSFER_MIB, the checkout's files included; MARGIN_MIB is left free in each part for files the checkout
+# gains before the run.
+TRANSFER_MIB = 64
+MARGIN_MIB = 1
 PARTS = ("part1", "part2")
 STAGE_FILE = "stage.json"
 PROMPTS_FILE = "prompts.npz.xz"
@@ -84,8 +89,25 @@ class StageSettings:
         ConvertSettings.calib_tokens, "calibration tokens of the lstsq init (convert's --calib-tokens)"
     )
     tree_mib: float | None = setting(
-        None, "MiB of the code that travels beside each part (default: measured from this checkout)"
+        None, "MiB of the code that travels beside each part (default: this checkout's files, measured)"
     )
+
+
+def checkout_files(root: Path = ROOT) -> list[Path]:
+    """The checkout's files as an upload of it carries them, relative to the root: tracked and
+    untracked-not-ignored, present."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    return [Path(name.decode()) for name in listed if name and (root / name.decode()).is_file()]
+
+
+def checkout_mib(root: Path = ROOT) -> float:
+    """MiB of the checkout an upload carries beside a part."""
+    return sum((root / f).stat().st_size for f in checkout_files(root)) / MIB
 
 
 def need(path: Path, stage: str) -> Path:
@@ -97,7 +119,7 @@ def need(path: Path, stage: str) -> Path:
 
 def staged(stage: Path, name: str) -> Path:
     """A staged file of part 2 (the part the run reads), checked."""
-    return need(stage / "part2" / name, "`swiftkv loan stage` (part2, carried by the second call)")
+    return need(stage / "part2" / name, "`python -m loan stage` (part2, carried by the second call)")
 
 
 def write_stage(settings: StageSettings) -> dict:
@@ -114,7 +136,7 @@ def write_stage(settings: StageSettings) -> dict:
     blocks = staged_blocks(settings, tokenizer, heldout)
     teacher_tar, teacher_path = teacher_archive(settings.teacher, teacher.folder)
     site = gguf_site() if teacher_path.endswith(".gguf") else None
-    tree = settings.tree_mib if settings.tree_mib is not None else travelling_tree_mib()
+    tree = settings.tree_mib if settings.tree_mib is not None else checkout_mib()
     room = (TRANSFER_MIB - MARGIN_MIB - tree) * MIB
     small = {
         PROMPTS_FILE: prompts,
@@ -127,7 +149,7 @@ def write_stage(settings: StageSettings) -> dict:
         raise ValueError(
             f"the stage needs {(len(teacher_tar) + sum(map(len, small.values()))) / MIB:.1f} MiB, more than "
             f"two transfers hold beside {tree:.1f} MiB of code ({2 * room / MIB:.1f} MiB); stage fewer "
-            "--tokens, or move more out of the tree"
+            "--tokens, or make the checkout smaller"
         )
     files = {
         "part1": {f"{TEACHER_TAR}.0": teacher_tar[: max(0, int(room))]},

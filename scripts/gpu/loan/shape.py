@@ -5,7 +5,7 @@ memory, and GPU-hours per 100M train tokens.
 Random weights give the real step's FLOPs and memory (the shapes are the model's), not its quality. The
 blocks are random tokens with a quarter of each block's positions trained, about the reply share of
 chat data; `--trainable swiftkv` (the paper's: the SwiftKV projections only) at N = L/2.
-`python -m swiftkv.loan.shape --shape llama-3.1-8b --seconds 40 --out shape.json`
+`python -m loan.shape --shape llama-3.1-8b --seconds 40 --out shape.json`
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from ..data.packing import Blocks
-from ..distill.bound import compute_bound
-from ..distill.loss import BatchSizes
-from ..distill.settings import settings_for
-from ..distill.speed import peak_memory_mib
-from ..distill.trainer import prepare, train_step
-from ..distill.world import World
-from ..dtypes import dtype_name, resolve_dtype
-from ..metrics import matmul_peak
-from ..model.families import family_of
-from ..model.surgery import swiftkv_config
+from swiftkv.data.packing import Blocks
+from swiftkv.distill.bound import compute_bound
+from swiftkv.distill.loss import BatchSizes
+from swiftkv.distill.settings import settings_for
+from swiftkv.distill.speed import peak_memory_mib
+from swiftkv.distill.trainer import prepare, train_step
+from swiftkv.distill.world import World
+from swiftkv.dtypes import dtype_name, resolve_dtype
+from swiftkv.metrics import matmul_peak
+from swiftkv.model.families import family_of
+from swiftkv.model.surgery import swiftkv_config
 
 # Published shapes (the models' config.json values), and a tiny one for the CPU dry-run.
 SHAPES = {
@@ -135,7 +135,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m swiftkv.loan.shape", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loan.shape", description=__doc__)
     parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=4)

@@ -1,10 +1,11 @@
-"""The students' GPU loan (swiftkv/loan/, docs/distill-study/gpu_students.sh): staged here, run in its CPU
-mode on a tiny GGUF teacher by the same script a lent GPU runs, then what it brought back installed and
-loaded. The stage's parts are cut as on a real loan (the teacher split across both)."""
+"""The students' GPU run (scripts/gpu/loan, scripts/gpu/gpu_students.sh): staged here, run in its CPU mode
+on a tiny GGUF teacher by the same script a GPU runs, then what it brought back installed and loaded. The
+stage's parts are cut as on a real run (the teacher split across both)."""
 
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,19 +14,24 @@ import torch
 from swiftkv.data.chat import read_source
 from swiftkv.data.split import shuffled, take_documents
 from swiftkv.data.tokens import turn_prompts
-from swiftkv.loan.artifacts import BUNDLE_FILE, bundle_artifacts, load_bundle
-from swiftkv.loan.snapshot import install, read_snapshot
-from swiftkv.loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, encode_lists, write_stage
-from swiftkv.loan.student import StudentRun, train_student
+from swiftkv.distill.snapshot import install, read_snapshot
 from swiftkv.model.config import is_swiftkv
 from swiftkv.model.modeling import swiftkv_parameters
 from swiftkv.sources import load_model, load_tokenizer
 from tests.tiny import byte_tokenizer, random_chats, random_teacher, write_jsonl, write_tiny_gguf
 
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts" / "gpu"
+sys.path.insert(0, str(SCRIPTS))  # the scripts import as a user's code does: from their folder
+
+from loan.artifacts import BUNDLE_FILE, bundle_artifacts, load_bundle  # noqa: E402
+from loan.stage import MIB, TRANSFER_MIB, StageSettings, decode_ids, encode_lists, write_stage  # noqa: E402
+from loan.student import StudentRun, train_student  # noqa: E402
+from outputs import output_problems  # noqa: E402
+
 pytestmark = pytest.mark.timeout(900)
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "docs" / "distill-study" / "gpu_students.sh"
+SCRIPT = SCRIPTS / "gpu_students.sh"
 SEQ_LEN, REPLY_TOKENS = 256, 16
 # The tree beside each part, chosen so that the tiny teacher (~1 MiB) is cut across both parts.
 TREE_MIB = TRANSFER_MIB - 1 - 0.7
@@ -79,8 +85,16 @@ def test_a_stage_two_transfers_cannot_hold_is_refused_before_writing(staged, tmp
     assert not (tmp_path / "s").exists()
 
 
-def dry_run(stage: Path, out: Path, args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DRY": "1", "STAGE": str(stage), "OUT": str(out), "ARGS": args}
+def dry_run(stage: Path, out: Path, args: str, **environment) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "DRY": "1",
+        "STAGE": str(stage),
+        "OUT": str(out),
+        "ARGS": args,
+        "PYTHON": sys.executable,
+        **environment,
+    }
     return subprocess.run(["bash", str(SCRIPT), "run"], env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -104,10 +118,12 @@ def test_the_loan_script_trains_both_students_and_what_it_brings_back_installs(s
         assert student["speed"]["fraction_of_peak"] > 0
     log = (out / "loan.log").read_text()
     assert "tok/s =" in log and "of the" in log  # the speed line, printed as the students run
-    # What the device tool brings back: at most 8 files, each under 16 MiB, at most 2 folders down.
+    # What a GPU run brings back: at most 8 files, each under 16 MiB, at most 2 folders down (the script
+    # checks it too, and its exit code 0 says it found none over).
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(p.stat().st_size <= 16 * MIB for p in files)
     assert all(len(p.relative_to(out).parts) <= 3 for p in files)
+    assert output_problems(out) == []
     tensors, progress = read_snapshot(out / "n3")
     installed = install(out / "n3", tmp_path / "n3-folder", teacher=str(folder / "tiny.gguf"))
     model = load_model(installed)
@@ -123,7 +139,7 @@ def test_the_loan_script_trains_both_students_and_what_it_brings_back_installs(s
     with torch.no_grad():
         logits = model(torch.tensor([[1, 40, 41, 42]])).logits
     assert torch.isfinite(logits).all() and progress["step"] == 79
-    assert progress["teacher_name"] == settings.teacher  # what `install` falls back to off the box
+    assert progress["teacher_name"] == settings.teacher  # what `install` falls back to elsewhere
 
 
 def student_run(settings: StageSettings, folder: Path, out: Path, **changes) -> StudentRun:
@@ -224,7 +240,7 @@ def test_a_student_profiles_a_few_steps_after_its_first_speed_line_and_trains_on
 ):
     """The profiled steps are ordinary steps (the loss history stays step after step), kept out of the
     timing; the report names the busiest ops. A profiler that fails midway is said and the run goes on."""
-    from swiftkv.loan import student as student_module
+    from loan import student as student_module
 
     folder, settings, _ = staged
     write_prompt_tails_as_replies(settings, folder)
@@ -248,9 +264,9 @@ def test_a_student_profiles_a_few_steps_after_its_first_speed_line_and_trains_on
     assert progress["step"] == 8 and [s for s, _ in progress["loss"]] == list(range(1, 9))
 
 
-def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_them(staged, tmp_path):
+def test_the_script_without_its_staged_files_names_the_step_that_writes_them(staged, tmp_path):
     _, settings, _ = staged
-    env = {**os.environ, "W": str(tmp_path / "box")}
+    env = {**os.environ, "W": str(tmp_path / "work")}
     for step, missing in (
         ("unpack1", ".devdata/sk/part1/teacher.tar.0"),
         ("run", ".devdata/sk/part2/stage.json"),
@@ -260,8 +276,8 @@ def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_th
             ["bash", str(SCRIPT), step], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 2 and f"{missing} is missing; it is written by" in result.stderr
-    # A resumed loan whose earlier output did not come in its own call: named before anything is copied.
-    for present in (tmp_path / ".devdata/sk/part2/stage.json", tmp_path / "box/part1/teacher.tar.0"):
+    # A resumed run whose earlier output was not unpacked: named before anything is copied.
+    for present in (tmp_path / ".devdata/sk/part2/stage.json", tmp_path / "work/part1/teacher.tar.0"):
         present.parent.mkdir(parents=True)
         present.touch()
     result = subprocess.run(
@@ -278,13 +294,13 @@ def test_the_loan_script_without_its_staged_files_names_the_stage_that_writes_th
         moved.rename(part1)
     assert result.returncode == 2
     assert (
-        "teacher.tar.0 is missing; it is written by `swiftkv loan stage` (part1, carried by the first call)"
+        "teacher.tar.0 is missing; it is written by `python -m loan stage` (part1, carried by the first call)"
         in (result.stdout + result.stderr)
     )
 
 
 def test_a_failing_static_writer_falls_back_to_generate_and_says_why(staged, tmp_path, monkeypatch, capsys):
-    from swiftkv.loan import students
+    from loan import students
 
     def broken(*args, **kwargs):
         raise RuntimeError("StaticCache takes other arguments here")
@@ -312,8 +328,9 @@ def test_replies_written_ahead_travel_in_the_stage_and_the_loan_writes_only_the_
     prompts from the first up to the first they do not answer; the loan reuses them and writes the rest."""
     import lzma
 
+    from loan import students
+
     from swiftkv.data.tokens import Reply, prompt_key
-    from swiftkv.loan import students
     from swiftkv.replies import append_replies
 
     _, settings, _ = staged
@@ -367,9 +384,10 @@ def test_the_loans_lstsq_student_is_converts(tmp_path):
     """The loan fits the lstsq init on the device from the staged calibration blocks; it must be the init
     `swiftkv convert --init lstsq` writes from the same data (measured on SmolLM2 N = 15 here: held-out KL
     1.1471 against convert's 1.1469, bf16)."""
+    from loan.student import lstsq_student
+
     from swiftkv.calibration import token_blocks
     from swiftkv.convert import ConvertSettings, convert
-    from swiftkv.loan.student import lstsq_student
     from swiftkv.sources import open_source
     from tests.tiny import save_tiny_teacher
 
@@ -396,10 +414,11 @@ def test_the_loans_lstsq_student_is_converts(tmp_path):
 
 
 def test_a_loans_replies_merge_into_the_reply_file_cpu_runs_and_the_next_stage_read(staged, tmp_path):
-    """`swiftkv loan replies`: the loan's replies, aligned with the staged prompts, keyed and merged after
+    """`python -m loan replies`: the run's replies, aligned with the staged prompts, keyed and merged after
     the file's own records (kept as they were where the loan's differ); finished = ends with eos."""
+    from loan.replies import merge_loan_replies
+
     from swiftkv.data.tokens import Reply, prompt_key
-    from swiftkv.loan.replies import merge_loan_replies
     from swiftkv.replies import append_replies, read_replies
 
     _, settings, manifest = staged
@@ -423,12 +442,12 @@ def test_a_loans_replies_merge_into_the_reply_file_cpu_runs_and_the_next_stage_r
     for i, prompt in enumerate(prompts):
         first.setdefault(prompt_key(prompt), Reply(written[i], i % 3 == 0))
     assert all(merged[key] == reply for key, reply in first.items() if key not in own)
-    with pytest.raises(FileNotFoundError, match="swiftkv loan run"):
+    with pytest.raises(FileNotFoundError, match="python -m loan run"):
         merge_loan_replies(tmp_path / "nowhere", stage, into)
 
 
 def test_install_finds_the_teacher_here_or_says_to_name_it():
-    from swiftkv.loan.snapshot import snapshot_teacher
+    from swiftkv.distill.snapshot import snapshot_teacher
 
     box = {"teacher": "/root/sk/work/teacher.gguf", "teacher_digest": "ab12"}
     assert snapshot_teacher({**box, "teacher_name": "smollm2-135m-instruct"}, None) == "smollm2-135m-instruct"
@@ -436,3 +455,26 @@ def test_install_finds_the_teacher_here_or_says_to_name_it():
     assert snapshot_teacher({**box, "teacher": str(ROOT)}, None) == str(ROOT)  # a path that exists here
     with pytest.raises(ValueError, match="pass --teacher .* sha256 ab12"):
         snapshot_teacher(box, None)
+
+
+@pytest.mark.slow
+def test_a_failing_student_fails_the_run_and_a_missing_import_fails_it_before_anything_runs(staged, tmp_path):
+    """A student whose process fails (here: no replies written before it starts) makes the run exit 1,
+    naming it; an import the run needs that fails exits 3, naming it, with nothing written."""
+    _, settings, _ = staged
+    out = tmp_path / "out"
+    result = dry_run(Path(settings.out), out, "--students 4 --shape none --writer-minutes 0 --no-compile")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "python -m loan run: failed: N = 4" in result.stdout
+    assert json.loads((out / "loan.json").read_text())["students"]["4"]["snapshot"] is None
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no torch build for this machine')\n")
+    path = f"{shadow.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    result = dry_run(Path(settings.out), tmp_path / "none", "--shape none", PYTHONPATH=path)
+    assert result.returncode == 3
+    assert (
+        "python -m loan: `import torch` failed (ImportError: no torch build for this machine); nothing ran"
+        in (result.stdout)
+    )
+    assert sorted(p.name for p in (tmp_path / "none").iterdir()) == ["loan.log"]

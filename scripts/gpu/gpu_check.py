@@ -1,7 +1,7 @@
-"""The serving path under vLLM's engine, checked case by case against the HF model (issue 33).
+"""The serving path under vLLM's engine, checked case by case against the HF model.
 
-    python docs/bench/gpu_check.py --out DIR             # on a lent GPU (docs/bench/gpu_check.sh runs it)
-    python docs/bench/gpu_check.py --out DIR --dry-run   # the same cases a CPU can run (the suite runs it)
+    python scripts/gpu/gpu_check.py --out DIR             # on a GPU with vLLM (gpu_check.sh installs one offline)
+    python scripts/gpu/gpu_check.py --out DIR --dry-run   # the same cases a CPU can run (the suite runs it)
 
 Models: tiny random SwiftKV checkpoints with the test kit's byte tokenizer and peaked logits (greedy
 margins far above bf16 noise): Llama G = 1, Llama G = 2 (AcrossKV) and Qwen3 G = 1 (q/k norms, head_dim
@@ -19,8 +19,11 @@ eager); ngram speculation (its ids against the same HF ids); an fp8 KV cache (ho
 keeps before it leaves the HF answer, as on CPU); KV capacity at fixed bytes, G = 2 against G = 1.
 
 JSON (`gpu-check.json`) and a table (`gpu-check.md`) are rewritten after every case, so a run cut short
-still brings back what it checked. A case that fails records its error and the run goes on; a case the
-device cannot run (fp8 KV on a CPU without AVX-512 or AMX) is reported as skipped, with the reason.
+still brings back what it checked; the models live in a temporary folder, so DIR holds those two files only
+(outputs.py's limits, checked at the end). A case that fails records its error and the run goes on; a case
+the device cannot run (fp8 KV on a CPU without AVX-512 or AMX) is reported as skipped, with the reason.
+Exit codes: 0 when every case passed, 1 when one failed, 3 when an import the check needs fails (before any
+case), 4 when DIR breaks outputs.py's limits.
 """
 
 from __future__ import annotations
@@ -30,14 +33,21 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+from outputs import check_imports, check_outputs  # noqa: E402
+
+NEEDED = [("torch", None), ("vllm", "LLM"), ("swiftkv.vllm.engine", "engine_kwargs"), ("tests.tiny", None)]
+if __name__ == "__main__" and (failed := check_imports("gpu_check.py", NEEDED)):
+    sys.exit(failed)
+
+import torch  # noqa: E402
 
 from swiftkv.model.families import FAMILIES  # noqa: E402
 from swiftkv.vllm.engine import in_process_engine  # noqa: E402
@@ -82,7 +92,7 @@ class Result:
 
 
 def cases(on_gpu: bool) -> list[Case]:
-    """Most important first: a loan cut short has checked those."""
+    """Most important first: a run cut short has checked those."""
     modes = (
         [(backend, graphs) for backend in GPU_BACKENDS for graphs in (True, False)]
         if on_gpu
@@ -336,20 +346,29 @@ def main(argv: list[str] | None = None) -> int:
         wanted = set(args.cases.split(","))
         chosen = [case for case in chosen if case.name in wanted]
     folders, references, results = {}, {}, []
-    with in_process_engine():  # each engine in this process: started, used, deleted, one at a time
+    # each engine in this process: started, used, deleted, one at a time
+    with in_process_engine(), tempfile.TemporaryDirectory(prefix="gpu-check-models-") as models:
         for case in chosen:
-            run_one(case, out, on_gpu, dtype, folders, references, results)
-    return 0 if all(r.skipped or (not r.error and (r.identical or not r.exact)) for r in results) else 1
+            run_one(case, out, Path(models), on_gpu, dtype, folders, references, results)
+    passed = all(r.skipped or (not r.error and (r.identical or not r.exact)) for r in results)
+    return check_outputs(out, "gpu_check.py") or (0 if passed else 1)
 
 
 def run_one(
-    case: Case, out: Path, on_gpu: bool, dtype: str, folders: dict, references: dict, results: list[Result]
+    case: Case,
+    out: Path,
+    models: Path,
+    on_gpu: bool,
+    dtype: str,
+    folders: dict,
+    references: dict,
+    results: list[Result],
 ) -> None:
     """`case` on its model (built, with its HF greedy ids, the first time a case needs it); the report
     rewritten after it."""
     device = "cuda" if on_gpu else "cpu"
     if case.model not in folders and not case.skip:
-        folders[case.model] = out / "models" / case.model
+        folders[case.model] = models / case.model
         model, tokenizer = checkpoint(folders[case.model], case.model)
         model = model.to(device=device, dtype=getattr(torch, dtype))
         batch, shared = prompt_texts()

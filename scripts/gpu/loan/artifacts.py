@@ -1,14 +1,14 @@
 """The students' compiled layers, carried from one loan to the next.
 
-A fresh box compiles every layer variant from nothing (`--compile`: Triton kernels on a GPU, each built
+A fresh GPU machine compiles every layer variant from nothing (`--compile`: Triton kernels on a GPU, each built
 by a compiler process), inside the minutes the steps need. So each student keeps what it compiled
-(`distill.compiled.compiled_artifacts`) in the box's work folder at every snapshot, the loan bundles
+(`swiftkv.distill.compiled.compiled_artifacts`) in the machine's work folder at every snapshot, the loan bundles
 them into one file of OUT when the students are done, and the students of a loan resumed from that OUT
 load the bundle before their first step: their layers then compile from cache hits. The cache keys on
 the graphs, the torch build and the device, so whatever differs compiles afresh, as without it.
 
-One file, not one per student: the device tool brings back at most 8 files, and the snapshots, the
-replies, the report and the log already take 7.
+One file, not one per student: a run brings back at most MAX_FILES files (`outputs.py`), and the
+snapshots, the replies, the report and the log already take 7.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..distill.compiled import load_compiled_artifacts, reason_of
-from ..files import write_atomic
+from swiftkv.distill.compiled import load_compiled_artifacts, reason_of
+from swiftkv.files import write_atomic
 
 BUNDLE_FILE = "compiled.tar"
 # Both students' snapshots (~46 MiB at N = 15 and 22), the replies and the code carried into the next
-# loan leave about 15 MiB of its 64 MiB transfer.
+# run leave about 15 MiB of its upload (stage.TRANSFER_MIB).
 BUNDLE_LIMIT = 12 * 2**20
 
 
