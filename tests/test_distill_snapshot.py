@@ -45,6 +45,7 @@ def trained_weights(out) -> dict[str, torch.Tensor]:
     return swiftkv_parameters(AutoModelForCausalLM.from_pretrained(out))
 
 
+@pytest.mark.slow  # three runs of 64 steps, one of them a process of its own
 def test_a_run_killed_after_a_snapshot_resumes_with_the_same_command_to_the_same_numbers(tiny_run):
     """SIGKILL from outside as soon as the first snapshot is on disk; the same command again resumes from
     it (no --resume) and ends with the unkilled run's losses and weights, equal exactly (a run is a pure

@@ -272,7 +272,7 @@ def test_a_continued_run_resumes_exactly(tmp_path):
 def test_a_continuation_resumed_after_its_earlier_run_moved_on_is_refused(tmp_path):
     """The earlier run trained on (resumed) after the continuation started from it: resuming the
     continuation would take the data after another step, so it is refused before any work."""
-    from swiftkv.distill.checkpoint import check_start
+    from swiftkv.distill.start import decide_start
 
     tokenizer = tiny_tokenizer()
     distill(run_settings(tmp_path, stop_after=2), tiny_student(), tokenizer)
@@ -286,7 +286,10 @@ def test_a_continuation_resumed_after_its_earlier_run_moved_on_is_refused(tmp_pa
     with pytest.raises(
         ValueError, match="continued .* after 2 steps of the data, and that checkpoint now ends after 4"
     ):
-        check_start(run_settings(tmp_path, checkpoint_dir=str(tmp_path / "cut"), resume=True, **more))
+        decide_start(
+            run_settings(tmp_path, checkpoint_dir=str(tmp_path / "cut"), resume=True, **more),
+            writes_output=False,
+        )
 
 
 def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path):
@@ -321,9 +324,9 @@ def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path
             **{**short, "continue_from": str(tmp_path / "short"), "checkpoint_dir": str(tmp_path / "after")}
         )
     with pytest.raises(ValueError, match="--passes 0: expected a whole number"):
-        from swiftkv.distill.checkpoint import check_start
+        from swiftkv.distill.start import decide_start
 
-        check_start(run_settings(tmp_path, passes=0))
+        decide_start(run_settings(tmp_path, passes=0), writes_output=False)
 
 
 def test_init_from_starts_from_the_earlier_tensors_on_a_run_of_its_own(tmp_path):
@@ -357,16 +360,18 @@ def test_init_from_starts_from_the_earlier_tensors_on_a_run_of_its_own(tmp_path)
 
 
 def test_init_from_refuses_another_student_and_no_checkpoint(tmp_path):
-    from swiftkv.distill.checkpoint import check_start
+    from swiftkv.distill.start import decide_start
 
     tokenizer = tiny_tokenizer()
     distill(run_settings(tmp_path, stop_after=1), tiny_student(), tokenizer)
     ckpt = str(tmp_path / "ckpt")
     other = dict(checkpoint_dir=str(tmp_path / "other"), init_from=ckpt)
     with pytest.raises(ValueError, match="another student .*trainable: checkpoint 'swiftkv' vs now 'lora'"):
-        check_start(run_settings(tmp_path, trainable="lora", lora_rank=4, **other))
+        decide_start(run_settings(tmp_path, trainable="lora", lora_rank=4, **other), writes_output=False)
     with pytest.raises(FileNotFoundError, match="--init-from .*none: no checkpoint there"):
-        check_start(run_settings(tmp_path, **{**other, "init_from": str(tmp_path / "none")}))
+        decide_start(
+            run_settings(tmp_path, **{**other, "init_from": str(tmp_path / "none")}), writes_output=False
+        )
 
 
 def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):

@@ -68,8 +68,9 @@ def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
     """`distill --init-from ALIAS`: each shipped student names a folder whose tensors map one to one
     onto a run of its recipe at the folder's rank (SwiftKV parameters, adapters' factors) over a
     conversion of its base with its N; a run of another N or rank is refused, naming what differs."""
-    from swiftkv.distill.from_weights import check_weights_student, weights_folder, weights_trained
+    from swiftkv.distill.from_weights import weights_folder, weights_trained
     from swiftkv.distill.settings import settings_for
+    from swiftkv.distill.start import check_weights_student
 
     folder = weights_folder(alias)
     assert folder == WEIGHTS_DIR / alias

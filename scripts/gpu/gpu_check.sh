@@ -81,8 +81,8 @@ unpack1() {
 run() {  # the check; DRY=1: on this CPU with $PYTHON (the suite's dry-run path)
   mkdir -p "$OUT"
   if [ -n "${DRY:-}" ]; then
-    "$PYTHON" "$HERE/gpu_check.py" --dry-run --out "$OUT" ${CASES:+--cases "$CASES"}
-    return
+    # exec: the check is this process, so whoever stops the script stops the check
+    exec "$PYTHON" "$HERE/gpu_check.py" --dry-run --out "$OUT" ${CASES:+--cases "$CASES"}
   fi
   [ -d "$SITE" ] && export PYTHONPATH=$SITE:$ROOT/src:$ROOT || export PYTHONPATH=$ROOT/src:$ROOT
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1

@@ -73,7 +73,7 @@ class LoanSettings:
     stage: str = setting(
         None, "the stage folder (part1/ and part2/, as `python -m loan stage` wrote them)", cli=False
     )
-    out: str | None = setting(None, "where results go as they come (the device tool's $OUT)")
+    out: str | None = setting(None, "where results go as they come (what the GPU run brings back)")
     minutes: float = setting(9.0, "wall minutes of the whole command; the students stop before its end")
     device: str = setting("cuda", "cuda, or cpu for the dry-run", choices=("cuda", "cpu"))
     students: str = setting("15,22", "the students' N (num_key_value_layers), trained in parallel")

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from ..model.surgery import DELTA_FACTORS, TRAINED_SPEC, read_trained, read_trained_spec
-from ..sources import WEIGHTS_DIR, Source, available_aliases, read_config_dict, source_name
+from ..sources import WEIGHTS_DIR, available_aliases
 from .settings import DistillSettings
 from .snapshot import FIRST_FILE as SNAPSHOT_FIRST_FILE
 from .snapshot import read_progress, read_snapshot
-from .trainable import DEFAULT_LORA_RANK, LORA_A, LORA_B, STUDENT_MODULES
+from .trainable import LORA_A, LORA_B, STUDENT_MODULES
 
 
 def weights_folder(given: str) -> Path | None:
@@ -40,50 +40,12 @@ def weights_folder(given: str) -> Path | None:
 def with_folder_rank(settings: DistillSettings, rank_given: bool) -> DistillSettings:
     """A `--trainable lora` run --init-from a weights folder takes the folder's adapter rank unless
     --lora-rank was given: on from a student means at its rank (a shipped soup's 128, not the recipe's
-    64), and a rank given that differs is still refused by `check_weights_student`, naming both."""
+    64), and a rank given that differs is still refused by `start.check_weights_student`, naming both."""
     if rank_given or settings.trainable != "lora" or settings.init_from is None:
         return settings
     folder = weights_folder(settings.init_from)
     rank = folder_spec(folder).get("student_rank") if folder is not None else None
     return replace(settings, lora_rank=rank) if rank else settings
-
-
-def expected_spec(settings: DistillSettings, config: dict) -> dict:
-    """What a weights folder must say of itself to be the student of this run, whose model has `config`:
-    the model it was converted from, its geometry, and what its later layers trained."""
-    trained = list(STUDENT_MODULES[settings.trainable])
-    return {
-        "base": (config.get("swiftkv_conversion") or {}).get("source", source_name(settings.source)),
-        "num_key_value_layers": config.get("num_key_value_layers"),
-        "key_value_group_size": config.get("key_value_group_size", 1),
-        "student_trained": trained or None,
-        "student_rank": (settings.lora_rank or DEFAULT_LORA_RANK) if trained else None,
-    }
-
-
-def check_weights_student(folder: Path, settings: DistillSettings, config: dict | None = None) -> None:
-    """Refuse a weights folder that holds another student than this run trains (another base model or
-    N, another --trainable or --lora-rank). `config`: the run's model's (default: read from its source
-    folder, before any work; a model built in memory is checked when the run starts)."""
-    if config is None:
-        if not isinstance(settings.source, Source):
-            return
-        config = read_config_dict(settings.source.folder)
-    spec = folder_spec(folder)
-    expected = expected_spec(settings, config)
-    found = {key: spec.get(key) for key in expected} | {
-        "key_value_group_size": spec.get("key_value_group_size", 1)
-    }
-    differing = ", ".join(
-        f"{key}: folder {found[key]!r} vs this run {value!r}"
-        for key, value in expected.items()
-        if found[key] != value
-    )
-    if differing:
-        raise ValueError(
-            f"--init-from {folder}: it holds another student than this run trains ({differing}); expected "
-            "one converted from the same model with the same N, --trainable and --lora-rank"
-        )
 
 
 def is_snapshot(folder: Path) -> bool:

@@ -16,10 +16,11 @@ from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
 from .bound import bound_line
-from .checkpoint import RunState, check_start, snapshot_resume
+from .checkpoint import RunState
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
+from .start import Start, decide_start
 from .trainable import merge_trained
 from .trainer import evaluate, finished, run_summary, run_training, trained_tensors
 from .world import World, barrier, close_world, init_world, launched_world_size, log
@@ -34,27 +35,22 @@ class DistillResult:
 
 def run_distillation(settings: DistillSettings) -> DistillResult:
     """Train `settings.source` per `settings` (a slice of it with `stop_after`); on the last step
-    write `settings.out` atomically. Bad input fails here, before any training."""
-    if not settings.out:
-        raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
-    settings.check_parallelism()
-    settings.check_batch_split(launched_world_size())
-    settings.check_skip()
+    write `settings.out` atomically. Bad input fails here, before any training (`start.decide_start`)."""
+    settings.check_batch_split(launched_world_size())  # before the source opens: a number alone answers it
     settings = settings.opened()  # a missing source is reported here, as such, before any work
-    settings = snapshot_resume(settings)
-    check_start(settings)
+    start = decide_start(settings)
     world = init_world(settings.fsdp)
     try:
-        return train_and_write(settings, world)
+        return train_and_write(settings, world, start)
     finally:
         close_world(world)
 
 
-def train_and_write(settings: DistillSettings, world: World) -> DistillResult:
+def train_and_write(settings: DistillSettings, world: World, start: Start) -> DistillResult:
     model, tokenizer = load_student(settings)
     started = time.time()
     state, distiller = run_training(
-        settings, model, tokenizer, world, written_replies(settings, tokenizer, world)
+        settings, model, tokenizer, world, written_replies(settings, tokenizer, world), start
     )
     summary = run_summary(settings, state, world)
     done = finished(state)

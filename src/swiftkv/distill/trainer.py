@@ -32,8 +32,6 @@ from . import memory, microbatch, sharding, trainable
 from .bound import devices_bound, step_flops_per_token
 from .checkpoint import (
     RunState,
-    check_continuable,
-    check_initializable,
     inner_model,
     load_checkpoint,
     load_trained_from,
@@ -45,6 +43,7 @@ from .loss import BatchSizes, LossTerms, distill_loss
 from .profile import StepProfiler
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
 from .snapshot import SnapshotClock
+from .start import Start, check_model_start, decide_start
 from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
@@ -374,7 +373,8 @@ def distill(
 ) -> RunState:
     """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
     state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
-    of `--targets teacher|mixed`."""
+    of `--targets teacher|mixed`. How it starts is decided from the settings (`start.decide_start`,
+    without the checks of a run's output folder)."""
     return run_training(settings, model, tokenizer, world or World(), replies)[0]
 
 
@@ -384,32 +384,34 @@ TENSOR_COUNTED_STEPS = 2
 
 
 def run_training(
-    settings: DistillSettings, model: nn.Module, tokenizer, world: World, replies=None
+    settings: DistillSettings,
+    model: nn.Module,
+    tokenizer,
+    world: World,
+    replies=None,
+    start: Start | None = None,
 ) -> tuple[RunState, nn.Module]:
     """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
-    in place, and `trained_tensors` gathers what it trained through it."""
+    in place, and `trained_tensors` gathers what it trained through it. `start`: as `run_distillation`
+    decided it (else decided here)."""
     settings.check_batch_split(world.size)
-    ckpt = settings.checkpoint_path()
-    continued = check_continuable(settings)
-    before = continued.steps if continued else 0
+    if start is None:
+        start = decide_start(settings, model.config.to_dict(), writes_output=False)
+    else:
+        check_model_start(start, settings, model.config.to_dict())
+    ckpt, before = start.checkpoint, start.continued_steps
     train, heldout = run_blocks(settings, tokenizer, replies, world, before)
     total_steps = len(train) // settings.batch_size
     distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     model_mib = memory.current_mib(world.device)
     memory.reset_peak(world.device)
     identity = settings.identity()
-    state = load_checkpoint(ckpt, distiller, optimizer, identity, world) if settings.resume else RunState()
-    if settings.resume:
-        log(world, f"resuming {ckpt} after step {state.step}")
-    # A resumed run's tensors are its own checkpoint's; only a fresh start takes an earlier run's.
-    if continued and not settings.resume:
-        load_trained_from(continued.checkpoint, distiller, world)
-        log(
-            world, f"continuing {continued.checkpoint}: its trained tensors, after {before} steps of the data"
-        )
-    elif not settings.resume and (initial := check_initializable(settings, model.config.to_dict())):
-        load_trained_from(initial, distiller, world)
-        log(world, f"starting from {initial}: its trained tensors, on this run's data and schedule")
+    state = load_checkpoint(start.load, distiller, optimizer, world) if start.resumes else RunState()
+    # A resumed run's tensors are its own checkpoint's; only a first start takes an earlier run's.
+    if start.kind in ("continue", "init"):
+        load_trained_from(start.load, distiller, world)
+    if start.kind != "fresh":
+        log(world, start.why)
     state.continued_steps = before
     state.total_steps = total_steps
     state.flops_per_token = step_flops_per_token(model.config, settings, train, step_settings.micro_batch)
@@ -432,7 +434,8 @@ def run_training(
     block_tokens = settings.batch_size * settings.seq_len
     tensors, first = memory.TensorBytes(), state.step
     # The segment's first step allocates (and compiles): profiled steps start after it where there are more.
-    profiler = StepProfiler(settings.profile_steps, first + (last - first > 1), world.device, progress.write)
+    say = progress.write if world.is_main else (lambda text: None)  # tqdm.write prints on every process
+    profiler = StepProfiler(settings.profile_steps, first + (last - first > 1), world.device, say)
     clock = SnapshotClock(settings.snapshot_every)
     for step in progress:
         profiler.before(step)
