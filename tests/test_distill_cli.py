@@ -264,7 +264,8 @@ def test_speed_times_the_runs_own_blocks_and_a_run_records_its_bound(tiny_run):
     assert human["flops_per_token"] > probe["flops_per_token"]
     facts = run["compute_bound"]
     rate = run["tokens_per_second"] * facts["flops_per_token"] / facts["matmul_peak_flops"]
-    assert facts["fraction_of_bound"] == round(rate, 3) and 0 < facts["fraction_of_bound"] < 1
+    # a tiny model's fraction is ~1e-3 and may round to 0.0 on a loaded machine: the rate itself is checked
+    assert facts["fraction_of_bound"] == round(rate, 3) and 0 < rate < 1
 
 
 def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_run):
