@@ -161,8 +161,8 @@ sys.exit(main(sys.argv[1:]))
     [
         (
             ["convert", "SRC", "DST", "--num-key-value-layers", "3", "--init", "copy", "--no-measure"],
-            "transformers",
-            "PreTrainedModel.save_pretrained",
+            "swiftkv.tensorfiles",
+            "write_layout",
         ),
         (["export", "SRC", "DST"], "shutil", "copytree"),
     ],

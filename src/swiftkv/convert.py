@@ -8,6 +8,7 @@ teacher on held-out tokens, and the result is written atomically as an HF folder
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -22,15 +23,22 @@ from .dtypes import DTYPE_CHOICES, autocast, compute_device, parse_dtype, resolv
 from .files import check_new_output
 from .model.config import num_key_value_layers_for
 from .model.surgery import (
-    build_swiftkv_model,
     copy_init_params,
+    copy_init_tensors,
     load_trained,
     swiftkv_config,
-    trimmed_copy,
-    write_swiftkv_folder,
+    write_converted_folder,
 )
 from .settings import setting
-from .sources import Source, check_supported, check_weights_present, has_tokenizer, open_source
+from .sources import (
+    Source,
+    check_supported,
+    check_weights_present,
+    has_tokenizer,
+    load_folder_as_swiftkv,
+    open_source,
+)
+from .tensorfiles import FolderTensors
 
 INITS = ("copy", "mean", "lstsq")
 
@@ -78,12 +86,14 @@ class ConvertSettings:
         "for a teacher",
     )
     dtype: str | None = setting(
-        None, "weights dtype of the output (float32, bfloat16, ...; default: as loaded, fp32)"
+        None,
+        "weights dtype of the output (float32, bfloat16, ...; default: the source's, e.g. bf16 stays bf16 "
+        "and a GGUF, dequantized to fp32, stays fp32)",
     )
     compute_dtype: str = setting(
         "auto",
-        "matmul dtype of the calibration passes (auto: bf16 autocast where bf16 "
-        "is native, else fp32; the weights and the fit stay fp32)",
+        "matmul dtype of the calibration passes (auto: bf16 autocast where bf16 is native, else fp32; "
+        "the weights stay in the source's dtype, so a bf16 source computes in bf16; the fit is float64)",
         choices=DTYPE_CHOICES,
     )
     force: bool = setting(False, "overwrite DST")
@@ -128,7 +138,11 @@ def resolve_num_key_value_layers(
 
 def convert(settings: ConvertSettings) -> ConversionReport:
     """Convert `settings.source` (HF folder, .gguf, alias) into a SwiftKV folder at `settings.out`, written
-    atomically. Bad input fails before the weights are loaded."""
+    atomically. Bad input fails before the weights are loaded.
+
+    The folder is the source's tensors, copied one at a time in their stored dtype (or --dtype), plus
+    the new SwiftKV tensors. copy/mean read only the few tensors they derive from; the calibration
+    (lstsq, the measurement) loads the model once, in its stored dtype, and frees it before the copy."""
     out_dtype = check_settings(settings)
     check_new_output(settings.out, settings.force)
     started = time.time()
@@ -136,32 +150,38 @@ def convert(settings: ConvertSettings) -> ConversionReport:
     folder = source.folder
     n = checked_geometry(folder, settings)
     unmeasured = why_unmeasured(folder, settings)
-    model = build_swiftkv_model(source.load_model(torch.float32), n, settings.key_value_group_size)
+    stored = FolderTensors(folder)
+    config = swiftkv_config(AutoConfig.from_pretrained(folder), n, settings.key_value_group_size)
+    out_dtype = out_dtype or stored.main_dtype()
     tokenizer = source.load_tokenizer() if has_tokenizer(folder) else None
     report = ConversionReport(
         source.name, settings.init, n, settings.key_value_group_size, unmeasured=unmeasured
     )
     if unmeasured:
         print(f"note: {unmeasured}; writing the {settings.init} init without calibration", flush=True)
-        load_trained(model, copy_init_params(model, average_group=settings.init == "mean"))
+        new = copy_init_tensors(config, stored, average_group=settings.init == "mean")
     else:
-        load_trained(model, fit_and_measure(model, tokenizer, report, settings)[settings.init])
+        model = load_folder_as_swiftkv(folder, config, stored.main_dtype())
+        new = fit_and_measure(model, tokenizer, report, settings)[settings.init]
+        del model  # the copy below reads the source again, tensor by tensor
+        gc.collect()
     report.seconds = time.time() - started
     extra_files = {"swiftkv_conversion.json": json.dumps(asdict(report), indent=2)}
     if settings.trim:
-        model = trimmed_copy(model)
+        config.swiftkv_trimmed = True
         extra_files["README.md"] = TRIMMED_README.format(
             source=source.name, n=n, g=settings.key_value_group_size, init=settings.init
         )
-    if out_dtype is not None:
-        model = model.to(out_dtype)
     info = {
         "source": source.name,
         "init": settings.init,
         "trimmed": settings.trim,
         "top1_agreement": report.top1_agreement,
     }
-    write_swiftkv_folder(model, tokenizer, settings.out, info, force=settings.force, extra_files=extra_files)
+    new = {name: tensor.to(out_dtype) for name, tensor in new.items()}
+    write_converted_folder(
+        stored, config, new, tokenizer, settings.out, info, out_dtype, settings.force, extra_files
+    )
     return report
 
 
@@ -240,16 +260,13 @@ def fit_and_measure(
     lstsq), each measured on held-out calibration tokens into `report`. The forward passes run in
     the compute dtype; each in its own autocast region, because autocast caches the cast weights
     for a region and the candidates are swapped in between."""
-    device = compute_device()  # a GPU where there is one; the folder is written from the CPU copy
+    device = compute_device()  # a GPU where there is one; the folder is copied from the source's files
     compute = resolve_dtype(settings.compute_dtype, device)
     fit_blocks, eval_blocks = calibration.token_blocks(
         tokenizer, settings.calib_data, settings.calib_tokens, settings.eval_tokens
     )
     model.to(device)
-    try:
-        candidates = measured_candidates(model, fit_blocks, eval_blocks, compute, report, settings)
-    finally:
-        model.to("cpu")
+    candidates = measured_candidates(model, fit_blocks, eval_blocks, compute, report, settings)
     return {
         name: {key: tensor.cpu() for key, tensor in params.items()} for name, params in candidates.items()
     }

@@ -19,10 +19,11 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+from transformers.utils import logging as hf_logging
 
 from .files import cached_folder, model_identity
 from .model.config import add_legacy_rope_keys
-from .model.families import GGUF_SOURCE_TYPES, SUPPORTED_MODEL_TYPES, unsupported
+from .model.families import GGUF_SOURCE_TYPES, SUPPORTED_MODEL_TYPES, family_of, unsupported
 from .model.surgery import (
     TRAINED_SPEC,
     TRAINED_TENSORS,
@@ -242,6 +243,23 @@ def load_folder_model(folder: Path, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     except (OSError, RuntimeError, ValueError, SafetensorError) as error:
         raise ValueError(f"cannot load the weights of {folder}: {error}") from error
+    return model.eval()
+
+
+def load_folder_as_swiftkv(folder: Path, config, dtype: torch.dtype):
+    """The plain model of `folder` loaded straight into the SwiftKV model of `config` (its SwiftKV
+    config), in `dtype`, in eval mode: one copy of the weights in memory, not the plain model and a
+    SwiftKV copy of it. The SwiftKV parameters hold transformers' random init until an init is loaded
+    (`surgery.load_trained`); transformers' report of them as missing is silenced."""
+    model_class = family_of(config.model_type).model_class
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = model_class.from_pretrained(folder, config=config, dtype=dtype)
+    except (OSError, RuntimeError, ValueError, SafetensorError) as error:
+        raise ValueError(f"cannot load the weights of {folder}: {error}") from error
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return model.eval()
 
 

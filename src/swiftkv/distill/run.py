@@ -6,23 +6,28 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
-import torch
+from transformers import AutoConfig
 
 from ..data.packing import load_blocks
-from ..model.surgery import write_model_folder
+from ..hostmemory import peak_mib, reset_peak
+from ..model.modeling import swiftkv_parameters
+from ..model.surgery import generation_config, write_model_folder
 from ..replies import reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
+from ..tensorfiles import FolderTensors, copy_weights
 from .bound import bound_line
-from .checkpoint import RunState
+from .checkpoint import RunState, inner_model, trained_parameters
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
+from .sharding import whole_tensor
 from .start import Start, decide_start
-from .trainable import merge_trained
-from .trainer import evaluate, finished, run_summary, run_training, trained_tensors
+from .trainable import mark_distilled, merged_student_weights
+from .trainer import evaluate, finished, run_summary, run_training
 from .world import World, barrier, close_world, init_world, launched_world_size, log
 
 
@@ -54,10 +59,10 @@ def train_and_write(settings: DistillSettings, world: World, start: Start) -> Di
     )
     summary = run_summary(settings, state, world)
     done = finished(state)
-    trained = trained_tensors(distiller, world) if done else {}  # a collective under --fsdp
+    if done and (world.is_main or world.fsdp):  # under --fsdp every process gathers, one writes
+        write_output(settings, distiller, tokenizer, summary, world)
     wrote = world.is_main and done
     if wrote:
-        write_output(settings, trained, tokenizer, summary)
         facts = DistillSummary.from_json(summary)
         log(
             world,
@@ -96,23 +101,42 @@ def written_replies(settings: DistillSettings, tokenizer, world: World):
     return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
-def write_output(
-    settings: DistillSettings, trained: dict[str, torch.Tensor], tokenizer, summary: dict
-) -> None:
-    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary. `trained`:
-    the run's trained tensors, whole, by parameter name. Student-only later-layer weights (`--trainable
-    lora|late|late-norms`) are merged under their original names, and the config says so: the folder
-    then no longer contains its teacher."""
-    # The source's own weights plus the trained tensors: the frozen ones were cast for compute.
-    output = settings.source.load_model(torch.float32)
-    merge_trained(output, trained, settings.trainable)
+def write_output(settings: DistillSettings, distiller, tokenizer, summary: dict, world: World) -> None:
+    """The distilled student as a plain HF SwiftKV folder (swiftkv=True), with the run summary: the
+    source folder's files, copied tensor by tensor in their stored dtype (bf16 stays bf16), with the
+    trained tensors written in. Student-only later-layer weights (`--trainable lora|late|late-norms`)
+    are merged under their original names, and the config says so: the folder then no longer contains
+    its teacher. No process holds the source model: under --fsdp each trained tensor is gathered whole
+    only when its turn to be written comes, on every process (a collective), and process 0 writes it.
+    Each process reports the peak host memory the write added above what it held."""
+    held = reset_peak()
+    source = FolderTensors(settings.source.folder)
+    model = inner_model(distiller)
+    trained = {name: partial(whole_tensor, p) for name, p in trained_parameters(model).items()}
+    merged = merged_student_weights(trained, source)
+    own = swiftkv_parameters(model)
+    replaced = {name: gather for name, gather in trained.items() if name in own} | merged
+    if not world.is_main:
+        copy_weights(source, None, replaced=replaced, write=False)
+    else:
+        config = AutoConfig.from_pretrained(settings.source.folder)
+        mark_distilled(config, settings.trainable, bool(merged))
 
-    def fill(tmp: Path) -> None:
-        output.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
+        def fill(tmp: Path) -> None:
+            copy_weights(source, tmp, replaced=replaced)
+            config.save_pretrained(tmp)
+            generation_config(settings.source.folder, config).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    write_model_folder(settings.out, fill, force=True)
+        write_model_folder(settings.out, fill, force=True)
+    peak = peak_mib()
+    if held is not None and peak is not None:
+        print(
+            f"process {world.rank}: writing the output raised its peak host memory {peak - held:,.0f} MiB "
+            f"above the {held:,.0f} MiB it held",
+            flush=True,
+        )
 
 
 def heldout_agreement(settings: DistillSettings) -> dict:

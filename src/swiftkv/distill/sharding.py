@@ -14,8 +14,9 @@ micro-batch without trained rows one zero-weight row).
 
 Frozen teacher weights are sharded in the compute dtype (cast before sharding); the trained ones
 keep an fp32 master shard and, with bf16 compute, are gathered in bf16 (`MixedPrecisionPolicy`),
-their gradients reduced in fp32. The trained tensors of a checkpoint or of the output folder are
-gathered through torch.distributed.checkpoint's state-dict helpers.
+their gradients reduced in fp32. The trained tensors of a checkpoint are gathered through
+torch.distributed.checkpoint's state-dict helpers; those of the output folder one at a time, each when
+it is written (`whole_tensor`), so no process holds more than its shards and one whole tensor.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import contextlib
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint as checkpoint_activations
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from ..model.modeling import on_student_path, student_path
 from .world import World
@@ -83,9 +84,8 @@ def tied_embeddings(model: nn.Module) -> bool:
     return model.lm_head.weight is model.model.embed_tokens.weight
 
 
-def full_trained_tensors(distiller: nn.Module) -> dict[str, torch.Tensor]:
-    """Every trained tensor whole, in fp32 on the CPU, by the model's parameter name, on process 0 (a
-    collective: every process calls it; the others get an empty dict)."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    gathered = get_model_state_dict(distiller, options=options)
-    return {name.removeprefix(ROOT_PREFIX): tensor.float() for name, tensor in gathered.items()}
+@torch.no_grad()
+def whole_tensor(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: a sharded one (DTensor) gathered from every process, so every process must
+    call this for the same parameters in the same order; any other is returned as it is."""
+    return parameter.full_tensor() if isinstance(parameter, DTensor) else parameter.detach()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -173,18 +174,34 @@ def student_weights(
     """The student's versions of the wrapped weights, merged, under the original parameter names (what a
     distilled folder holds for them). `trained`: the run's trained tensors by parameter name (whole: a
     sharded run gathers them first); `source`: the unwrapped source model's state dict, in the dtype it
-    was stored in. A copy's tensors are the weights; an adapter's factors are added onto the source's
-    own weight, not onto the run's frozen copy: a bf16 run casts that copy for compute, and its rounding
-    would make the folder differ from the source at full rank, not by B @ A."""
+    was stored in (`merged_student_weights` says how they merge)."""
+    whole = {name: (lambda tensor=tensor: tensor) for name, tensor in trained.items()}
+    return {name: merge() for name, merge in merged_student_weights(whole, source).items()}
+
+
+def merged_student_weights(
+    trained: Mapping[str, Callable[[], torch.Tensor]], source: Mapping[str, torch.Tensor]
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """`student_weights`, each merged only when it is called: `trained` gives each trained tensor whole
+    when called (a sharded run gathers it then), `source` the source's stored weights (read when
+    indexed), so a folder is written one merged weight at a time. A copy's tensors are the weights; an
+    adapter's factors are added onto the source's own weight, not onto the run's frozen copy: a bf16
+    run casts that copy for compute, and its rounding would make the folder differ from the source at
+    full rank, not by B @ A."""
     weights = {}
-    for name, tensor in trained.items():
+    for name, whole in trained.items():
         if COPY in name:  # layer.mlp.copy.up_proj.weight -> layer.mlp.up_proj.weight
             path, _, leaf = name.partition(COPY)
-            weights[f"{path}.{leaf}"] = tensor.detach().float()
+            weights[f"{path}.{leaf}"] = lambda whole=whole: whole().detach().float()
         elif name.endswith(LORA_B):
             path = name.removesuffix(LORA_B)
-            factor_a = trained[path + LORA_A].detach().float()
-            weights[f"{path}.weight"] = source[f"{path}.weight"].float() + tensor.detach().float() @ factor_a
+            factor_a = trained[path + LORA_A]
+
+            def merge(path=path, factor_b=whole, factor_a=factor_a) -> torch.Tensor:
+                delta = factor_b().detach().float() @ factor_a().detach().float()
+                return source[f"{path}.weight"].float() + delta
+
+            weights[f"{path}.weight"] = merge
     return weights
 
 
@@ -198,5 +215,12 @@ def merge_trained(model: nn.Module, trained: dict[str, torch.Tensor], trainable:
     load_trained(model, {name: tensor for name, tensor in trained.items() if name in own}, own)
     if merged:
         load_trained(model, merged, dict(model.named_parameters()))
-        model.config.swiftkv_student_trained = list(STUDENT_MODULES[trainable])
-    model.config.swiftkv = True
+    mark_distilled(model.config, trainable, bool(merged))
+
+
+def mark_distilled(config, trainable: str, merged: bool) -> None:
+    """A distilled student's config: `swiftkv=True`, and `swiftkv_student_trained` naming what its later
+    layers trained when student-only weights were `merged` in (it no longer contains its teacher)."""
+    if merged:
+        config.swiftkv_student_trained = list(STUDENT_MODULES[trainable])
+    config.swiftkv = True

@@ -32,7 +32,6 @@ from . import memory, microbatch, sharding, trainable
 from .bound import devices_bound, step_flops_per_token
 from .checkpoint import (
     RunState,
-    inner_model,
     load_checkpoint,
     load_trained_from,
     save_checkpoint,
@@ -392,7 +391,7 @@ def run_training(
     start: Start | None = None,
 ) -> tuple[RunState, nn.Module]:
     """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
-    in place, and `trained_tensors` gathers what it trained through it. `start`: as `run_distillation`
+    in place, and the output is written through it (`run.write_output`). `start`: as `run_distillation`
     decided it (else decided here)."""
     settings.check_batch_split(world.size)
     if start is None:
@@ -503,14 +502,6 @@ def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: W
     compiled = CompiledLayers(model, settings.compile, lambda text: log(world, text))
     distiller = wrap(distiller_for(model, step_settings), world, compute_dtype)
     return Prepared(distiller, optimizer_for(model, settings), step_settings, compiled)
-
-
-def trained_tensors(distiller: nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """What the run trained, whole and fp32, by the model's parameter name (on process 0 only under
-    --fsdp, where gathering is a collective every process calls)."""
-    if world.fsdp:
-        return sharding.full_trained_tensors(distiller)
-    return {name: p.detach().float() for name, p in trained_parameters(inner_model(distiller)).items()}
 
 
 def finished(state: RunState) -> bool:

@@ -21,15 +21,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..files import atomic_file, atomic_output_dir, write_atomic
+from ..tensorfiles import FolderTensors, copy_weights
 from .config import is_swiftkv
 from .families import FAMILIES, family_of
 from .modeling import check_teacher_contained, swiftkv_parameters
@@ -100,34 +101,55 @@ def build_swiftkv_model(teacher, num_key_value_layers: int, key_value_group_size
 
 @torch.no_grad()
 def copy_init_params(model, average_group: bool = False) -> dict[str, torch.Tensor]:
-    """The reference inits, from the model's own (teacher) weights: norm_swiftkv <- input_layernorm(N);
-    q <- the layer's q_proj; k/v <- the owner's k/v_proj (`average_group`: the group's mean, the
-    reference's "mean" init). Qwen3: q_norm_swiftkv <- q_norm; k_norm_swiftkv <- the group's mean
-    k_norm under either init (the reference's; a group shares one K, so one norm)."""
-    config, layers = model.config, model.model.layers
+    """The reference inits of `model`'s SwiftKV parameters, from its own (teacher) weights
+    (`copy_init_tensors`)."""
+    return copy_init_tensors(model.config, model.state_dict(), average_group)
+
+
+@torch.no_grad()
+def copy_init_tensors(
+    config, weights: Mapping[str, torch.Tensor], average_group: bool = False
+) -> dict[str, torch.Tensor]:
+    """The reference inits from the teacher weights by name (a model's state dict, or a folder's
+    tensors read one at a time: only the few each init needs are read): norm_swiftkv <-
+    input_layernorm(N); q <- the layer's q_proj; k/v <- the owner's k/v_proj (`average_group`: the
+    group's mean, the reference's "mean" init). Qwen3: q_norm_swiftkv <- q_norm; k_norm_swiftkv <- the
+    group's mean k_norm under either init (the reference's; a group shares one K, so one norm)."""
     n, g = config.num_key_value_layers, config.key_value_group_size
-    params = {"model.norm_swiftkv.weight": layers[n].input_layernorm.weight.detach().clone()}
+    params = {"model.norm_swiftkv.weight": weights[f"model.layers.{n}.input_layernorm.weight"].clone()}
     for i in config.later_layers:
         prefix = f"model.layers.{i}.self_attn"
-        params.update(mean_linear(f"{prefix}.q_proj_swiftkv", [layers[i].self_attn.q_proj]))
-        if hasattr(layers[i].self_attn, "q_norm_swiftkv"):
-            params[f"{prefix}.q_norm_swiftkv.weight"] = layers[i].self_attn.q_norm.weight.detach().clone()
-        if hasattr(layers[i].self_attn, "k_norm_swiftkv"):
-            norms = [layers[j].self_attn.k_norm.weight.detach() for j in range(i, i + g)]
-            params[f"{prefix}.k_norm_swiftkv.weight"] = torch.stack(norms).mean(0)
+        params.update(mean_linear(f"{prefix}.q_proj_swiftkv", [f"{prefix}.q_proj"], weights))
+        qk_norm = f"{prefix}.q_norm.weight" in weights
+        if qk_norm:
+            params[f"{prefix}.q_norm_swiftkv.weight"] = weights[f"{prefix}.q_norm.weight"].clone()
         if config.is_kv_owner(i):
+            if qk_norm:
+                norms = [weights[f"model.layers.{j}.self_attn.k_norm.weight"] for j in range(i, i + g)]
+                params[f"{prefix}.k_norm_swiftkv.weight"] = torch.stack(norms).mean(0)
             members = range(i, i + g) if average_group else range(i, i + 1)
             for name in ("k_proj", "v_proj"):
-                sources = [getattr(layers[j].self_attn, name) for j in members]
-                params.update(mean_linear(f"{prefix}.{name}_swiftkv", sources))
+                sources = [f"model.layers.{j}.self_attn.{name}" for j in members]
+                params.update(mean_linear(f"{prefix}.{name}_swiftkv", sources, weights))
     return params
 
 
-def mean_linear(name: str, sources: list[torch.nn.Linear]) -> dict[str, torch.Tensor]:
-    out = {f"{name}.weight": torch.stack([s.weight.detach() for s in sources]).mean(0)}
-    if sources[0].bias is not None:
-        out[f"{name}.bias"] = torch.stack([s.bias.detach() for s in sources]).mean(0)
+def mean_linear(
+    name: str, sources: list[str], weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The mean of the linear layers named `sources` (weight, and bias where they have one) as `name`."""
+    out = {f"{name}.weight": torch.stack([weights[f"{s}.weight"] for s in sources]).mean(0)}
+    if f"{sources[0]}.bias" in weights:
+        out[f"{name}.bias"] = torch.stack([weights[f"{s}.bias"] for s in sources]).mean(0)
     return out
+
+
+def swiftkv_tensor_names(config) -> set[str]:
+    """The names of the tensors a SwiftKV model of `config` stores (a trimmed config's lack the later
+    layers' q/k/v), from the model built on the meta device: no memory, whatever its size."""
+    with torch.device("meta"):
+        model = family_of(config.model_type).model_class(config)
+    return set(model.state_dict())
 
 
 @torch.no_grad()
@@ -329,6 +351,50 @@ def write_swiftkv_folder(
             (tmp / name).write_text(text)
 
     write_model_folder(dst, fill, force=force)
+
+
+def write_converted_folder(
+    source: FolderTensors,
+    config,
+    new: dict[str, torch.Tensor],
+    tokenizer,
+    dst: str | os.PathLike,
+    info: dict,
+    dtype: torch.dtype,
+    force: bool = False,
+    extra_files: dict[str, str] | None = None,
+) -> None:
+    """A SwiftKV folder made of `source`'s tensors, copied one at a time (in `dtype` where they are
+    floats) but those a model of `config` lacks (a trimmed one's later q/k/v), and the `new` SwiftKV
+    tensors beside them; the config as `write_swiftkv_folder` writes it. No model is built: the
+    whole model is never in memory."""
+    names = swiftkv_tensor_names(config)
+    missing = sorted(name for name in names - set(source) - set(new) if "swiftkv" not in name)
+    missing = [name for name in missing if not (name == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing:
+        raise ValueError(f"the source checkpoint lacks weights the model needs: {missing[:5]}")
+    config.swiftkv_conversion = {**info, "date": time.strftime("%Y-%m-%d")}
+    config.architectures = [family_of(config.model_type).model_class.__name__]
+    config.dtype = dtype
+
+    def fill(tmp: Path) -> None:
+        copy_weights(source, tmp, kept=names.__contains__, added=new, dtype=dtype)
+        config.save_pretrained(tmp)
+        generation_config(source.folder, config).save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+
+    write_model_folder(dst, fill, force=force)
+
+
+def generation_config(folder: Path, config) -> GenerationConfig:
+    """The source's generation settings, or those transformers derives from its config when it has
+    none (what saving a loaded model writes)."""
+    if (folder / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(folder)
+    return GenerationConfig.from_model_config(config)
 
 
 def write_model_folder(dst: str | os.PathLike, fill: Callable[[Path], None], force: bool = False) -> Path:
