@@ -169,12 +169,19 @@ def kv_relative_error(model, stats: TeacherStats) -> dict[str, list[float]]:
     return errors
 
 
+# Bytes of fp32 logits the measurement projects at a time. The KL of a chunk holds about eight arrays of
+# its size (both sides' logits, their fp32 copies, log-softmaxes, the product), so at a 128k vocabulary
+# 256 rows would hold 1 GiB above the model; a chunk of this many bytes holds about 256 MiB.
+LOGIT_CHUNK_BYTES = 32 * 2**20
+
+
 @torch.no_grad()
 def agreement(model, blocks: list[torch.Tensor]) -> tuple[float, float]:
     """Teacher-forced top-1 agreement and mean KL(teacher || student) per token, every position."""
     kl, same, count = 0.0, 0, 0
+    chunk_rows = max(1, LOGIT_CHUNK_BYTES // (4 * model.config.vocab_size))
     for block in blocks:
         pair = model.model.forward_pair(block[None].to(model.device))
-        block_kl, block_same, rows = agreement_stats(pair.student, pair.teacher, model.lm_head)
+        block_kl, block_same, rows = agreement_stats(pair.student, pair.teacher, model.lm_head, chunk_rows)
         kl, same, count = kl + block_kl, same + block_same, count + rows
     return same / count, kl / count
