@@ -1,9 +1,11 @@
 """`swiftkv convert`: a checkpoint of a supported family (`swiftkv.model.families`: Llama, Mistral, Qwen2,
 Qwen3) -> a SwiftKV checkpoint (Snowflake's format).
 
-The orchestration only: model surgery (`swiftkv.model.surgery`) builds the SwiftKV model and the
-reference inits, calibration (`swiftkv.calibration`) fits lstsq and measures each init against the
-teacher on held-out tokens, and the result is written atomically as an HF folder.
+The orchestration only: model surgery (`swiftkv.model.surgery`) derives the reference inits and writes
+the folder, calibration (`swiftkv.calibration`) fits lstsq and measures each init against the teacher on
+held-out tokens, and the result is written atomically as an HF folder: the source's tensors copied one
+at a time (`swiftkv.tensorfiles`) plus the new ones. Peak host memory is about the model once in its
+stored dtype plus the calibration's activations (lstsq), or a few tensors (copy/mean without it).
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ def convert(settings: ConvertSettings) -> ConversionReport:
 
 
 def check_settings(settings: ConvertSettings) -> torch.dtype | None:
-    """The settings that need no model, checked first; returns the output dtype (None: as loaded)."""
+    """The settings that need no model, checked first; returns the output dtype (None: the source's)."""
     if settings.source is None or settings.out is None:
         raise ValueError("convert needs a source and an output folder (ConvertSettings.source and .out)")
     if settings.init not in INITS:
