@@ -369,7 +369,10 @@ def write_converted_folder(
     tensors beside them; the config as `write_swiftkv_folder` writes it. No model is built: the
     whole model is never in memory."""
     names = swiftkv_tensor_names(config)
-    missing = sorted(name for name in names - set(source) - set(new) if "swiftkv" not in name)
+    in_layout = checkpoint_layout_filter(config, names)
+    missing = sorted(
+        name for name in names - set(source) - set(new) if in_layout(name) and "swiftkv" not in name
+    )
     missing = [name for name in missing if not (name == "lm_head.weight" and config.tie_word_embeddings)]
     if missing:
         raise ValueError(f"the source checkpoint lacks weights the model needs: {missing[:5]}")
@@ -378,7 +381,9 @@ def write_converted_folder(
     config.dtype = dtype
 
     def fill(tmp: Path) -> None:
-        copy_weights(source, tmp, kept=names.__contains__, added=new, dtype=dtype)
+        copy_weights(
+            source, tmp, kept=lambda name: name in names or not in_layout(name), added=new, dtype=dtype
+        )
         config.save_pretrained(tmp)
         generation_config(source.folder, config).save_pretrained(tmp)
         if tokenizer is not None:
@@ -387,6 +392,17 @@ def write_converted_folder(
             (tmp / name).write_text(text)
 
     write_model_folder(dst, fill, force=force)
+
+
+def checkpoint_layout_filter(config, names: set[str]) -> Callable[[str], bool]:
+    """Whether a tensor name is one the model and its checkpoint spell alike. An MoE family's MLP is
+    stored in the source's own layout (per-expert tensors, Mixtral's `block_sparse_moe`), which
+    transformers fuses and renames on load (`families.checkpoint_layout`): those tensors are copied as
+    the source has them, and their fused names are not looked for in it. Everything else, attention
+    included (so a trimmed model's later q/k/v are dropped), must match by name."""
+    if not family_of(config.model_type).experts:
+        return lambda name: True
+    return lambda name: ".self_attn." in name or ".mlp." not in name and ".block_sparse_moe." not in name
 
 
 def generation_config(folder: Path, config) -> GenerationConfig:
