@@ -185,6 +185,29 @@ class LongPrompt(Record):
 
 
 @record
+class LongQA(Record):
+    """One long-prompt QA set (`evaluate.long_qa`), student against teacher, with its per-item records."""
+
+    items: int | None = None
+    new_tokens: int | None = None
+    prompt_tokens_mean: float | None = None
+    match: str | None = None  # how `correct` is decided
+    paired: dict[str, Paired] | None = (
+        None  # correct / exact_match -> paired comparison (agreement: same verdict)
+    )
+    agreement_stderr: float | None = None  # of paired["correct"].agreement
+    both_right: int | None = None
+    both_wrong: int | None = None
+    identical_fraction: float | None = None  # answers of the same tokens
+    identical_stderr: float | None = None
+    item_ids: list[str] | None = None
+    answers: dict[str, list[str]] | None = None  # role -> decoded answer per item, in item_ids order
+    correct: dict[str, list[int]] | None = None  # role -> 1 where the answer holds a gold answer
+    exact_match: dict[str, list[int]] | None = None  # role -> 1 where the answer is a gold answer
+    identical: list[int] | None = None  # 1 where the two answers are the same tokens
+
+
+@record
 class FloorResult(Record):
     """The teacher against itself at another dtype: the most agreement a student can be asked for."""
 
@@ -192,6 +215,7 @@ class FloorResult(Record):
     teacher_forced: TeacherForced | None = None
     generation: Generation | None = None
     long_prompt: LongPrompt | None = None
+    long_qa: dict[str, LongQA] | None = None  # set name -> its scores
     seconds: float | None = None
 
 
@@ -202,6 +226,7 @@ class StudentResult(Record):
     teacher_forced: TeacherForced | None = None
     generation: Generation | None = None
     long_prompt: LongPrompt | None = None
+    long_qa: dict[str, LongQA] | None = None  # set name -> its scores
     prefill_compute_saving: float | None = None  # fraction of a prompt token's linear FLOPs skipped
     seconds: float | None = None
 

@@ -66,7 +66,7 @@ def markdown(results: EvalResults | dict) -> str:
         lines += ["", *summary_table(results)]
     if students and students[0].tasks:
         lines += ["", *task_table(results)]
-    lines += ["", *chat_tables(students), *long_prompt_table(results)]
+    lines += ["", *chat_tables(students), *long_prompt_table(results), *long_qa_table(results)]
     return "\n".join(lines) + "\n"
 
 
@@ -229,6 +229,47 @@ def long_prompt_table(results: EvalResults) -> list[str]:
         for name, lp in rows
     ]
     return [*lines, ""]
+
+
+def long_qa_table(results: EvalResults) -> list[str]:
+    """Per long-QA set, the floor and each student: correctness and exact match against the gold answer,
+    paired against the teacher, the correctness verdicts shared with it, and identical answers."""
+    results = EvalResults.of(results)
+    models = [(f"S{i + 1}", s) for i, s in enumerate(results.students)]
+    if results.floor:
+        models.insert(0, ("floor", results.floor))
+    rows = [(name, set_name, qa) for name, m in models for set_name, qa in (m.long_qa or {}).items()]
+    if not rows:
+        return []
+    lines = [
+        "## Long-prompt QA (passages + a question, greedy short answers)",
+        "",
+        f"Correct: {rows[0][2].match}, after SQuAD normalisation (lowercase, punctuation and a/an/the "
+        "removed, whitespace collapsed); exact: the normalised answer equals a gold answer. Each cell: "
+        "teacher → model (difference ± paired s.e.; McNemar p). Verdicts: both right / both wrong / only the "
+        "teacher / only the model right, and the share of items with the same verdict ± s.e. Identical: the "
+        "same answer tokens. The floor is the teacher against itself at another dtype.",
+        "",
+        "| set | model | items | prompt tokens | correct | exact | verdicts (same ± s.e.) | identical |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    order = list(dict.fromkeys(set_name for _, set_name, _ in rows))  # sets as run; floor, S1, ... within
+    for name, set_name, qa in sorted(rows, key=lambda row: order.index(row[1])):
+        correct, exact = qa.paired["correct"], qa.paired["exact_match"]
+        lines.append(
+            f"| {set_name} | {name} | {qa.items} | {qa.prompt_tokens_mean:.0f} | {paired_cell(correct)} | "
+            f"{paired_cell(exact)} | {qa.both_right} / {qa.both_wrong} / {correct.teacher_only_correct} / "
+            f"{correct.student_only_correct} ({correct.agreement:.3f} ± {qa.agreement_stderr:.3f}) | "
+            f"{qa.identical_fraction:.3f} ± {qa.identical_stderr:.3f} |"
+        )
+    return [*lines, ""]
+
+
+def paired_cell(paired) -> str:
+    return (
+        f"{paired.teacher:.3f} → {paired.student:.3f} ({paired.diff:+.3f} ± {paired.diff_stderr:.3f}; "
+        f"p={paired.mcnemar_p:.2g})"
+    )
 
 
 def paired_greedy_table(

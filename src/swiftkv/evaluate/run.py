@@ -19,6 +19,7 @@ from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
 from .loglikelihood import LoglikelihoodScorer
 from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_agreement
+from .long_qa import check_qa_context, long_qa_agreement
 from .pair import describe, load_floor_pair, load_pair
 from .settings import EvalSettings
 from .store import ResultStore
@@ -31,6 +32,7 @@ def evaluate_student(
     pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
     if settings.long_prompts:
         check_long_context(pair.max_length, settings.gen_tokens)
+    check_qa_context(pair.tokenizer, settings.qa_sets, pair.max_length, settings.long_qa_tokens)
     scorer = LoglikelihoodScorer(pair, store, settings.batch_tokens, settings.progress)
     tasks = {}
     for name in settings.tasks:
@@ -63,6 +65,11 @@ def agreement(pair, settings: EvalSettings, store: ResultStore) -> dict:
         result["long_prompt"] = long_prompt_agreement(
             pair, store, prompts, settings.gen_tokens, settings.progress
         )
+    if settings.qa_sets:
+        result["long_qa"] = {
+            name: long_qa_agreement(pair, store, name, items, settings.long_qa_tokens, settings.progress)
+            for name, items in settings.qa_sets.items()
+        }
     return result
 
 
@@ -143,6 +150,9 @@ def evaluate_models(settings: EvalSettings) -> EvalResults:
                 "gen_prompts": settings.gen_prompts,
                 "gen_tokens": settings.gen_tokens,
                 "long_prompts": settings.long_prompts,
+                "long_qa": settings.long_qa,
+                "long_qa_items": settings.long_qa_items,
+                "long_qa_tokens": settings.long_qa_tokens,
                 "threads": torch.get_num_threads(),
                 **settings.extra,
             },

@@ -8,6 +8,7 @@ from ..dtypes import DTYPE_CHOICES
 from ..settings import setting
 from ..sources import Source
 from .harness import MAIN_TASKS, parse_limits, parse_tasks
+from .long_qa import qa_sets
 
 
 def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
@@ -53,6 +54,15 @@ class EvalSettings:
         "summary request) answered greedily and teacher-forced along the teacher's answer "
         "(0 skips)",
     )
+    long_qa: str | None = setting(
+        None,
+        "long-prompt QA: a JSONL file (one object per line: passages, question, answer) or 'default' "
+        "(the shipped sets of about 200 and 1,500 prompt tokens); both models answer greedily and are "
+        "scored against the gold answer",
+    )
+    long_qa_items: int = setting(0, "items per long-QA set (0: all)")
+    long_qa_tokens: int = setting(24, "tokens of a long-QA answer")
+    qa_sets: dict = field(default_factory=dict, metadata={"cli": False})  # read from long_qa, checked
     floor: bool = setting(
         False,
         "also score the teacher against itself at --floor-dtype on the agreement measures "
@@ -80,6 +90,10 @@ class EvalSettings:
         non_negative("--gen-tokens", self.gen_tokens, allow_zero=False)
         non_negative("--long-prompts", self.long_prompts)
         non_negative("--batch-tokens", self.batch_tokens, allow_zero=False)
+        non_negative("--long-qa-items", self.long_qa_items)
+        non_negative("--long-qa-tokens", self.long_qa_tokens, allow_zero=False)
+        if self.long_qa and not self.qa_sets:  # a bad file fails now, before any model loads
+            self.qa_sets = qa_sets(self.long_qa, self.long_qa_items)
         if isinstance(self.tasks, str):
             self.tasks = tuple(parse_tasks(self.tasks))
         self.limits  # noqa: B018 - a bad --limit fails now, before any model loads
