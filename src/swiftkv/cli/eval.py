@@ -22,7 +22,8 @@ def register(subparsers) -> None:
         "eval",
         help="compare SwiftKV models with their teacher (lm-eval tasks + held-out chat agreement)",
         description="Score each MODEL and TEACHER on lm-eval multiple-choice tasks (offline data), held-out "
-        "ShareGPT chat (teacher-forced KL / top-1 agreement) and greedy generation; write report.md, "
+        "ShareGPT chat (teacher-forced KL / top-1 agreement), greedy generation and, with --long-qa, answers to "
+        "questions over passages scored against their gold answers; write report.md, "
         "report.png and results.json to --out. Results are cached: re-runs and a teacher shared by "
         "several models recompute nothing. Example: swiftkv eval out/skv50 out/skv25 "
         "--teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000",

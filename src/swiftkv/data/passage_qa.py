@@ -204,7 +204,7 @@ def take_passages(
 ) -> list[Passage] | None:
     """Passages popped from the front of `rest` until the prompt, with `room` tokens for the inserted facts
     and the question, reaches the range's lower end (a passage that would overshoot its upper end is
-    skipped); None when `rest` runs out first."""
+    skipped); None, with `rest` left as it was, when it runs out first."""
     chosen: list[Passage] = []
     skipped: list[Passage] = []
     while rest:
@@ -217,5 +217,5 @@ def take_passages(
         if size + room >= token_range[0]:
             rest[:0] = skipped
             return chosen
-    rest[:0] = skipped
+    rest[:0] = chosen + skipped  # nothing taken: `rest` as it was
     return None

@@ -13,7 +13,7 @@ from ..data.tokens import prompt_ids
 from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import prefill_compute_saving
 from ..model.config import is_swiftkv
-from ..results import EvalResults, TaskResult
+from ..results import EvalResults, LongQA, TaskResult
 from ..sources import Source, check_supported, open_source
 from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
@@ -39,6 +39,8 @@ def evaluate_student(
         tasks[name] = run_task(name, scorer, settings.limits.get(name))
         print_task_line(student, name, tasks[name])
     result = {"pair": describe(pair), "tasks": tasks, **agreement(pair, settings, store)}
+    for name, qa in result.get("long_qa", {}).items():
+        print_long_qa_line(student, name, qa)
     result["prefill_compute_saving"] = prefill_compute_saving(pair.student.config)
     result["seconds"] = time.time() - started
     return result
@@ -119,6 +121,17 @@ def print_task_line(student: str, task: str, result: dict) -> None:
         f"[{student}] {task}: {result.items} items, acc teacher {paired.teacher:.4f} student "
         f"{paired.student:.4f} ({paired.diff:+.4f} ± {paired.diff_stderr:.4f}), "
         f"agreement {paired.agreement:.3f}",
+        flush=True,
+    )
+
+
+def print_long_qa_line(student: str, name: str, result: dict) -> None:
+    result = LongQA.from_json(result)
+    correct = result.paired["correct"]
+    print(
+        f"[{student}] long-QA {name}: {result.items} items, correct teacher {correct.teacher:.3f} student "
+        f"{correct.student:.3f} ({correct.diff:+.3f} ± {correct.diff_stderr:.3f}, p={correct.mcnemar_p:.2g}), "
+        f"same verdict {correct.agreement:.3f}, identical {result.identical_fraction:.3f}",
         flush=True,
     )
 
