@@ -1,10 +1,12 @@
 """The Mixture-of-Experts families (Qwen3-MoE, Qwen2-MoE, Mixtral): teacher == transformers' own model,
 student == the reference math (routers and experts included), experts in the source's checkpoint layout,
 convert with every init, distill with routers and experts frozen, eval and generate, and the refusals
-(unsupported MoE types, quantized experts, sliding windows, vLLM)."""
+(unsupported MoE types, quantized experts, sliding windows), and the vLLM plugin taking them
+(tests/test_vllm_moe.py serves them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.model.families import FAMILIES, SOURCE_FAMILIES, UNSUPPORTED_MOE, check_vllm_serves, family_of
+from swiftkv.model.families import FAMILIES, SOURCE_FAMILIES, UNSUPPORTED_MOE, check_vllm_serves
 from tests import reference
 from tests.tiny import (
     ARCHS,
@@ -291,39 +293,30 @@ def test_quantized_experts_and_sliding_windows_are_refused_before_loading(tmp_pa
 # -- vLLM ------------------------------------------------------------------------------------------
 
 
-def test_the_vllm_plugin_refuses_moe_families_and_serves_the_dense_ones():
-    for arch in MOE_ARCHS:
-        with pytest.raises(ValueError, match=r"cannot be served on vLLM yet.*fused MoE.*swiftkv generate"):
-            check_vllm_serves(ARCHS[arch][2]())
+def test_the_vllm_plugin_serves_every_family_and_refuses_one_without_a_vllm_layer(monkeypatch):
     for family in FAMILIES.values():
-        if family.vllm_layer is not None:
-            check_vllm_serves(family.config_class())
-    assert family_of("qwen3_moe_swiftkv").vllm_refusal.startswith("Qwen3MoeSwiftKVForCausalLM")
-
-
-def test_swiftkv_serve_refuses_a_moe_folder_in_one_line(tmp_path, capsys):
-    _, student = random_student("mixtral", N, 2)
-    folder = save_tiny_folder(tmp_path / "student", student, tiny_tokenizer())
-    capsys.readouterr()
-    assert cli("serve", folder) == 2
-    err = capsys.readouterr().err.strip()
-    assert (
-        err.count("\n") == 0 and "MixtralSwiftKVForCausalLM (mixtral_swiftkv) cannot be served on vLLM" in err
-    )
+        assert family.vllm_layer is not None and family.vllm_refusal is None
+        check_vllm_serves(family.config_class())
+    assert [f.base_type for f in FAMILIES.values() if f.vllm_moe is not None] == list(MOE_ARCHS)
+    # A family entry without a vLLM decoder layer is refused, with its name, before any engine starts.
+    monkeypatch.setitem(FAMILIES, "mixtral", dataclasses.replace(FAMILIES["mixtral"], vllm_layer=None))
+    with pytest.raises(
+        ValueError, match=r"MixtralSwiftKVForCausalLM \(mixtral_swiftkv\) cannot be served on vLLM"
+    ):
+        check_vllm_serves({"model_type": "mixtral_swiftkv"})
 
 
 @pytest.mark.vllm
-def test_vllm_engine_config_of_a_moe_swiftkv_folder_is_one_error(tmp_path):
-    """What `vllm.LLM(model=FOLDER)` and `swiftkv serve FOLDER` build first: the plugin's config hook
-    refuses the MoE family with its reason, before any engine starts."""
+def test_vllm_engine_config_of_a_moe_swiftkv_folder_switches_on_fast_prefill(tmp_path):
+    """What `vllm.LLM(model=FOLDER)` and `swiftkv serve FOLDER` build first: the plugin's config hook takes
+    the MoE family (no refusal) and switches on kv_sharing_fast_prefill."""
     from vllm.engine.arg_utils import EngineArgs
 
     _, student = random_student("qwen3_moe", N, 2)
     folder = save_tiny_folder(tmp_path / "student", student, tiny_tokenizer())
-    with pytest.raises(
-        ValueError, match=r"Qwen3MoeSwiftKVForCausalLM \(qwen3_moe_swiftkv\) cannot be served"
-    ):
-        EngineArgs(model=str(folder), max_model_len=256).create_engine_config()
+    config = EngineArgs(model=str(folder), max_model_len=256).create_engine_config()
+    assert config.model_config.architecture == "Qwen3MoeSwiftKVForCausalLM"
+    assert config.cache_config.kv_sharing_fast_prefill is True
 
 
 # -- distill, eval, generate ------------------------------------------------------------------------

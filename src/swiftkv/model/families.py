@@ -73,7 +73,7 @@ def qkv_biases(config) -> dict[str, bool]:
 
 
 QWEN3_ATTENTION_BIAS_HELP = (
-    "this qwen3_swiftkv config sets attention_bias=true: transformers' Qwen3 then adds a bias to q/k/v and "
+    "this {model_type} config sets attention_bias=true: transformers' Qwen3 then adds a bias to q/k/v and "
     "o_proj, but vLLM's own Qwen3 layer (which serves the early layers) has no o_proj bias, so vLLM would compute "
     "another model. Published Qwen3 checkpoints use attention_bias=false; serve this one with transformers "
     "(swiftkv generate/eval) instead"
@@ -81,10 +81,25 @@ QWEN3_ATTENTION_BIAS_HELP = (
 
 
 def no_biases(config) -> dict[str, bool]:
-    """Qwen3's rule on vLLM: no biases; a config with attention_bias is refused (QWEN3_ATTENTION_BIAS_HELP)."""
+    """Qwen3's rule on vLLM (Qwen3-MoE's too): no biases; a config with attention_bias is refused
+    (QWEN3_ATTENTION_BIAS_HELP)."""
     if getattr(config, "attention_bias", False):
-        raise ValueError(QWEN3_ATTENTION_BIAS_HELP)
+        raise ValueError(QWEN3_ATTENTION_BIAS_HELP.format(model_type=getattr(config, "model_type", "qwen3")))
     return {"qkv_bias": False, "o_bias": False, "mlp_bias": False}
+
+
+QWEN2_MOE_QKV_BIAS_HELP = (
+    "this qwen2_moe_swiftkv config sets qkv_bias=false, but vLLM's own Qwen2-MoE layer (which serves the early "
+    "layers) always adds q/k/v biases. Published Qwen2-MoE checkpoints use qkv_bias=true; serve this one with "
+    "transformers (swiftkv generate/eval) instead"
+)
+
+
+def qwen2_moe_biases(config) -> dict[str, bool]:
+    """Qwen2-MoE's rule on vLLM: Qwen2's (q/k/v biases only); a config without them is refused."""
+    if not getattr(config, "qkv_bias", True):
+        raise ValueError(QWEN2_MOE_QKV_BIAS_HELP)
+    return qkv_biases(config)
 
 
 def quantized_experts_refusal(config) -> str | None:
@@ -118,6 +133,11 @@ class Family:
     config_class: type  # its SwiftKV config (model_type "<base>_swiftkv")
     display: str  # the family's name in messages and docs, and its transformers class prefix
     vllm_layer: str | None  # "module:Class" of vLLM's decoder layer for the early layers; None: not served
+    # "module:Class" of vLLM's MoE block that the later layers' sparse layers build (None: vLLM's LlamaMLP, as
+    # the dense families and an MoE family's dense layers), held as the layer's `moe_attribute`: the name its
+    # checkpoints and vLLM's own decoder layer give it (Mixtral: block_sparse_moe).
+    vllm_moe: str | None = None
+    moe_attribute: str = "mlp"
     biases: Callable[[object], dict[str, bool]] = config_biases  # which vLLM projections carry a bias
     qk_norm: bool = False  # q/k normalised per head before RoPE (Qwen3): the student carries its own norms
     other_sources: tuple[str, ...] = ()  # further plain model_types converted into this family
@@ -148,14 +168,14 @@ class Family:
 
     @property
     def vllm_refusal(self) -> str | None:
-        """Why the vLLM plugin cannot serve this family (None: it can)."""
+        """Why the vLLM plugin cannot serve this family (None: it can). Every family is served today; a
+        family entry without a vLLM decoder layer is refused by this one message."""
         if self.vllm_layer is not None:
             return None
         return (
-            f"{self.architecture} ({self.swiftkv_type}) cannot be served on vLLM yet: the plugin's later "
-            "layers run a dense MLP, and serving a Mixture-of-Experts SwiftKV model through vLLM's fused MoE "
-            f"is not built. Run it with transformers instead (swiftkv generate / swiftkv eval); vLLM serves "
-            f"{', '.join(f.swiftkv_type for f in FAMILIES.values() if f.vllm_layer is not None)}"
+            f"{self.architecture} ({self.swiftkv_type}) cannot be served on vLLM: the plugin has no vLLM "
+            "decoder layer for this family. Run it with transformers instead (swiftkv generate / swiftkv eval); "
+            f"vLLM serves {', '.join(f.swiftkv_type for f in FAMILIES.values() if f.vllm_layer is not None)}"
         )
 
 
@@ -185,8 +205,10 @@ FAMILIES = {
             "qwen3_moe",
             Qwen3MoeSwiftKVConfig,
             "Qwen3Moe",
-            None,
+            f"{VLLM_MODELS}.qwen3_moe:Qwen3MoeDecoderLayer",
+            biases=no_biases,
             qk_norm=True,
+            vllm_moe=f"{VLLM_MODELS}.qwen3_moe:Qwen3MoeSparseMoeBlock",
             source_refusal=moe_source_refusal,
             checkpoint_layout="qwen3_moe",
         ),
@@ -194,7 +216,9 @@ FAMILIES = {
             "qwen2_moe",
             Qwen2MoeSwiftKVConfig,
             "Qwen2Moe",
-            None,
+            f"{VLLM_MODELS}.qwen2_moe:Qwen2MoeDecoderLayer",
+            biases=qwen2_moe_biases,
+            vllm_moe=f"{VLLM_MODELS}.qwen2_moe:Qwen2MoeSparseMoeBlock",
             source_refusal=moe_source_refusal,
             checkpoint_layout="qwen2_moe",
         ),
@@ -202,7 +226,9 @@ FAMILIES = {
             "mixtral",
             MixtralSwiftKVConfig,
             "Mixtral",
-            None,
+            f"{VLLM_MODELS}.mixtral:MixtralDecoderLayer",
+            vllm_moe=f"{VLLM_MODELS}.mixtral:MixtralMoE",
+            moe_attribute="block_sparse_moe",
             source_refusal=moe_source_refusal,
             checkpoint_layout="mixtral",
         ),

@@ -7,9 +7,15 @@
   (`q_proj_swiftkv`, then Qwen3's per-head `q_norm_swiftkv`); K/V were written to the group's holder
   cache from norm_swiftkv(h_N).
 * `GroupHeadRMSNorm`: Qwen3's `k_norm_swiftkv` of every AcrossKV group at once, per head.
+* `later_mlp_factory`: the MLP of a later layer, the family's own vLLM block: vLLM's MoE block (router,
+  shared expert, experts through vLLM's fused MoE) on an MoE family's sparse layers, LlamaMLP otherwise.
 """
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,8 +26,10 @@ from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelL
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaMLP
+from vllm.model_executor.models.utils import extract_layer_index
 
 from ..model.config import head_dim_of
+from ..model.families import Family
 from .parallel import RankHeads
 
 
@@ -147,8 +155,74 @@ class SwiftKVLaterAttention(nn.Module):
         return out
 
 
+def is_sparse_layer(config, layer: int) -> bool:
+    """Whether decoder layer `layer` holds an MoE block: the rule of transformers' and vLLM's Qwen-MoE layers
+    (not in `mlp_only_layers`, experts configured, every `decoder_sparse_step`-th layer); every layer of
+    Mixtral (`num_local_experts`, none of those keys)."""
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", 0)
+    return (
+        experts > 0
+        and layer not in (getattr(config, "mlp_only_layers", None) or [])
+        and (layer + 1) % getattr(config, "decoder_sparse_step", 1) == 0
+    )
+
+
+def build_moe_block(block_class: type, vllm_config, prefix: str) -> nn.Module:
+    """vLLM's MoE block of a family, built the way vLLM's own decoder layer builds it: Qwen3-MoE's takes the
+    vllm_config, Qwen2-MoE's the model config, Mixtral's the expert counts and sizes."""
+    config, quant_config = vllm_config.model_config.hf_config, vllm_config.quant_config
+    parameters = inspect.signature(block_class).parameters
+    if "vllm_config" in parameters:
+        return block_class(vllm_config=vllm_config, prefix=prefix)
+    if "config" in parameters:
+        return block_class(config=config, quant_config=quant_config, prefix=prefix)
+    return block_class(
+        num_experts=config.num_local_experts,
+        top_k=config.num_experts_per_tok,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        quant_config=quant_config,
+        prefix=prefix,
+    )
+
+
+MlpFactory = Callable[[int, str], tuple[str, nn.Module]]
+
+
+def later_mlp_factory(family: Family, vllm_config) -> MlpFactory:
+    """`(layer, layer prefix) -> (attribute, MLP)` of the later layers: the family's vLLM MoE block
+    (`Family.vllm_moe`) on sparse layers, held as `Family.moe_attribute`; else vLLM's LlamaMLP as `mlp`
+    (gate_up_proj, down_proj, the config's activation: the dense MLP of every family, Qwen-MoE's dense
+    layers included). The attribute is the name the checkpoint gives the layer's MLP, so its tensors
+    route there by name."""
+    config, quant_config = vllm_config.model_config.hf_config, vllm_config.quant_config
+    block_class = None
+    if family.vllm_moe is not None:
+        module, name = family.vllm_moe.split(":")
+        block_class = getattr(importlib.import_module(module), name)
+    mlp_bias = family.biases(config)["mlp_bias"]
+
+    def make_mlp(layer: int, prefix: str) -> tuple[str, nn.Module]:
+        if block_class is not None and is_sparse_layer(config, layer):
+            attribute = family.moe_attribute
+            return attribute, build_moe_block(block_class, vllm_config, f"{prefix}.{attribute}")
+        dense = LlamaMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            quant_config,
+            bias=mlp_bias,
+            prefix=f"{prefix}.mlp",
+        )
+        return "mlp", dense
+
+    return make_mlp
+
+
 class SwiftKVLaterLayer(nn.Module):
-    """Decoder layer i >= N: the teacher's layer math with the query-only SwiftKV attention."""
+    """Decoder layer i >= N: the teacher's layer math with the query-only SwiftKV attention. Its MLP comes
+    from `make_mlp(i, prefix)` (`later_mlp_factory`), built after the attention, and is held under the
+    checkpoint's name for it."""
 
     def __init__(
         self,
@@ -160,7 +234,7 @@ class SwiftKVLaterLayer(nn.Module):
         holder_attn_name: str,
         qkv_bias: bool,
         o_bias: bool,
-        mlp_bias: bool,
+        make_mlp: MlpFactory,
         qk_norm: bool = False,
     ):
         super().__init__()
@@ -175,14 +249,8 @@ class SwiftKVLaterLayer(nn.Module):
             o_bias,
             qk_norm,
         )
-        self.mlp = LlamaMLP(
-            config.hidden_size,
-            config.intermediate_size,
-            config.hidden_act,
-            quant_config,
-            bias=mlp_bias,
-            prefix=f"{prefix}.mlp",
-        )
+        self.mlp_attribute, mlp = make_mlp(extract_layer_index(prefix), prefix)
+        self.add_module(self.mlp_attribute, mlp)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -194,4 +262,4 @@ class SwiftKVLaterLayer(nn.Module):
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        return getattr(self, self.mlp_attribute)(hidden_states), residual

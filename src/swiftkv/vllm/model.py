@@ -1,4 +1,5 @@
-"""SwiftKV as a vLLM model (Llama, which also serves converted Mistral checkpoints; Qwen2; Qwen3),
+"""SwiftKV as a vLLM model (Llama, which also serves converted Mistral checkpoints; Qwen2; Qwen3; and the
+Mixture-of-Experts Qwen3-MoE, Qwen2-MoE and Mixtral, whose later layers run vLLM's own MoE blocks),
 following the shape of vLLM's Gemma3n fast prefill.
 
     forward(input_ids, positions)
@@ -35,7 +36,15 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 
 from ..model.config import head_dim_of, is_swiftkv
 from ..model.families import Family, family_of
-from .layers import GroupHeadRMSNorm, KVHolder, SwiftKVLaterLayer, holder_prefix, make_rope
+from .layers import (
+    GroupHeadRMSNorm,
+    KVHolder,
+    MlpFactory,
+    SwiftKVLaterLayer,
+    holder_prefix,
+    later_mlp_factory,
+    make_rope,
+)
 from .parallel import RankHeads, rank_heads
 from .weights import load_swiftkv_weights
 
@@ -152,7 +161,8 @@ class SwiftKVLate(nn.Module):
 
 
 class SwiftKVModel(nn.Module):
-    """`early` + eager glue + `late`. `make_early_layer(prefix)` builds vLLM's own decoder layer."""
+    """`early` + eager glue + `late`. `make_early_layer(prefix)` builds vLLM's own decoder layer,
+    `make_later_mlp(layer, prefix)` a later layer's MLP (`layers.later_mlp_factory`)."""
 
     def __init__(
         self,
@@ -160,6 +170,7 @@ class SwiftKVModel(nn.Module):
         vllm_config: VllmConfig,
         prefix: str,
         make_early_layer,
+        make_later_mlp: MlpFactory,
         bias: dict[str, bool],
         qk_norm: bool = False,
     ):
@@ -195,7 +206,9 @@ class SwiftKVModel(nn.Module):
                 quant,
                 f"{prefix}.layers.{i}",
                 holder_name[config.kv_owner(i)],
-                **bias,
+                bias["qkv_bias"],
+                bias["o_bias"],
+                make_later_mlp,
                 qk_norm=qk_norm,
             )
 
@@ -267,8 +280,9 @@ class SwiftKVModel(nn.Module):
 
 
 def early_layer_factory(family: Family, vllm_config: VllmConfig):
-    """`prefix -> layer`: vLLM's own decoder layer of the family (`Family.vllm_layer`). Llama's takes the
-    whole vllm_config; Qwen2's and Qwen3's take the model config, cache config and quantization config."""
+    """`prefix -> layer`: vLLM's own decoder layer of the family (`Family.vllm_layer`). Llama's and
+    Qwen3-MoE's take the whole vllm_config; Qwen2's, Qwen3's, Qwen2-MoE's and Mixtral's take the model
+    config, cache config and quantization config."""
     module, name = family.vllm_layer.split(":")
     layer_class = getattr(importlib.import_module(module), name)
     if "vllm_config" in inspect.signature(layer_class).parameters:
@@ -281,8 +295,8 @@ def early_layer_factory(family: Family, vllm_config: VllmConfig):
 
 class SwiftKVForCausalLM(nn.Module):
     """vLLM causal LM around SwiftKVModel, for every family: its registry entry (`model.families`) says
-    which vLLM decoder layer the early part uses, which projections carry biases and whether q/k are
-    normalised per head. The plugin registers this class under each family's architecture name."""
+    which vLLM decoder layer the early part uses, which MLP block the later layers build, which projections
+    carry biases and whether q/k are normalised per head. The plugin registers this class under each family's architecture name."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -294,6 +308,7 @@ class SwiftKVForCausalLM(nn.Module):
             vllm_config=vllm_config,
             prefix=model_prefix,
             make_early_layer=early_layer_factory(family, vllm_config),
+            make_later_mlp=later_mlp_factory(family, vllm_config),
             bias=family.biases(config),
             qk_norm=family.qk_norm,
         )

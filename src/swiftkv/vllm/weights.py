@@ -5,7 +5,10 @@ packs every AcrossKV group's k/v_proj_swiftkv into one `kv_proj_swiftkv`, and ow
 `model.early` and layers >= N in `model.late`. The later layers' original q/k/v (and Qwen3's q/k
 norms; dead weight in published checkpoints, absent from trimmed ones) are skipped, never allocated.
 Qwen3's `q_norm_swiftkv` goes to its later layer, each owner's `k_norm_swiftkv` to its group's row
-of `model.early.k_norm_swiftkv`.
+of `model.early.k_norm_swiftkv`. An MoE layer's experts (`<mlp>.experts.{e}.gate_proj/up_proj/down_proj`,
+Mixtral's `w1/w3/w2`, or transformers' fused 3-D tensors) go to that layer's fused-MoE module, whose own
+loader maps them through vLLM's expert-params mapping (and splits them over tensor-parallel ranks);
+routers, shared experts and their gates are plain parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ PACKED = {  # checkpoint module -> (vLLM module, shard id)
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", 0),  # Qwen2-MoE's shared expert
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", 1),
 }
+EXPERTS = ".experts."  # in a parameter name: under an MoE layer's fused-MoE module (vLLM's MoERunner)
 TOP_LEVEL = {
     "model.embed_tokens": "model.early.embed_tokens",
     "model.norm_swiftkv": "model.early.norm_swiftkv",
@@ -92,6 +98,18 @@ def route(config, name: str) -> Route | object:
     return route_layer(config, layer, module, suffix)
 
 
+def load_experts(model: torch.nn.Module, param_name: str, tensor: torch.Tensor) -> set[str]:
+    """One expert tensor (`...<mlp>.experts.<rest>`) into its layer's fused-MoE module, through that module's
+    own `load_weights` (vLLM's expert-params mapping); returns the model parameters it set."""
+    module_name, _, rest = param_name.partition(EXPERTS)
+    runner_name = f"{module_name}.experts"
+    runner = model.get_submodule(runner_name)
+    loaded = {f"{runner_name}.{name}" for name in runner.load_weights([(rest, tensor)])}
+    if not loaded:
+        raise ValueError(f"the fused-MoE module {runner_name!r} took no parameter for expert tensor {rest!r}")
+    return loaded
+
+
 def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
     """Load checkpoint tensors into `model` (a SwiftKVForCausalLM); returns the parameters set."""
     from vllm.model_executor.model_loader.weight_utils import default_weight_loader  # routing needs no vLLM
@@ -106,6 +124,9 @@ def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, to
         param_name, shard = target
         if ".kv_proj_swiftkv." in param_name:
             tensor = replicate_kv_heads(tensor, head_dim_of(model.config), replicas)
+        if EXPERTS in param_name:
+            loaded |= load_experts(model, param_name, tensor)
+            continue
         if param_name not in params:
             raise ValueError(
                 f"checkpoint tensor {name!r} maps to {param_name!r}, which this model does not have"
