@@ -8,7 +8,7 @@ from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
 
 from ..model.config import head_dim_of
-from ..model.families import check_vllm_serves, family_of
+from ..model.families import SUPPORTED_MODEL_TYPES, check_vllm_serves, family_of
 from .env import RUNNER_ENV, choose_model_runner
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_method
@@ -23,10 +23,13 @@ def check_cpu_moe_shape(config) -> None:
     """On vLLM's CPU build, refuse an MoE SwiftKV config whose hidden size its fused-MoE kernels cannot
     take, naming the size, before the engine builds anything (vLLM itself finds no MoE kernel while it
     builds the model). The experts' intermediate size needs no check: vLLM zero-pads it to the alignment."""
-    if family_of(config.model_type).vllm_moe is None or config.hidden_size % CPU_MOE_ALIGNMENT == 0:
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or family_of(model_type).vllm_moe is None:
+        return
+    if config.hidden_size % CPU_MOE_ALIGNMENT == 0:
         return
     raise ValueError(
-        f"this {config.model_type} config has hidden_size={config.hidden_size}, but vLLM's CPU fused MoE needs "
+        f"this {model_type} config has hidden_size={config.hidden_size}, but vLLM's CPU fused MoE needs "
         f"a hidden size divisible by {CPU_MOE_ALIGNMENT}: serve it on a GPU build of vLLM, or with "
         "transformers (swiftkv generate / swiftkv eval)"
     )
