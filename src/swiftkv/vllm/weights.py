@@ -98,16 +98,19 @@ def route(config, name: str) -> Route | object:
     return route_layer(config, layer, module, suffix)
 
 
-def load_experts(model: torch.nn.Module, param_name: str, tensor: torch.Tensor) -> set[str]:
-    """One expert tensor (`...<mlp>.experts.<rest>`) into its layer's fused-MoE module, through that module's
-    own `load_weights` (vLLM's expert-params mapping); returns the model parameters it set."""
+def load_experts(model: torch.nn.Module, name: str, param_name: str, tensor: torch.Tensor) -> set[str]:
+    """Checkpoint tensor `name`, one expert's (`...<mlp>.experts.<rest>`), into its layer's fused-MoE module,
+    through that module's own `load_weights` (vLLM's expert-params mapping); returns the model parameters it
+    set (none on a rank that holds no share of that expert, under expert parallelism)."""
     module_name, _, rest = param_name.partition(EXPERTS)
     runner_name = f"{module_name}.experts"
-    runner = model.get_submodule(runner_name)
-    loaded = {f"{runner_name}.{name}" for name in runner.load_weights([(rest, tensor)])}
-    if not loaded:
-        raise ValueError(f"the fused-MoE module {runner_name!r} took no parameter for expert tensor {rest!r}")
-    return loaded
+    try:
+        runner = model.get_submodule(runner_name)
+    except AttributeError:
+        raise ValueError(
+            f"checkpoint tensor {name!r} is an expert's, but this model has no MoE block at {module_name!r}"
+        ) from None
+    return {f"{runner_name}.{loaded}" for loaded in runner.load_weights([(rest, tensor)])}
 
 
 def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -125,7 +128,7 @@ def load_swiftkv_weights(model: torch.nn.Module, weights: Iterable[tuple[str, to
         if ".kv_proj_swiftkv." in param_name:
             tensor = replicate_kv_heads(tensor, head_dim_of(model.config), replicas)
         if EXPERTS in param_name:
-            loaded |= load_experts(model, param_name, tensor)
+            loaded |= load_experts(model, name, param_name, tensor)
             continue
         if param_name not in params:
             raise ValueError(
