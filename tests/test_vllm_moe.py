@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
 LAYERS, N = 6, 2
 KV_BYTES = 16 * 2**20
 NEW_TOKENS = 12
-# (family, G, tensor-parallel size); Mixtral at tp = 2 splits its 2 KV heads and every expert over the ranks.
-ENGINES = [("qwen3_moe", 2, 1), ("qwen2_moe", 1, 1), ("mixtral", 2, 2)]
+# (family, G, tensor-parallel size); at tp = 2 the 2 KV heads, every expert and Qwen2-MoE's shared expert are
+# split over the ranks.
+ENGINES = [("qwen3_moe", 2, 1), ("qwen2_moe", 1, 1), ("qwen2_moe", 2, 2), ("mixtral", 2, 2)]
 
 
 def converted_folder(tmp_path, arch: str, group_size: int):
