@@ -113,7 +113,7 @@ def test_a_plan_that_does_not_fit_says_by_how_much_and_what_would(tmp_path, caps
 
 
 def test_the_time_plan_comes_from_real_steps_and_the_runs_flops(tmp_path, capsys):
-    """Two timed steps of the trainer on random weights (on a CPU: two layers at the true width), turned into
+    """Two timed steps of the trainer on random weights (on a CPU: three layers at the true width), turned into
     tokens/s by the planned run's FLOPs as executed on blocks whose last quarter is trained."""
     _, only = config_only(tmp_path)
     result = plan(tmp_path, only, "--plan", "--seq-len", "64", "--micro-batch", "2", "--dtype", "float32")
@@ -163,3 +163,15 @@ def test_tensor_bytes_counts_the_storages_made_inside_it_until_they_are_freed():
     # output, depending on when autograd frees it; never the weight made before
     assert 7.0 <= counted.peak_mib <= 8.0
     assert counted.current == 4 * 2**20  # the gradient outlives the block
+
+
+def test_the_time_plan_runs_the_reference_recipes_hidden_state_probe(tmp_path):
+    """The reference recipes' MSE reads hidden_states[-2]: the cut model timed on a CPU keeps it a later
+    layer's input (with one later layer it would be layer N's, the same in teacher and student, and refused).
+    The config says bf16, as a converted bf16 folder's does: the timed model is built in the dtype asked for."""
+    _, only = config_only(tmp_path)
+    config = json.loads((only / "config.json").read_text())
+    (only / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    for recipe in ("reference", "reference-large"):
+        result = plan(tmp_path, only, "--plan", "--recipe", recipe, "--seq-len", "64", "--dtype", "float32")
+        assert result["time"]["tokens_per_s"] > 0 and "3 layers (1 early, 2 later)" in result["time"]["timed"]

@@ -140,13 +140,14 @@ def peak_memory_mib(device: torch.device) -> float:
 # device-hours per 100M tokens of the planned run by its FLOPs as executed (`bound.step_flops_per_token`).
 #
 # On a GPU whose memory holds the whole model (one process, the plan's DDP count) the whole model is timed.
-# Otherwise, and always on a CPU, two layers at the true width are (one early, one later: every matmul of the
-# step at the model's own sizes), on a CPU over a shorter block and a smaller vocabulary so that a step takes
+# Otherwise, and always on a CPU, three layers at the true width are (one early, two later: every matmul of
+# the step at the model's own sizes, and a later layer's input for the hidden-state MSE at index -2 to read), on a CPU over a shorter block and a smaller vocabulary so that a step takes
 # seconds; the rate they reach (FLOP/s as executed) is divided by the planned run's FLOPs per token. The blocks
 # are random tokens with the last quarter of each block's positions trained (about the share of chat answers;
 # teacher replies train fewer, which the count follows). One process is timed: FSDP's gathers and DDP's
 # reductions are not, so a sharded run's time is a lower bound.
 
+TIMED_LAYERS = 3  # of a model too large to time whole: one early, two later
 TRAINED_SHARE = 0.25  # of each timed block's positions, the last ones (as the 8B shape was timed on the H200)
 TIMED_STEPS = 2  # after one warm-up step
 CPU_SEQ_LEN = 256  # a CPU times shorter blocks and a smaller head: seconds, not minutes, per step
@@ -159,7 +160,9 @@ HOURS_PER_100M = 1e8 / 3600
 class TimePlan:
     device: str
     dtype: str
-    timed: str  # what ran: the whole model, or two layers at the true width (and at which block / vocabulary)
+    timed: (
+        str  # what ran: the whole model, or three layers at the true width (and at which block / vocabulary)
+    )
     seconds_per_step: float
     achieved_flops: float  # FLOP/s of the timed steps, as executed
     flops_per_token: float  # the planned run's, as executed
@@ -205,13 +208,14 @@ def random_blocks(count: int, seq_len: int, vocab: int) -> Blocks:
     return Blocks(ids, torch.arange(seq_len).repeat(count, 1), mask)
 
 
-def two_layer_config(config, vocab_size: int | None):
-    """`config` cut to one early and one later layer (G = 1) at the same widths (`vocab_size`: a smaller
-    vocabulary, None keeps it)."""
+def few_layer_config(config, vocab_size: int | None):
+    """`config` cut to one early and two later layers (G = 1) at the same widths (`vocab_size`: a smaller
+    vocabulary, None keeps it). Two later layers, so that hidden_states[-2], the reference recipe's MSE
+    target, is a later layer's input (an early layer's is the same in teacher and student, and refused)."""
     values = config.to_dict()
-    values.update(num_hidden_layers=2, num_key_value_layers=1, key_value_group_size=1)
+    values.update(num_hidden_layers=TIMED_LAYERS, num_key_value_layers=1, key_value_group_size=1)
     if values.get("layer_types"):
-        values["layer_types"] = values["layer_types"][:2]
+        values["layer_types"] = values["layer_types"][:TIMED_LAYERS]
     if vocab_size is not None:  # the special ids may lie beyond it; random tokens need none
         values.update(vocab_size=min(vocab_size, config.vocab_size), bos_token_id=None, pad_token_id=None)
         values["eos_token_id"] = None
@@ -232,8 +236,8 @@ def random_model(config, device: torch.device, dtype: torch.dtype):
     """A SwiftKV model of `config` with random weights, built on `device` in the compute dtype (no fp32 copy
     of a large model ever exists), its SwiftKV parameters fp32 as the trainer keeps them."""
     torch.manual_seed(0)
-    with torch.device(device), default_dtype(dtype):
-        model = AutoModelForCausalLM.from_config(config)
+    with torch.device(device), default_dtype(dtype):  # dtype given too: a config's own `dtype` would win
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     for parameter in swiftkv_parameters(model).values():
         parameter.data = parameter.data.float()
     return model
@@ -253,7 +257,7 @@ def time_plan(
     process, which decides whether it is timed whole."""
     whole = whole_model_fits(whole_gib, device)
     seq_len = settings.seq_len if device.type == "cuda" else min(settings.seq_len, CPU_SEQ_LEN)
-    timed_config = config if whole else two_layer_config(config, None if device.type == "cuda" else CPU_VOCAB)
+    timed_config = config if whole else few_layer_config(config, None if device.type == "cuda" else CPU_VOCAB)
     micro = int(settings.micro_batch)
     timed_settings = replace(
         settings, seq_len=seq_len, batch_size=micro, fsdp=False, compile=False, tokens=micro * seq_len
@@ -314,6 +318,6 @@ def timed_what(whole: bool, config, seq_len: int, micro: int) -> str:
     if whole:
         return f"the whole model, {shape}"
     return (
-        f"2 layers (1 early, 1 later) at the true width, vocabulary {config.vocab_size:,}, {shape}; scaled "
+        f"{TIMED_LAYERS} layers (1 early, {TIMED_LAYERS - 1} later) at the true width, vocabulary {config.vocab_size:,}, {shape}; scaled "
         "to the run by FLOPs as executed"
     )
