@@ -37,7 +37,7 @@ def tiny_run(tmp_path):
 
 
 def torchrun(
-    nproc: int, args: list[str], check: bool = True
+    nproc: int, args: list[str], check: bool = True, launcher: tuple[str, ...] = ()
 ) -> subprocess.Popen | subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     command = [
@@ -46,6 +46,7 @@ def torchrun(
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={nproc}",
+        *launcher,
         "-m",
         "swiftkv.cli",
         *args,

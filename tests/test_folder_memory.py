@@ -215,7 +215,11 @@ def test_an_fsdp_write_adds_no_more_than_its_margin_on_any_rank(tmp_path, traina
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
     extra = ["--trainable", trainable, *(["--lora-rank", "4"] if trainable == "lora" else [])]
     args = distill_args(tmp_path / "student", data, tmp_path / "out", *extra, "--tokens", "128", "--fsdp")
-    output = torchrun(2, args).stdout
+    # each rank's stdout to its own file (torchrun's --redirects): two ranks printing into one pipe can
+    # interleave, and one rank's report went missing from the shared stdout once
+    logs = tmp_path / "logs"
+    torchrun(2, args, launcher=("--log-dir", str(logs), "--redirects", "1"))
+    output = "\n".join(path.read_text() for path in sorted(logs.rglob("stdout.log")))
     added = {int(rank): float(mib.replace(",", "")) for rank, mib in WRITE_LINE.findall(output)}
     print(
         f"{trainable}: write added {added} MiB per rank; margin {margin:.0f} MiB, model {model_mib:.0f} MiB"
