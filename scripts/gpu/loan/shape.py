@@ -19,11 +19,10 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from swiftkv.data.packing import Blocks
 from swiftkv.distill.bound import compute_bound
 from swiftkv.distill.loss import BatchSizes
 from swiftkv.distill.settings import settings_for
-from swiftkv.distill.speed import peak_memory_mib
+from swiftkv.distill.speed import HOURS_PER_100M, peak_memory_mib, random_blocks  # the plan's own blocks
 from swiftkv.distill.trainer import prepare, train_step
 from swiftkv.distill.world import World
 from swiftkv.dtypes import dtype_name, resolve_dtype
@@ -55,8 +54,6 @@ SHAPES = {
         tie_word_embeddings=False,
     ),
 }
-TRAINED_SHARE = 0.25  # of each block's positions: about the reply share of chat data
-HOURS_PER_100M = 1e8 / 3600
 
 
 def random_student(shape: str, device: torch.device, seed: int = 0):
@@ -67,15 +64,6 @@ def random_student(shape: str, device: torch.device, seed: int = 0):
     torch.manual_seed(seed)
     with torch.device(device):
         return model_class(config).eval()
-
-
-def random_blocks(count: int, seq_len: int, vocab: int, seed: int = 0) -> Blocks:
-    """Random token blocks, one document each, the last TRAINED_SHARE of each block's positions trained."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (count, seq_len), generator=generator)
-    mask = torch.zeros(count, seq_len, dtype=torch.bool)
-    mask[:, int(seq_len * (1 - TRAINED_SHARE)) : -1] = True
-    return Blocks(ids, torch.arange(seq_len).repeat(count, 1), mask)
 
 
 def measure(
