@@ -122,7 +122,19 @@ def test_every_family_is_exported_registered_and_in_the_shim():
             assert cls.__name__ in shim
         assert AutoConfig.for_model(family.swiftkv_type).__class__ is family.config_class
         assert family.swiftkv_type in shim
-    assert set(SOURCE_FAMILIES) == {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"}
+    assert set(SOURCE_FAMILIES) == {
+        *(
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "qwen3_moe",
+            "qwen2_moe",
+            "mixtral",
+            "deepseek_v2",
+            "deepseek_v3",
+        )
+    }
 
 
 def test_unsupported_model_type_names_the_families():

@@ -1,6 +1,6 @@
 """The one kit of tiny stand-ins for fast tests of real code paths: tiny configs and random models
-(plain and SwiftKV: Llama, Qwen2, Qwen3, Mistral converted into the Llama family, and the
-Mixture-of-Experts Qwen3-MoE, Qwen2-MoE and Mixtral), two tiny tokenizers with a ChatML template, random
+(plain and SwiftKV: Llama, Qwen2, Qwen3, Mistral converted into the Llama family, the
+Mixture-of-Experts Qwen3-MoE, Qwen2-MoE and Mixtral, and DeepSeek-V2/V3 with latent attention), two tiny tokenizers with a ChatML template, random
 chats and HF folder writers. Nothing here reads a real model or data set. No tests live here."""
 
 from __future__ import annotations
@@ -10,6 +10,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -28,6 +32,10 @@ from transformers import (
 )
 
 from swiftkv import (
+    DeepseekV2SwiftKVConfig,
+    DeepseekV2SwiftKVForCausalLM,
+    DeepseekV3SwiftKVConfig,
+    DeepseekV3SwiftKVForCausalLM,
     LlamaSwiftKVConfig,
     LlamaSwiftKVForCausalLM,
     MixtralSwiftKVConfig,
@@ -62,6 +70,18 @@ ARCHS = {
     "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, Qwen3MoeSwiftKVConfig, Qwen3MoeSwiftKVForCausalLM),
     "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen2MoeSwiftKVConfig, Qwen2MoeSwiftKVForCausalLM),
     "mixtral": (MixtralConfig, MixtralForCausalLM, MixtralSwiftKVConfig, MixtralSwiftKVForCausalLM),
+    "deepseek_v2": (
+        DeepseekV2Config,
+        DeepseekV2ForCausalLM,
+        DeepseekV2SwiftKVConfig,
+        DeepseekV2SwiftKVForCausalLM,
+    ),
+    "deepseek_v3": (
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
+        DeepseekV3SwiftKVConfig,
+        DeepseekV3SwiftKVForCausalLM,
+    ),
 }
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 # The MoE shapes, sized for vLLM's CPU build (hidden and expert sizes divisible by 32, head_dim >= 32):
@@ -90,12 +110,61 @@ MOE_KWARGS = {
         hidden_size=128, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None
     ),
 }
+# DeepSeek (multi-head latent attention): as many K/V heads as query heads (as published: MLA decompresses
+# a K/V per head), a latent of 32 + a RoPE key of 8, q/k heads of 16 + 8, V heads of 16, 4 routed experts (2
+# per token) in 2 groups (1 kept), a shared expert, layer 0 dense (first_k_dense_replace). DeepSeek-V2: the
+# V2-Lite layout (q_proj; tests set q_lora_rank for the other), group-limited greedy routing scaled by 1.5.
+# DeepSeek-V3: q_a/q_b (q_lora_rank), sigmoid routing with the correction bias, renormalised and scaled by
+# 2.5. Both with YaRN RoPE whose attention factor and softmax scale differ from 1 (mscale != mscale_all_dim).
+MLA_ARCHS = ("deepseek_v2", "deepseek_v3")
+MLA_SHAPE = dict(
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=2,
+    topk_group=1,
+)
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.8,
+}
+MLA_KWARGS = {
+    "deepseek_v2": dict(
+        MLA_SHAPE,
+        q_lora_rank=None,
+        topk_method="group_limited_greedy",
+        routed_scaling_factor=1.5,
+        rope_parameters=YARN,
+    ),
+    "deepseek_v3": dict(
+        MLA_SHAPE, q_lora_rank=24, norm_topk_prob=True, routed_scaling_factor=2.5, rope_parameters=YARN
+    ),
+}
 # The newer families' tiny shapes: head_dim != hidden / heads (24 vs 16), so code that derives it
 # cannot pass; Mistral without a sliding window (the only kind that converts). Their norm weights are
 # randomised away from 1 (`random_teacher`), so using the wrong norm cannot pass either.
-ARCH_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24, "sliding_window": None}, **MOE_KWARGS}
-SWIFTKV_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24}, **MOE_KWARGS}
-RANDOM_NORMS = ("qwen3", "mistral", *MOE_ARCHS)
+ARCH_KWARGS = {
+    "qwen3": {"head_dim": 24},
+    "mistral": {"head_dim": 24, "sliding_window": None},
+    **MOE_KWARGS,
+    **MLA_KWARGS,
+}
+SWIFTKV_KWARGS = {"qwen3": {"head_dim": 24}, "mistral": {"head_dim": 24}, **MOE_KWARGS, **MLA_KWARGS}
+RANDOM_NORMS = ("qwen3", "mistral", *MOE_ARCHS, *MLA_ARCHS)
+EXPERT_ARCHS = (*MOE_ARCHS, *MLA_ARCHS)
 
 
 # -- configs and random models --------------------------------------------------------------------
@@ -131,8 +200,9 @@ def tiny_swiftkv_config(arch: str = "llama", **overrides):
 
 def random_teacher(arch: str, seed: int = 0, **overrides):
     """A plain transformers model with random weights (biases randomised too, so Qwen2's count; for
-    RANDOM_NORMS families every RMSNorm weight too, uniform in [0.5, 1.5]; for MOE_ARCHS the MLPs,
-    experts and routers with std 0.1, so routing and experts move the logits visibly)."""
+    RANDOM_NORMS families every RMSNorm weight too, uniform in [0.5, 1.5]; for EXPERT_ARCHS the MLPs,
+    experts and routers with std 0.1, so routing and experts move the logits visibly, and DeepSeek-V3's
+    routing correction bias)."""
     model_class = ARCHS[arch][1]
     torch.manual_seed(seed)
     model = model_class(tiny_config(arch, **overrides)).eval()
@@ -142,8 +212,11 @@ def random_teacher(arch: str, seed: int = 0, **overrides):
                 p.normal_(0, 0.1)
             elif arch in RANDOM_NORMS and "norm" in name:
                 p.uniform_(0.5, 1.5)
-            elif arch in MOE_ARCHS and ".mlp." in name:  # experts and routers that matter (init std 0.02)
+            elif arch in EXPERT_ARCHS and ".mlp." in name:  # experts and routers that matter (init std 0.02)
                 p.normal_(0, 0.1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3 (zero at init): choice != weight
+                buffer.normal_(0, 0.1)
     return model
 
 

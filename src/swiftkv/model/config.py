@@ -2,6 +2,8 @@
 `qwen3_swiftkv` as ArcticTraining's unmerged qwen3 branch writes it), and the same three keys on the
 Mixture-of-Experts families (`qwen3_moe_swiftkv`, `qwen2_moe_swiftkv`, `mixtral_swiftkv`), for which no
 published format exists: their attention is their dense sibling's, so its SwiftKV tensors are named alike.
+DeepSeek-V2 (`deepseek_v2_swiftkv`) is ArcticTraining's format; DeepSeek-V3 (`deepseek_v3_swiftkv`, no
+published format) names its tensors as V2 does (the same multi-head latent attention).
 
 A SwiftKV config is the base model's config plus three keys:
   swiftkv               -- run the student path (True) or the original teacher path (False)
@@ -18,7 +20,16 @@ import json
 from pathlib import Path
 
 from huggingface_hub.dataclasses import strict
-from transformers import LlamaConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+from transformers import (
+    DeepseekV2Config,
+    DeepseekV3Config,
+    LlamaConfig,
+    MixtralConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from ..files import write_atomic
 
@@ -252,6 +263,49 @@ class MixtralSwiftKVConfig(SwiftKVConfigMixin, MixtralConfig):
     """MixtralConfig + SwiftKV keys (see LlamaSwiftKVConfig); Llama's attention."""
 
     model_type = "mixtral_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
+
+
+# Multi-head latent attention (DeepSeek): ArcticTraining's deepseek_v2_swiftkv config is DeepSeek's own
+# (remote-code) DeepseekV2Config plus the three keys, read by transformers 4.x. Its RoPE reads
+# `rope_scaling["type"]` (not `rope_type`), so the legacy keys carry both.
+
+
+class DeepSeekLegacyRopeMixin:
+    """Saved configs also name a scaled RoPE's kind under `type`, which DeepSeek's own code reads."""
+
+    def to_dict(self) -> dict:
+        config = super().to_dict()
+        scaling = config.get("rope_scaling")
+        if scaling and "rope_type" in scaling:
+            config["rope_scaling"] = {**scaling, "type": scaling["rope_type"]}
+        return config
+
+
+@strict
+class DeepseekV2SwiftKVConfig(DeepSeekLegacyRopeMixin, SwiftKVConfigMixin, DeepseekV2Config):
+    """DeepseekV2Config + SwiftKV keys (see LlamaSwiftKVConfig), in ArcticTraining's layout: later layers
+    carry `q_proj_swiftkv` (or `q_a_proj_swiftkv`, `q_a_layernorm_swiftkv`, `q_b_proj_swiftkv` when
+    q_lora_rank is set), group owners `kv_a_proj_with_mqa_swiftkv`, `kv_a_layernorm_swiftkv`,
+    `kv_b_proj_swiftkv` (`model.mla`)."""
+
+    model_type = "deepseek_v2_swiftkv"
+    swiftkv: bool = False
+    num_key_value_layers: int | None = None
+    key_value_group_size: int = 1
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
+
+
+@strict
+class DeepseekV3SwiftKVConfig(DeepSeekLegacyRopeMixin, SwiftKVConfigMixin, DeepseekV3Config):
+    """DeepseekV3Config + SwiftKV keys, with DeepSeek-V2's SwiftKV tensors (see DeepseekV2SwiftKVConfig)."""
+
+    model_type = "deepseek_v3_swiftkv"
     swiftkv: bool = False
     num_key_value_layers: int | None = None
     key_value_group_size: int = 1

@@ -15,9 +15,12 @@ holds each layer's experts as fused 3-D parameters (`mlp.experts.gate_up_proj` [
 reads from, and writes back to, the per-expert tensors of the published checkpoints through a conversion
 mapping looked up by model_type; a `<base>_swiftkv` type is not in that table (and transformers skips it for
 classes outside its own package unless the user registered the type), so each MoE family registers its base
-type's mapping under its own (`register_checkpoint_layout`). They are not served on vLLM yet (`vllm_layer`
-None: the plugin refuses them). MoE types no family takes are refused naming what blocks them
-(`UNSUPPORTED_MOE`)."""
+type's mapping under its own (`register_checkpoint_layout`). MoE types no family takes are refused naming
+what blocks them (`UNSUPPORTED_MOE`).
+
+DeepSeek-V2 and DeepSeek-V3 are MoE families with multi-head latent attention (`latent_attention`: the
+SwiftKV attention of `model.mla`, whose cache keeps each group's latent). vLLM does not serve them
+(`vllm_blocker`: its MLA attention cannot share a KV cache across layers)."""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ from transformers.conversion_mapping import (
 )
 
 from .config import (
+    DeepseekV2SwiftKVConfig,
+    DeepseekV3SwiftKVConfig,
     LlamaSwiftKVConfig,
     MixtralSwiftKVConfig,
     Qwen2MoeSwiftKVConfig,
@@ -37,6 +42,7 @@ from .config import (
     Qwen3MoeSwiftKVConfig,
     Qwen3SwiftKVConfig,
 )
+from .mla import SwiftKVLatentAttentionMixin, SwiftKVLatentModelMixin
 from .modeling import swiftkv_causal_lm
 
 
@@ -124,6 +130,38 @@ def moe_source_refusal(config) -> str | None:
     return sliding_window_refusal(config) or quantized_experts_refusal(config)
 
 
+def deepseek_v2_refusal(config) -> str | None:
+    """Why a DeepSeek-V2 source cannot become SwiftKV: an MoE refusal, or a routing that transformers' model
+    computes otherwise than DeepSeek's own code (which ArcticTraining's deepseek_v2_swiftkv runs): DeepSeek's
+    gate renormalises the top-k weights when norm_topk_prob is set (instead of scaling them), and makes only
+    every moe_layer_freq-th layer sparse; transformers' DeepseekV2 does neither. Published DeepSeek-V2
+    checkpoints set norm_topk_prob=false and moe_layer_freq=1."""
+    why = moe_source_refusal(config)
+    if why:
+        return why
+    if getattr(config, "norm_topk_prob", False) and (getattr(config, "num_experts_per_tok", 1) or 1) > 1:
+        return (
+            "it sets norm_topk_prob=true: DeepSeek's own DeepSeek-V2 code renormalises the top-k expert weights "
+            "then, transformers' DeepseekV2 scales them by routed_scaling_factor instead, so the two compute "
+            "different models; SwiftKV converts DeepSeek-V2 configs with norm_topk_prob=false (as published)"
+        )
+    if (getattr(config, "moe_layer_freq", 1) or 1) != 1:
+        return (
+            f"it sets moe_layer_freq={config.moe_layer_freq}: transformers' DeepseekV2 makes every layer from "
+            "first_k_dense_replace on an MoE layer and ignores it; SwiftKV converts moe_layer_freq=1 (as published)"
+        )
+    return None
+
+
+MLA_VLLM_BLOCKER = (
+    "vLLM's multi-head latent attention (MLA) cannot share a KV cache across layers (its MLA attention layers "
+    'and backends raise "KV sharing is not supported for MLA"), and SwiftKV\'s later layers read their '
+    "AcrossKV group's shared cache. What would lift it: serving the later layers through vLLM's non-MLA "
+    "attention path with decompressed K/V (the standard Attention takes kv_sharing_target_layer_name), or MLA "
+    "kernels that read a shared latent cache"
+)
+
+
 @dataclass(frozen=True)
 class Family:
     """One family's traits. Its transformers classes are transformers' own `<display>...` classes of
@@ -143,10 +181,15 @@ class Family:
     other_sources: tuple[str, ...] = ()  # further plain model_types converted into this family
     source_refusal: Callable[[object], str | None] = sliding_window_refusal
     checkpoint_layout: str | None = None  # MoE: the base type whose expert layout it saves
+    latent_attention: bool = False  # multi-head latent attention (DeepSeek): the SwiftKV attention of `mla`
+    vllm_blocker: str | None = None  # why vLLM cannot serve the family, whatever the plugin builds
     model_class: type = field(init=False)  # its SwiftKV causal LM
 
     def __post_init__(self):
-        model = swiftkv_causal_lm(self.display, self.base_type, self.config_class, self.qk_norm)
+        mixins = (
+            (SwiftKVLatentAttentionMixin, SwiftKVLatentModelMixin) if self.latent_attention else (None, None)
+        )
+        model = swiftkv_causal_lm(self.display, self.base_type, self.config_class, self.qk_norm, *mixins)
         object.__setattr__(self, "model_class", model)
 
     @property
@@ -169,7 +212,13 @@ class Family:
     @property
     def vllm_refusal(self) -> str | None:
         """Why the vLLM plugin cannot serve this family (None: it can). Every family is served today; a
-        family entry without a vLLM decoder layer is refused by this one message."""
+        family entry without a vLLM decoder layer is refused by this one message; a family vLLM itself
+        cannot serve (`vllm_blocker`) names why and what would lift it."""
+        if self.vllm_blocker is not None:
+            return (
+                f"{self.architecture} ({self.swiftkv_type}) cannot be served on vLLM: {self.vllm_blocker}. Run it "
+                "with transformers instead (swiftkv generate / swiftkv eval)"
+            )
         if self.vllm_layer is not None:
             return None
         return (
@@ -232,6 +281,26 @@ FAMILIES = {
             source_refusal=moe_source_refusal,
             checkpoint_layout="mixtral",
         ),
+        Family(
+            "deepseek_v2",
+            DeepseekV2SwiftKVConfig,
+            "DeepseekV2",
+            None,
+            source_refusal=deepseek_v2_refusal,
+            checkpoint_layout="deepseek_v2",
+            latent_attention=True,
+            vllm_blocker=MLA_VLLM_BLOCKER,
+        ),
+        Family(
+            "deepseek_v3",
+            DeepseekV3SwiftKVConfig,
+            "DeepseekV3",
+            None,
+            source_refusal=moe_source_refusal,
+            checkpoint_layout="deepseek_v3",
+            latent_attention=True,
+            vllm_blocker=MLA_VLLM_BLOCKER,
+        ),
     )
 }
 SOURCE_FAMILIES = {source: f for f in FAMILIES.values() for source in f.source_types}
@@ -260,14 +329,6 @@ UNSUPPORTED_MOE = {
         "SwiftKV's q/k norms are per head (Qwen3's)"
     ),
     "flex_olmo": "it normalises q and k over the whole projection (OLMoE's attention), not per head",
-    "deepseek_v2": (
-        "it uses multi-head latent attention (MLA: a compressed KV latent and a decoupled RoPE key), which "
-        "needs its own SwiftKV projections (kv_a/kv_b); not supported yet"
-    ),
-    "deepseek_v3": (
-        "it uses multi-head latent attention (MLA: a compressed KV latent and a decoupled RoPE key), which "
-        "needs its own SwiftKV projections (kv_a/kv_b); not supported yet"
-    ),
     "qwen3_next": (
         "three of every four layers are linear attention (Gated DeltaNet), which has no K/V cache to share"
     ),

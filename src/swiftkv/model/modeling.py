@@ -182,7 +182,7 @@ class EarlyOutput:
     """What `late` needs after layers < N ran: h_N and the per-token context of the batch."""
 
     hidden_states: torch.Tensor  # h_N, the residual stream entering layer N
-    position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | torch.Tensor  # (cos, sin); DeepSeek-V2: complex
     masks: dict  # layer type -> attention mask (None lets SDPA use its causal kernel)
     cache_position: torch.Tensor  # absolute position of each query row in the cache, [seq]
     past_key_values: Cache | None
@@ -443,9 +443,10 @@ def select_rows(early: EarlyOutput, keep_rows: RowSelection):
     if keep_rows is None:
         return early.hidden_states, early.position_embeddings, early.masks
     hidden = early.hidden_states[:, keep_rows]
-    cos, sin = (t[:, keep_rows] for t in early.position_embeddings)
+    rope = early.position_embeddings  # (cos, sin), or DeepSeek-V2's one complex tensor
+    rope = rope[:, keep_rows] if isinstance(rope, torch.Tensor) else tuple(t[:, keep_rows] for t in rope)
     masks = {kind: rows_of_mask(mask, early, keep_rows, hidden.dtype) for kind, mask in early.masks.items()}
-    return hidden, (cos, sin), masks
+    return hidden, rope, masks
 
 
 def rows_of_mask(mask, early: EarlyOutput, keep_rows, dtype) -> torch.Tensor:
@@ -531,12 +532,20 @@ class SwiftKVForCausalLMMixin:
 # --------------------------------------------------------------------------------------------------
 
 
-def swiftkv_causal_lm(prefix: str, base_type: str, config_class: type, qk_norm: bool) -> type:
+def swiftkv_causal_lm(
+    prefix: str,
+    base_type: str,
+    config_class: type,
+    qk_norm: bool,
+    attention_mixin: type | None = None,
+    model_mixin: type | None = None,
+) -> type:
     """`<prefix>SwiftKVForCausalLM`: transformers' own classes of `base_type` (`<prefix>Attention`,
     `<prefix>DecoderLayer`, `<prefix>Model`, `<prefix>ForCausalLM`, `<prefix>RMSNorm`,
     `<prefix>RotaryEmbedding` in `transformers.models.<base_type>`) with the SwiftKV mixins above; each
     family's registry entry (`model.families`) builds its own from its traits. The classes are exported
-    by the `swiftkv` package, which is where pickles and the folders' shim find them."""
+    by the `swiftkv` package, which is where pickles and the folders' shim find them. `attention_mixin` and
+    `model_mixin` replace the Llama-shaped SwiftKV attention and stack (multi-head latent attention: `mla`)."""
     hf = importlib.import_module(f"transformers.models.{base_type}.modeling_{base_type}")
 
     def make(name: str, mixin: type, **attributes) -> type:
@@ -545,11 +554,11 @@ def swiftkv_causal_lm(prefix: str, base_type: str, config_class: type, qk_norm: 
         new.__qualname__ = new.__name__
         return new
 
-    attention = make("Attention", SwiftKVAttentionMixin, qk_norm=qk_norm)
+    attention = make("Attention", attention_mixin or SwiftKVAttentionMixin, qk_norm=qk_norm)
     layer = make("DecoderLayer", SwiftKVDecoderLayerMixin, attention_class=attention)
     model = make(
         "Model",
-        SwiftKVModelMixin,
+        model_mixin or SwiftKVModelMixin,
         config_class=config_class,
         hf_model_class=getattr(hf, f"{prefix}Model"),
         decoder_layer_class=layer,

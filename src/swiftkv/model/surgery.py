@@ -117,6 +117,8 @@ def copy_init_tensors(
     group's mean k_norm under either init (the reference's; a group shares one K, so one norm)."""
     n, g = config.num_key_value_layers, config.key_value_group_size
     params = {"model.norm_swiftkv.weight": weights[f"model.layers.{n}.input_layernorm.weight"].clone()}
+    if family_of(config.model_type).latent_attention:
+        return params | latent_init_tensors(config, weights, average_group)
     for i in config.later_layers:
         prefix = f"model.layers.{i}.self_attn"
         params.update(mean_linear(f"{prefix}.q_proj_swiftkv", [f"{prefix}.q_proj"], weights))
@@ -134,10 +136,36 @@ def copy_init_tensors(
     return params
 
 
+# Multi-head latent attention: the modules a later layer's query and a group's latent are made of.
+LATENT_QUERY = {False: ("q_proj",), True: ("q_a_proj", "q_a_layernorm", "q_b_proj")}  # by q_lora_rank set
+LATENT_KV = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")
+
+
+def latent_init_tensors(
+    config, weights: Mapping[str, torch.Tensor], average_group: bool
+) -> dict[str, torch.Tensor]:
+    """ArcticTraining's DeepSeek init (its `post_create_model_callback`): each later layer's query modules
+    (q_proj, or q_a_proj, q_a_layernorm and q_b_proj) copied from the layer; a group owner's latent modules
+    (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj) the group's mean ("mean") or the owner's own ("copy")."""
+    g = config.key_value_group_size
+    params = {}
+    for i in config.later_layers:
+        prefix = f"model.layers.{i}.self_attn"
+        for module in LATENT_QUERY[config.q_lora_rank is not None]:
+            params.update(mean_linear(f"{prefix}.{module}_swiftkv", [f"{prefix}.{module}"], weights))
+        if config.is_kv_owner(i):
+            members = range(i, i + g) if average_group else range(i, i + 1)
+            for module in LATENT_KV:
+                sources = [f"model.layers.{j}.self_attn.{module}" for j in members]
+                params.update(mean_linear(f"{prefix}.{module}_swiftkv", sources, weights))
+    return params
+
+
 def mean_linear(
     name: str, sources: list[str], weights: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """The mean of the linear layers named `sources` (weight, and bias where they have one) as `name`."""
+    """The mean of the linear layers (or norms) named `sources` (weight, and bias where they have one) as
+    `name`."""
     out = {f"{name}.weight": torch.stack([weights[f"{s}.weight"] for s in sources]).mean(0)}
     if f"{sources[0]}.bias" in weights:
         out[f"{name}.bias"] = torch.stack([weights[f"{s}.bias"] for s in sources]).mean(0)

@@ -1,0 +1,167 @@
+"""SwiftKV on multi-head latent attention (MLA: DeepSeek-V2 and DeepSeek-V3).
+
+MLA compresses each token's K/V into one latent per layer: c = kv_a_layernorm(kv_a_proj_with_mqa(x)) of
+width `kv_lora_rank` (the part without position), plus one RoPE key k_rot of width `qk_rope_head_dim` shared
+by every head. kv_b_proj decompresses c into each head's K (no position part) and V; a head's K is that
+part followed by k_rot. transformers' DeepSeek models cache (c, RoPE(k_rot)) per layer.
+
+The SwiftKV student, in ArcticTraining's tensor layout (so folders load both ways): each later layer's query
+comes from its own `q_proj_swiftkv` (or `q_a_proj_swiftkv` -> `q_a_layernorm_swiftkv` -> `q_b_proj_swiftkv`
+when q_lora_rank is set); each AcrossKV group owner computes the group's latent from s = norm_swiftkv(h_N)
+with `kv_a_proj_with_mqa_swiftkv` and `kv_a_layernorm_swiftkv` and decompresses it with `kv_b_proj_swiftkv`.
+
+Unlike the reference, whose cache holds every later layer's decompressed K/V (num_heads x (qk_head_dim +
+v_head_dim) values per token and layer), the student's cache keeps each group's latent: one slot of
+kv_lora_rank + qk_rope_head_dim values per group, in the teacher's cache format. A forward step reads the
+slot and decompresses it once for the group's layers (they share kv_b_proj_swiftkv, so once is exact).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import eager_attention_forward
+
+from .modeling import SwiftKVModelMixin, apply_rope
+
+# The teacher's attention projections of a later layer, dropped by --trim (those a config has).
+TEACHER_ATTENTION = (
+    "q_proj",
+    "q_a_proj",
+    "q_a_layernorm",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_a_layernorm",
+    "kv_b_proj",
+)
+
+
+def rope_rotate(x: torch.Tensor, position_embeddings, interleave: bool) -> torch.Tensor:
+    """RoPE on one tensor [batch, heads, seq, rope_dim] as the family's teacher rotates q and k: DeepSeek-V2's
+    complex rotation of interleaved pairs (position_embeddings: one complex tensor), DeepSeek-V3's cos/sin on
+    interleaved pairs (`interleave`, its rope_interleave) or on halves."""
+    if isinstance(position_embeddings, torch.Tensor):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * position_embeddings.unsqueeze(1)).flatten(3).type_as(x)
+    cos, sin = position_embeddings
+    if not interleave:
+        return apply_rope(x, cos, sin)
+    cos, sin = (t[..., : t.shape[-1] // 2].unsqueeze(1) for t in (cos, sin))
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
+
+
+class SwiftKVLatentAttentionMixin:
+    """DeepSeek's attention plus the SwiftKV projections (ArcticTraining's names) and a student forward that
+    attends over a group's decompressed latent (`swiftkv_kv`)."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__(config, layer_idx)
+        if config.num_key_value_layers is None or layer_idx < config.num_key_value_layers:
+            return
+        q_out = self.num_heads * self.qk_head_dim
+        if self.q_lora_rank is None:
+            self.q_proj_swiftkv = nn.Linear(self.hidden_size, q_out, bias=False)
+        else:
+            self.q_a_proj_swiftkv = nn.Linear(self.hidden_size, self.q_lora_rank, bias=config.attention_bias)
+            self.q_a_layernorm_swiftkv = type(self.q_a_layernorm)(self.q_lora_rank)
+            self.q_b_proj_swiftkv = nn.Linear(self.q_lora_rank, q_out, bias=False)
+        if config.is_kv_owner(layer_idx):
+            latent = self.kv_lora_rank + self.qk_rope_head_dim
+            per_head = self.qk_nope_head_dim + self.v_head_dim
+            self.kv_a_proj_with_mqa_swiftkv = nn.Linear(self.hidden_size, latent, bias=config.attention_bias)
+            self.kv_a_layernorm_swiftkv = type(self.kv_a_layernorm)(self.kv_lora_rank)
+            self.kv_b_proj_swiftkv = nn.Linear(self.kv_lora_rank, self.num_heads * per_head, bias=False)
+        if config.swiftkv_trimmed:  # the teacher's q and latent projections of later layers are dead weight
+            for name in TEACHER_ATTENTION:
+                if getattr(self, name, None) is not None:
+                    delattr(self, name)
+
+    @property
+    def rope_interleave(self) -> bool:
+        return bool(getattr(self.config, "rope_interleave", True))
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        past_key_values=None,
+        position_embeddings=None,
+        swiftkv_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs,
+    ):
+        if swiftkv_kv is None:
+            return super().forward(
+                hidden_states=hidden_states,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                position_embeddings=position_embeddings,
+                **kwargs,
+            )
+        batch, seq = hidden_states.shape[:-1]
+        query = self.swiftkv_query(hidden_states).view(batch, seq, -1, self.qk_head_dim).transpose(1, 2)
+        q_pass, q_rot = torch.split(query, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        query = torch.cat((q_pass, rope_rotate(q_rot, position_embeddings, self.rope_interleave)), dim=-1)
+        key, value = swiftkv_kv
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        out, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.o_proj(out.reshape(batch, seq, -1).contiguous()), weights
+
+    def swiftkv_query(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q_lora_rank is None:
+            return self.q_proj_swiftkv(x)
+        return self.q_b_proj_swiftkv(self.q_a_layernorm_swiftkv(self.q_a_proj_swiftkv(x)))
+
+    def swiftkv_latent(self, s: torch.Tensor, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+        """This group owner's latent from s = norm_swiftkv(h_N), in the teacher's cache format: the
+        normalised part without position [batch, 1, seq, kv_lora_rank] and the RoPE'd shared key
+        [batch, 1, seq, qk_rope_head_dim]."""
+        batch, seq = s.shape[:-1]
+        latent, k_rot = torch.split(
+            self.kv_a_proj_with_mqa_swiftkv(s), [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1
+        )
+        latent = self.kv_a_layernorm_swiftkv(latent).view(batch, 1, seq, self.kv_lora_rank)
+        k_rot = k_rot.view(batch, 1, seq, self.qk_rope_head_dim)
+        return latent, rope_rotate(k_rot, position_embeddings, self.rope_interleave)
+
+    def swiftkv_expand(self, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A group's K [batch, heads, seq, qk_head_dim] and V [batch, heads, seq, v_head_dim] from its latent
+        (kv_b_proj_swiftkv; every head's K ends with the shared RoPE key)."""
+        batch, _, seq, _ = latent.shape
+        per_head = self.kv_b_proj_swiftkv(latent).view(
+            batch, seq, -1, self.qk_nope_head_dim + self.v_head_dim
+        )
+        k_pass, value = torch.split(
+            per_head.transpose(1, 2), [self.qk_nope_head_dim, self.v_head_dim], dim=-1
+        )
+        key = torch.cat((k_pass, k_rot.expand(-1, k_pass.shape[1], -1, -1)), dim=-1)
+        return key, value
+
+
+class SwiftKVLatentModelMixin(SwiftKVModelMixin):
+    """The decoder stack of an MLA family: each AcrossKV group's cache slot holds its latent."""
+
+    def swiftkv_key_values(self, early) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each group's K/V for all tokens: its latent appended to the group's cache slot, then the whole
+        slot decompressed."""
+        s = self.norm_swiftkv(early.hidden_states)
+        key_values = []
+        for owner in self.config.kv_owners:
+            attention = self.layers[owner].self_attn
+            latent, k_rot = attention.swiftkv_latent(s, early.position_embeddings)
+            if early.past_key_values is not None:
+                latent, k_rot = early.past_key_values.update(latent, k_rot, self.config.cache_index(owner))
+            key_values.append(attention.swiftkv_expand(latent, k_rot))
+        return key_values
