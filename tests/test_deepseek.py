@@ -6,13 +6,18 @@ distill with experts and routers frozen, eval and generate, and the vLLM refusal
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
 from tests import reference
 from tests.tiny import (
     MLA_ARCHS,
+    MLA_SHAPE,
     random_student,
 )
 
@@ -83,3 +88,134 @@ def test_reference_routing_is_transformers_moe_block(arch):
     x = torch.randn(9, teacher.config.hidden_size)
     block = teacher.model.layers[N].mlp
     assert max_diff(reference.deepseek_moe(teacher.config, block, x), block(x[None])[0]) <= 1e-5
+
+
+# -- the latent cache -------------------------------------------------------------------------------
+
+
+def filled_slots(cache) -> list[int]:
+    return [i for i, layer in enumerate(cache.layers) if getattr(layer, "keys", None) is not None]
+
+
+def cache_bytes_per_token(cache, tokens: int) -> float:
+    layers = [cache.layers[i] for i in filled_slots(cache)]
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in layers) / tokens
+
+
+@pytest.mark.parametrize("arch", MLA_ARCHS)
+@pytest.mark.parametrize("g", [1, 2])
+@torch.no_grad()
+def test_the_cache_keeps_each_groups_latent_and_decoding_equals_the_full_student(arch, g):
+    """N early slots and one slot per AcrossKV group, each group's holding its latent (the normalised
+    compressed part, [batch, 1, seq, kv_lora_rank], and the RoPE key), computed here from its own
+    projections; prefill skip and decoding from that cache equal the full forward without one."""
+    teacher, student = student_of(arch, "q_lora", g, swiftkv_std=0.1)
+    config = student.config
+    x = ids(2, 21)
+    full = student(x).logits
+    assert max_diff(student(x, logits_to_keep=1).logits, full[:, -1:]) <= 1e-5
+    rows = torch.tensor([0, 7, 20])
+    assert max_diff(student(x, logits_to_keep=rows).logits, full[:, rows]) <= 1e-5
+    cache = student(x[:, :15], use_cache=True, logits_to_keep=1).past_key_values
+    assert filled_slots(cache) == list(range(N + (LAYERS - N) // g))
+    s = reference.rms_norm(
+        teacher(x[:, :15], output_hidden_states=True).hidden_states[N],
+        student.model.norm_swiftkv.weight,
+        config.rms_norm_eps,
+    )
+    for owner in config.kv_owners:
+        attention = student.model.layers[owner].self_attn
+        compressed = reference.linear(attention.kv_a_proj_with_mqa_swiftkv, s)[..., : config.kv_lora_rank]
+        latent = reference.rms_norm(
+            compressed, attention.kv_a_layernorm_swiftkv.weight, reference.MLA_NORM_EPS
+        )
+        slot = cache.layers[config.cache_index(owner)]
+        assert slot.keys.shape == (2, 1, 15, config.kv_lora_rank)
+        assert slot.values.shape == (2, 1, 15, config.qk_rope_head_dim)
+        assert max_diff(slot.keys[:, 0], latent) <= 1e-5
+    steps = [student(x[:, t : t + 1], past_key_values=cache, use_cache=True).logits for t in range(15, 21)]
+    assert max_diff(torch.cat(steps, 1), full[:, 15:]) <= 1e-5
+
+
+@pytest.mark.parametrize("arch, layout", CASES)
+@torch.no_grad()
+def test_generation_with_the_latent_cache_equals_generation_without_a_cache(arch, layout):
+    _, student = student_of(arch, layout, 2, swiftkv_std=0.1)
+    x = ids(1, 8)
+    out = student.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=10,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    expected, logits = x, []
+    for _ in range(10):  # no cache, no skip: the slow reference loop
+        logits.append(student(expected).logits[:, -1])
+        expected = torch.cat([expected, logits[-1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out.sequences, expected)
+    assert max_diff(torch.stack(out.logits), torch.stack(logits)) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", MLA_ARCHS)
+@torch.no_grad()
+def test_kv_bytes_per_token_of_the_latent_cache(arch):
+    """Measured from the caches: the teacher keeps L latents per token (kv_lora_rank + qk_rope_head_dim
+    values), the student N + (L - N) / G; the reference's layout (ArcticTraining's HF cache) keeps every
+    layer's decompressed K and V, num_heads x (qk_head_dim + v_head_dim) values per layer."""
+    x = ids(1, 16)
+    latent = 4 * (MLA_SHAPE["kv_lora_rank"] + MLA_SHAPE["qk_rope_head_dim"])  # fp32 bytes per slot and token
+    per_head = MLA_SHAPE["qk_nope_head_dim"] + MLA_SHAPE["qk_rope_head_dim"] + MLA_SHAPE["v_head_dim"]
+    decompressed = 4 * LAYERS * MLA_SHAPE["num_key_value_heads"] * per_head
+    measured = {}
+    for g in (1, 2, 4):
+        _, student = student_of(arch, "q_lora", g)
+        measured[g] = cache_bytes_per_token(student(x, use_cache=True).past_key_values, 16)
+        assert measured[g] == latent * (N + (LAYERS - N) // g)
+    teacher = cache_bytes_per_token(student(x, use_cache=True, swiftkv=False).past_key_values, 16)
+    assert teacher == latent * LAYERS == measured[1]  # G = 1: one latent per later layer, as the teacher
+    assert measured[4] / teacher == 3 / 6  # N = 2 early slots + 1 group slot against 6 layers
+    assert measured[1] / decompressed == 40 / (4 * 40)  # a latent of 32 + 8 against 4 heads of 16 + 8 + 16
+
+
+# -- folders ---------------------------------------------------------------------------------------
+
+# ArcticTraining's deepseek_v2_swiftkv tensors (beside the teacher's, which stay), N = 2 of 6, G = 2.
+ARCTIC_NAMES = {
+    "q_proj": ["q_proj_swiftkv.weight"],
+    "q_lora": ["q_a_proj_swiftkv.weight", "q_a_layernorm_swiftkv.weight", "q_b_proj_swiftkv.weight"],
+}
+ARCTIC_GROUP_NAMES = [
+    "kv_a_proj_with_mqa_swiftkv.weight",
+    "kv_a_layernorm_swiftkv.weight",
+    "kv_b_proj_swiftkv.weight",
+]
+
+
+@pytest.mark.parametrize("arch, layout", [(arch, layout) for arch in MLA_ARCHS for layout in ARCTIC_NAMES])
+def test_folders_hold_arctictrainings_tensors_and_the_sources_expert_layout(tmp_path, arch, layout):
+    from swiftkv.model.surgery import write_swiftkv_folder
+
+    teacher, student = student_of(arch, layout, 2, swiftkv_std=0.1)
+    teacher.save_pretrained(tmp_path / "source")
+    write_swiftkv_folder(student, None, tmp_path / "student", {"source": "tiny"})
+    source = set(load_file(tmp_path / "source" / "model.safetensors"))
+    ours = set(load_file(tmp_path / "student" / "model.safetensors"))
+    assert f"model.layers.{N}.mlp.experts.3.gate_proj.weight" in source  # per expert, as published
+    expected = {"model.norm_swiftkv.weight"}
+    for i in range(N, LAYERS):
+        expected |= {f"model.layers.{i}.self_attn.{name}" for name in ARCTIC_NAMES[layout]}
+    for owner in range(N, LAYERS, 2):
+        expected |= {f"model.layers.{owner}.self_attn.{name}" for name in ARCTIC_GROUP_NAMES}
+    assert ours - source == expected and source <= ours
+    config = json.loads((tmp_path / "student" / "config.json").read_text())
+    assert config["model_type"] == f"{arch}_swiftkv" and config["rope_scaling"]["type"] == "yarn"
+    assert config["architectures"] == [f"DeepseekV{arch[-1]}SwiftKVForCausalLM"]
+    reloaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "student", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    x = ids(1, 11)
+    with torch.no_grad():
+        assert max_diff(reloaded(x).logits, student(x).logits) == 0.0
+        assert max_diff(reloaded(x, swiftkv=False).logits, teacher(x).logits) == 0.0
