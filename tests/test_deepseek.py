@@ -18,7 +18,13 @@ from tests import reference
 from tests.tiny import (
     MLA_ARCHS,
     MLA_SHAPE,
+    WORDS,
+    random_chats,
     random_student,
+    save_tiny_folder,
+    save_tiny_teacher,
+    tiny_tokenizer,
+    write_jsonl,
 )
 
 LAYERS, N = 6, 2
@@ -219,3 +225,185 @@ def test_folders_hold_arctictrainings_tensors_and_the_sources_expert_layout(tmp_
     with torch.no_grad():
         assert max_diff(reloaded(x).logits, student(x).logits) == 0.0
         assert max_diff(reloaded(x, swiftkv=False).logits, teacher(x).logits) == 0.0
+
+
+# -- convert ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def calib_text(tmp_path_factory):
+    generator = torch.Generator().manual_seed(0)
+    picks = torch.randint(len(WORDS), (3000,), generator=generator).tolist()
+    path = tmp_path_factory.mktemp("calib") / "text.txt"
+    path.write_text(" ".join(WORDS[i] for i in picks))
+    return path
+
+
+@pytest.mark.parametrize("arch, layout", [(arch, layout) for arch in MLA_ARCHS for layout in ARCTIC_NAMES])
+def test_convert_writes_arctictrainings_inits(tmp_path, arch, layout, calib_text):
+    """copy and mean (ArcticTraining's: each later layer's query modules copied, a group owner's latent modules
+    the group's mean) tensor by tensor, experts and routers the source's; --trim drops the later layers'
+    teacher attention and leaves the student as it was; plain_teacher recovers transformers' own model; the
+    measured conversion reports agreement and KL (no K/V error: MLA has no K/V projections)."""
+    from swiftkv.convert import ConvertSettings, convert
+    from swiftkv.model.surgery import plain_teacher
+
+    folder = save_tiny_teacher(tmp_path / "teacher", arch, **LAYOUTS[arch][layout])
+    source = load_file(folder / "model.safetensors")
+    options = dict(num_key_value_layers=N, key_value_group_size=2, calib_data=str(calib_text))
+    convert(ConvertSettings(source=str(folder), out=tmp_path / "copy", init="copy", measure=False, **options))
+    report = convert(
+        ConvertSettings(source=str(folder), out=tmp_path / "mean", init="mean", eval_tokens=256, **options)
+    )
+    assert set(report.top1_agreement) == {"mean"} and not report.kv_relative_error
+    assert 0 < report.top1_agreement["mean"] <= 1 and report.mean_kl["mean"] > 0
+    assert "mean: top-1 agreement" in report.summary()
+    query = ("q_proj",) if layout == "q_proj" else ("q_a_proj", "q_a_layernorm", "q_b_proj")
+    for init in ("copy", "mean"):
+        out = load_file(tmp_path / init / "model.safetensors")
+        assert all(torch.equal(out[name], tensor) for name, tensor in source.items())  # experts included
+        assert torch.equal(
+            out["model.norm_swiftkv.weight"], source[f"model.layers.{N}.input_layernorm.weight"]
+        )
+        for i in range(N, LAYERS):
+            for module in query:
+                name = f"model.layers.{i}.self_attn.{module}"
+                assert torch.equal(out[f"{name}_swiftkv.weight"], source[f"{name}.weight"])
+        for owner in range(N, LAYERS, 2):
+            for module in ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj"):
+                group = [source[f"model.layers.{j}.self_attn.{module}.weight"] for j in (owner, owner + 1)]
+                expected = group[0] if init == "copy" else torch.stack(group).mean(0)
+                assert torch.equal(out[f"model.layers.{owner}.self_attn.{module}_swiftkv.weight"], expected)
+    convert(
+        ConvertSettings(
+            source=str(folder), out=tmp_path / "trim", init="mean", measure=False, trim=True, **options
+        )
+    )
+    trimmed = set(load_file(tmp_path / "trim" / "model.safetensors"))
+    assert not any(
+        f"layers.{N}.self_attn.{module}." in name for name in trimmed for module in (*query, "kv_b_proj")
+    )
+    assert f"model.layers.{N - 1}.self_attn.kv_b_proj.weight" in trimmed
+    x = ids(1, 12)
+    full, trim = (AutoModelForCausalLM.from_pretrained(tmp_path / name) for name in ("mean", "trim"))
+    teacher = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        assert max_diff(full(x).logits, trim(x).logits) == 0.0
+        assert type(plain_teacher(full)) is type(teacher)
+        assert max_diff(plain_teacher(full)(x).logits, teacher(x).logits) == 0.0
+
+
+def test_bad_input_is_one_error_before_loading(tmp_path, capsys, monkeypatch):
+    """--init lstsq (no fit of the latent), a group size that does not divide the later layers, and a
+    DeepSeek-V2 routing transformers computes otherwise than DeepSeek's code: one line each, nothing loaded,
+    nothing written."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr("swiftkv.sources.load_folder_model", refuse)
+    monkeypatch.setattr("swiftkv.convert.load_folder_as_swiftkv", refuse)
+    folder = save_tiny_teacher(tmp_path / "v2", "deepseek_v2")
+    cases = [
+        (folder, ["--init", "lstsq"], "--init lstsq fits each AcrossKV group's k_proj_swiftkv"),
+        (
+            folder,
+            ["--init", "mean", "--key-value-group-size", 3],
+            "key_value_group_size=3 does not divide the 4",
+        ),
+    ]
+    config = json.loads((folder / "config.json").read_text())
+    routing = tmp_path / "v2-norm-topk"
+    routing.mkdir()
+    for name in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (routing / name).write_bytes((folder / name).read_bytes())
+    (routing / "config.json").write_text(json.dumps({**config, "norm_topk_prob": True}))
+    cases.append(
+        (routing, ["--init", "mean"], "it sets norm_topk_prob=true: DeepSeek's own DeepSeek-V2 code")
+    )
+    for source, options, message in cases:
+        capsys.readouterr()
+        assert cli("convert", source, tmp_path / "out", "--num-key-value-layers", N, *options) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+        assert not (tmp_path / "out").exists()
+
+
+# -- distill, eval, generate ------------------------------------------------------------------------
+
+
+def deepseek_student_folder(tmp_path, arch: str, layout: str = "q_lora"):
+    _, student = random_student(
+        arch,
+        3,
+        1,
+        swiftkv_std=0.2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        **LAYOUTS[arch][layout],
+    )
+    return save_tiny_folder(tmp_path / f"{arch}-student", student, tiny_tokenizer())
+
+
+@pytest.mark.parametrize("arch", MLA_ARCHS)
+def test_distill_trains_the_swiftkv_tensors_only(tmp_path, arch):
+    """Only *_swiftkv tensors change: the experts, routers (V3's correction bias too), shared experts, dense
+    MLP and the original attention stay bit-identical; the held-out KL falls."""
+    from tests.test_distill_cli import distill_args
+
+    folder = deepseek_student_folder(tmp_path, arch)
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(40, seed=7))
+    assert main(distill_args(folder, data, tmp_path / "out", "--tokens", "1024")) == 0
+    before, after = load_file(folder / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert before.keys() == after.keys()
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed and all("swiftkv" in name for name in changed)
+    assert any("kv_b_proj_swiftkv" in name for name in changed) and "model.norm_swiftkv.weight" in changed
+    frozen = [
+        name for name in before if ".experts." in name or ".gate." in name or ".shared_experts." in name
+    ]
+    assert len(frozen) >= 3 * 4 * (LAYERS - 1) and not set(frozen) & changed
+    summary = json.loads((tmp_path / "out" / "distill.json").read_text())
+    assert summary["heldout_after"]["kl"] < summary["heldout_before"]["kl"]
+
+
+def test_eval_and_generate_commands_on_a_converted_folder(tmp_path, capsys):
+    """`swiftkv generate` streams the student's greedy answer (== generate_text on the loaded model), and
+    eval's teacher-forced agreement against the source teacher equals one naive forward per chat."""
+    from swiftkv.convert import ConvertSettings, convert
+    from swiftkv.data.tokens import tokenize_chat
+    from swiftkv.evaluate.chat import teacher_forced_agreement
+    from swiftkv.evaluate.pair import load_pair
+    from swiftkv.evaluate.store import ResultStore
+    from swiftkv.generation import chat_input_ids, generate_text
+    from swiftkv.sources import load_model, load_tokenizer
+
+    teacher_folder = save_tiny_teacher(tmp_path / "teacher", "deepseek_v2", max_position_embeddings=256)
+    student_folder = tmp_path / "student"
+    convert(
+        ConvertSettings(
+            source=str(teacher_folder), out=student_folder, num_key_value_layers=3, init="mean", measure=False
+        )
+    )
+    capsys.readouterr()
+    assert cli("generate", student_folder, "w1 w2 w3", "--max-new-tokens", "6", "--dtype", "float32") == 0
+    streamed = capsys.readouterr().out
+    tokenizer = load_tokenizer(student_folder)
+    student = load_model(student_folder)
+    expected = generate_text(student, tokenizer, chat_input_ids(tokenizer, "w1 w2 w3"), 6)
+    assert streamed.strip() == expected.strip()
+    pair = load_pair(str(student_folder), str(teacher_folder), dtype=torch.float32)
+    assert pair.mode == "shared"  # the converted folder's teacher path is the source: layers < N shared
+    chats = [record["messages"] for record in random_chats(2, seed=3, turns=1)]
+    stats = teacher_forced_agreement(pair, ResultStore(tmp_path / "c.sqlite"), chats, progress=False)
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_folder)
+    tokens = same = 0
+    for chat in chats:
+        encoded = tokenize_chat(tokenizer, chat)
+        rows = [t for t in range(len(encoded.ids) - 1) if encoded.is_target[t + 1]]
+        x = torch.tensor([encoded.ids])
+        with torch.no_grad():
+            t_logits, s_logits = teacher(x).logits[0, rows], student(x).logits[0, rows]
+        tokens += len(rows)
+        same += int((t_logits.argmax(-1) == s_logits.argmax(-1)).sum())
+    assert stats["tokens"] == tokens > 0 and stats["top1_agreement"] == pytest.approx(same / tokens)

@@ -1,5 +1,5 @@
 """`swiftkv convert`: a checkpoint of a supported family (`swiftkv.model.families`: Llama, Mistral, Qwen2,
-Qwen3) -> a SwiftKV checkpoint (Snowflake's format).
+Qwen3, the MoE families, DeepSeek-V2/V3) -> a SwiftKV checkpoint (Snowflake's format).
 
 The orchestration only: model surgery (`swiftkv.model.surgery`) derives the reference inits and writes
 the folder, calibration (`swiftkv.calibration`) fits lstsq and measures each init against the teacher on
@@ -24,6 +24,7 @@ from .data.chat import check_source
 from .dtypes import DTYPE_CHOICES, autocast, compute_device, parse_dtype, resolve_dtype
 from .files import check_new_output
 from .model.config import num_key_value_layers_for
+from .model.families import family_of
 from .model.surgery import (
     copy_init_params,
     copy_init_tensors,
@@ -120,12 +121,11 @@ class ConversionReport:
             f"SwiftKV conversion of {self.source}: N={self.num_key_value_layers}, "
             f"G={self.key_value_group_size}, init={self.init} ({self.seconds:.1f} s)"
         ]
-        for init, errors in self.kv_relative_error.items():
-            k, v = (sum(errors[x]) / len(errors[x]) for x in ("k", "v"))
-            lines.append(
-                f"  {init:>5}: K/V relative error (mean over later layers) k={k:.3f} v={v:.3f}; "
-                f"top-1 agreement {self.top1_agreement[init]:.3f}; KL {self.mean_kl[init]:.3f}"
-            )
+        for init, agreement in self.top1_agreement.items():
+            errors = self.kv_relative_error.get(init)  # none for latent attention: no K/V projections to fit
+            k, v = (sum(errors[x]) / len(errors[x]) for x in ("k", "v")) if errors else (None, None)
+            kv = f"K/V relative error (mean over later layers) k={k:.3f} v={v:.3f}; " if errors else ""
+            lines.append(f"  {init:>5}: {kv}top-1 agreement {agreement:.3f}; KL {self.mean_kl[init]:.3f}")
         return "\n".join(lines)
 
 
@@ -205,11 +205,22 @@ def checked_geometry(folder, settings: ConvertSettings) -> int:
     check_supported(folder)
     check_weights_present(folder)
     config = AutoConfig.from_pretrained(folder)
+    if settings.init == "lstsq" and family_of(config.model_type).latent_attention:
+        raise ValueError(LSTSQ_LATENT_HELP.format(model_type=config.model_type))
     n = resolve_num_key_value_layers(
         config.num_hidden_layers, settings.num_key_value_layers, settings.swiftkv_fraction
     )
     swiftkv_config(config, n, settings.key_value_group_size)  # raises on a bad N or G
     return n
+
+
+LSTSQ_LATENT_HELP = (
+    "--init lstsq fits each AcrossKV group's k_proj_swiftkv/v_proj_swiftkv to the teacher's K/V by least squares, "
+    "but {model_type} uses multi-head latent attention: its K/V come from a compressed latent through an RMSNorm "
+    "(kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj), which one linear fit does not describe, and no fit of "
+    "it is implemented; use --init mean (ArcticTraining's init: q copied, the latent projections the group's "
+    "mean) or --init copy"
+)
 
 
 def why_unmeasured(folder, settings: ConvertSettings) -> str:
@@ -280,13 +291,18 @@ def measured_candidates(
     reference = "copy" if settings.init in ("copy", "lstsq") else settings.init
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it
-    with autocast(compute, model.device):
-        fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
-        eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
-    candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
+    # Latent attention has no K/V projections to fit or compare (LSTSQ_LATENT_HELP): its init is measured by
+    # agreement and KL alone.
+    fitted = not family_of(model.config.model_type).latent_attention
+    if fitted:
+        with autocast(compute, model.device):
+            fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
+            eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
+        candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
     for name, params in candidates.items():
         load_trained(model, params)
         with autocast(compute, model.device):
-            report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
+            if fitted:
+                report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
             report.top1_agreement[name], report.mean_kl[name] = calibration.agreement(model, eval_blocks)
     return candidates
