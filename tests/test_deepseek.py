@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
+from swiftkv.model.families import FAMILIES, check_vllm_serves
 from tests import reference
 from tests.tiny import (
     MLA_ARCHS,
@@ -407,3 +408,44 @@ def test_eval_and_generate_commands_on_a_converted_folder(tmp_path, capsys):
         tokens += len(rows)
         same += int((t_logits.argmax(-1) == s_logits.argmax(-1)).sum())
     assert stats["tokens"] == tokens > 0 and stats["top1_agreement"] == pytest.approx(same / tokens)
+
+
+# -- vLLM -------------------------------------------------------------------------------------------
+
+MLA_REFUSAL = (
+    "cannot be served on vLLM: vLLM's multi-head latent attention (MLA) cannot share a KV cache across layers",
+    '"KV sharing is not supported for MLA"',
+    "serving the later layers through vLLM's non-MLA attention path with decompressed K/V",
+    "MLA kernels that read a shared latent cache",
+)
+
+
+def test_swiftkv_serve_refuses_a_deepseek_folder_in_one_line_before_any_engine(tmp_path, capsys, monkeypatch):
+    def no_engine(*args, **kwargs):
+        raise AssertionError("vLLM was started")
+
+    monkeypatch.setattr("os.execve", no_engine)
+    for arch in MLA_ARCHS:
+        with pytest.raises(ValueError) as refused:
+            check_vllm_serves(FAMILIES[arch].config_class())
+        assert all(part in str(refused.value) for part in MLA_REFUSAL)
+        _, student = student_of(arch, "q_lora", 2)
+        folder = save_tiny_folder(tmp_path / arch, student, tiny_tokenizer())
+        capsys.readouterr()
+        assert cli("serve", folder) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"DeepseekV{arch[-1]}SwiftKVForCausalLM ({arch}_swiftkv) " in err
+        assert all(part in err for part in MLA_REFUSAL)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_config_of_a_deepseek_folder_is_refused_by_the_plugin(tmp_path):
+    """What `vllm.LLM(model=FOLDER)` and plain `vllm serve FOLDER` build first: the plugin's config hook
+    refuses the family with the same message, before any engine starts."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    _, student = student_of("deepseek_v2", "q_proj", 2)
+    folder = save_tiny_folder(tmp_path / "student", student, tiny_tokenizer())
+    with pytest.raises(ValueError) as refused:
+        EngineArgs(model=str(folder), max_model_len=256).create_engine_config()
+    assert all(part in str(refused.value) for part in MLA_REFUSAL)
