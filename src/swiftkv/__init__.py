@@ -1,5 +1,6 @@
-"""swiftkv: SwiftKV (arXiv 2410.03960) for Llama, Mistral, Qwen2 and Qwen3 models, and the
-Mixture-of-Experts Qwen3-MoE, Qwen2-MoE and Mixtral (transformers only for now).
+"""swiftkv: SwiftKV (arXiv 2410.03960) for Llama, Mistral, Qwen2 and Qwen3 models, the
+Mixture-of-Experts Qwen3-MoE, Qwen2-MoE and Mixtral, and DeepSeek-V2/V3 (multi-head latent attention,
+transformers only).
 
 Importing the package registers the SwiftKV configs and models with transformers' Auto classes, so
 `AutoModelForCausalLM.from_pretrained(folder)` opens any SwiftKV checkpoint (ours or Snowflake's).
