@@ -339,7 +339,6 @@ def deepseek_student_folder(tmp_path, arch: str, layout: str = "q_lora"):
         3,
         1,
         swiftkv_std=0.2,
-        max_position_embeddings=256,
         tie_word_embeddings=True,
         **LAYOUTS[arch][layout],
     )
@@ -379,7 +378,7 @@ def test_eval_and_generate_commands_on_a_converted_folder(tmp_path, capsys):
     from swiftkv.generation import chat_input_ids, generate_text
     from swiftkv.sources import load_model, load_tokenizer
 
-    teacher_folder = save_tiny_teacher(tmp_path / "teacher", "deepseek_v2", max_position_embeddings=256)
+    teacher_folder = save_tiny_teacher(tmp_path / "teacher", "deepseek_v2")
     student_folder = tmp_path / "student"
     convert(
         ConvertSettings(
@@ -449,3 +448,21 @@ def test_vllm_engine_config_of_a_deepseek_folder_is_refused_by_the_plugin(tmp_pa
     with pytest.raises(ValueError) as refused:
         EngineArgs(model=str(folder), max_model_len=256).create_engine_config()
     assert all(part in str(refused.value) for part in MLA_REFUSAL)
+
+
+@pytest.mark.slow  # two torchrun processes
+def test_two_fsdp_processes_equal_the_one_process_run(tmp_path):
+    """--fsdp shards the DeepSeek decoder layers (latent attention, fused experts) with no DeepSeek-specific
+    code; two processes follow the one-process run within the rounding that regrouping the sums alone causes."""
+    from tests.test_distill_cli import distill_args
+    from tests.test_distill_fsdp import assert_same_run, regrouping_noise, torchrun
+
+    folder = deepseek_student_folder(tmp_path, "deepseek_v2")
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(distill_args(folder, data, one, "--json", f"{one}.json")) == 0
+    torchrun(2, distill_args(folder, data, two, "--fsdp", "--json", f"{two}.json"))
+    assert_same_run(one, two, regrouping_noise(folder, data, one))
+    source, written = load_file(folder / "model.safetensors"), load_file(two / "model.safetensors")
+    changed = {name for name in written if not torch.equal(written[name], source[name])}
+    assert changed and all("swiftkv" in name for name in changed)

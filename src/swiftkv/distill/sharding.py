@@ -72,11 +72,11 @@ def shard(distiller: nn.Module, world: World, compute_dtype: torch.dtype) -> nn.
 
 
 def kv_projections(layer: nn.Module) -> list[nn.Module]:
-    """A group owner's SwiftKV K/V modules. The model calls them for every token before the later layers
+    """A group owner's SwiftKV K/V modules (MLA: its latent's). The model calls them for every token before the later layers
     run (`swiftkv_key_values`), outside the layer's own forward, so they are a unit of their own that
     gathers when they are called."""
     attention = layer.self_attn
-    names = ("k_proj_swiftkv", "k_norm_swiftkv", "v_proj_swiftkv")
+    names = getattr(attention, "swiftkv_group_modules", ())
     return [getattr(attention, name) for name in names if hasattr(attention, name)]
 
 

@@ -25,16 +25,10 @@ from transformers.models.deepseek_v2.modeling_deepseek_v2 import eager_attention
 
 from .modeling import SwiftKVModelMixin, apply_rope
 
-# The teacher's attention projections of a later layer, dropped by --trim (those a config has).
-TEACHER_ATTENTION = (
-    "q_proj",
-    "q_a_proj",
-    "q_a_layernorm",
-    "q_b_proj",
-    "kv_a_proj_with_mqa",
-    "kv_a_layernorm",
-    "kv_b_proj",
-)
+# The modules of a layer's query (by whether q_lora_rank is set) and of its latent; ArcticTraining names their
+# SwiftKV twins `<module>_swiftkv`. A later layer's teacher modules are dead weight for the student (--trim).
+QUERY_MODULES = {False: ("q_proj",), True: ("q_a_proj", "q_a_layernorm", "q_b_proj")}
+LATENT_MODULES = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")
 
 
 def rope_rotate(x: torch.Tensor, position_embeddings, interleave: bool) -> torch.Tensor:
@@ -56,6 +50,10 @@ class SwiftKVLatentAttentionMixin:
     """DeepSeek's attention plus the SwiftKV projections (ArcticTraining's names) and a student forward that
     attends over a group's decompressed latent (`swiftkv_kv`)."""
 
+    swiftkv_group_modules = tuple(
+        f"{module}_swiftkv" for module in LATENT_MODULES
+    )  # see SwiftKVAttentionMixin
+
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)
         if config.num_key_value_layers is None or layer_idx < config.num_key_value_layers:
@@ -73,10 +71,9 @@ class SwiftKVLatentAttentionMixin:
             self.kv_a_proj_with_mqa_swiftkv = nn.Linear(self.hidden_size, latent, bias=config.attention_bias)
             self.kv_a_layernorm_swiftkv = type(self.kv_a_layernorm)(self.kv_lora_rank)
             self.kv_b_proj_swiftkv = nn.Linear(self.kv_lora_rank, self.num_heads * per_head, bias=False)
-        if config.swiftkv_trimmed:  # the teacher's q and latent projections of later layers are dead weight
-            for name in TEACHER_ATTENTION:
-                if getattr(self, name, None) is not None:
-                    delattr(self, name)
+        if config.swiftkv_trimmed:
+            for name in (*QUERY_MODULES[self.q_lora_rank is not None], *LATENT_MODULES):
+                delattr(self, name)
 
     @property
     def rope_interleave(self) -> bool:

@@ -91,6 +91,9 @@ class SwiftKVAttentionMixin:
     its own norms too: q_norm_swiftkv per later layer, k_norm_swiftkv per group owner."""
 
     qk_norm = False
+    # A group owner's modules that the model calls for every token outside the layer's forward
+    # (`swiftkv_key_values`); FSDP makes them a unit of their own (`distill.sharding`).
+    swiftkv_group_modules = ("k_proj_swiftkv", "k_norm_swiftkv", "v_proj_swiftkv")
 
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)

@@ -33,6 +33,7 @@ from ..files import atomic_file, atomic_output_dir, write_atomic
 from ..tensorfiles import FolderTensors, copy_weights
 from .config import is_swiftkv
 from .families import FAMILIES, family_of
+from .mla import LATENT_MODULES, QUERY_MODULES
 from .modeling import check_teacher_contained, swiftkv_parameters
 
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
@@ -136,11 +137,6 @@ def copy_init_tensors(
     return params
 
 
-# Multi-head latent attention: the modules a later layer's query and a group's latent are made of.
-LATENT_QUERY = {False: ("q_proj",), True: ("q_a_proj", "q_a_layernorm", "q_b_proj")}  # by q_lora_rank set
-LATENT_KV = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")
-
-
 def latent_init_tensors(
     config, weights: Mapping[str, torch.Tensor], average_group: bool
 ) -> dict[str, torch.Tensor]:
@@ -151,11 +147,11 @@ def latent_init_tensors(
     params = {}
     for i in config.later_layers:
         prefix = f"model.layers.{i}.self_attn"
-        for module in LATENT_QUERY[config.q_lora_rank is not None]:
+        for module in QUERY_MODULES[config.q_lora_rank is not None]:
             params.update(mean_linear(f"{prefix}.{module}_swiftkv", [f"{prefix}.{module}"], weights))
         if config.is_kv_owner(i):
             members = range(i, i + g) if average_group else range(i, i + 1)
-            for module in LATENT_KV:
+            for module in LATENT_MODULES:
                 sources = [f"model.layers.{j}.self_attn.{module}" for j in members]
                 params.update(mean_linear(f"{prefix}.{module}_swiftkv", sources, weights))
     return params
