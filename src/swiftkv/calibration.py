@@ -13,11 +13,24 @@ RMS division is nearly the identity and the weight w restores the teacher's post
 the pre-norm k_proj output instead would spend the linear map on each token's K magnitude, which
 the norm throws away, and weight the fit towards large-norm tokens; fitting the post-norm K itself
 would apply w twice. V has no norm and is fitted as for the other families.
+
+Multi-head latent attention (DeepSeek-V2/V3) has no K/V projections: a group owner computes the group's
+latent [c; k_rot] = kv_a_proj_with_mqa_swiftkv(s), normalises c (kv_a_layernorm_swiftkv) and decompresses
+it (kv_b_proj_swiftkv). lstsq is the mean init (ArcticTraining's: queries copied, the latent modules the
+group's mean) with kv_a_proj_with_mqa_swiftkv replaced by a ridge fit from s to the group's teacher latents
+(`latent_params`). As for Qwen3's K, c counts after the norm: the target's direction is the group's mean
+post-norm c divided by kv_a_layernorm_swiftkv's weight, its scale the group's mean pre-norm RMS, and each
+token weighs the inverse of that scale in the fit, so that a token counts by the direction the norm keeps,
+not its magnitude, and the map stays linear in the teacher's pre-norm latent: at G = 1 the target is that
+latent itself, which an exactly linear latent fits exactly. k_rot has no norm; it is fitted before RoPE,
+as the families' K: RoPE multiplies each position's key by a rotation (times YaRN's attention factor, the
+same at every position), so the squared error after RoPE is that before it times a constant.
+The queries are copied in every family: lstsq fits only what a group shares.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
@@ -25,7 +38,9 @@ from tqdm import tqdm
 from .data.chat import read_source
 from .data.tokens import tokenize
 from .metrics import agreement_stats
+from .model.mla import SwiftKVLatentAttentionMixin
 from .model.modeling import swiftkv_parameters
+from .model.surgery import latent_init_tensors
 
 BLOCK_LEN = 512
 
@@ -35,10 +50,12 @@ class TeacherStats:
     """Teacher activations over all calibration tokens (rows = tokens)."""
 
     h_n: torch.Tensor  # residual stream entering layer N, [tokens, hidden]
-    keys: dict[
-        int, torch.Tensor
-    ]  # later layer -> pre-RoPE K (after k_norm, Qwen3), [tokens, kv_heads * head_dim]
-    values: dict[int, torch.Tensor]
+    # later layer -> pre-RoPE K (after k_norm, Qwen3), [tokens, kv_heads * head_dim], and V
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    values: dict[int, torch.Tensor] = field(default_factory=dict)
+    # latent attention instead (no K/V projections): later layer -> its kv_a_proj_with_mqa output, the latent
+    # before kv_a_layernorm and RoPE, [tokens, kv_lora_rank + qk_rope_head_dim]
+    latents: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def token_blocks(
@@ -69,17 +86,14 @@ def token_blocks(
 
 @torch.no_grad()
 def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
-    """Run the teacher path of a SwiftKV model and record h_N and every later layer's pre-RoPE K/V
-    (hooks on the teacher's own k/v projections, or its k_norm where it has one, which only the
-    teacher path calls)."""
+    """Run the teacher path of a SwiftKV model and record h_N and every later layer's `recorded_modules`
+    outputs (hooks on the teacher's own modules, which only the teacher path calls)."""
     later = model.config.later_layers
-    h_n, keys, values = [], {j: [] for j in later}, {j: [] for j in later}
-    hooks = []
+    h_n, records, hooks = [], {}, []
     for j in later:
-        attention = model.model.layers[j].self_attn
-        key_module = getattr(attention, "k_norm", attention.k_proj)  # the K that RoPE and attention see
-        hooks.append(key_module.register_forward_hook(record_into(keys[j])))
-        hooks.append(model.model.layers[j].self_attn.v_proj.register_forward_hook(record_into(values[j])))
+        for stat, module in recorded_modules(model.model.layers[j].self_attn).items():
+            records.setdefault(stat, {})[j] = []
+            hooks.append(module.register_forward_hook(record_into(records[stat][j])))
     try:
         for block in tqdm(blocks, desc=desc, leave=False):
             early = model.model.embed_and_early(input_ids=block[None].to(model.device))
@@ -88,11 +102,17 @@ def teacher_stats(model, blocks: list[torch.Tensor], desc: str) -> TeacherStats:
     finally:
         for hook in hooks:
             hook.remove()
-    return TeacherStats(
-        torch.cat(h_n),
-        {j: torch.cat(v) for j, v in keys.items()},
-        {j: torch.cat(v) for j, v in values.items()},
-    )
+    recorded = {stat: {j: torch.cat(v) for j, v in layers.items()} for stat, layers in records.items()}
+    return TeacherStats(torch.cat(h_n), **recorded)
+
+
+def recorded_modules(attention) -> dict[str, torch.nn.Module]:
+    """The teacher modules of a later layer whose outputs the fit and the measurement need, by TeacherStats
+    field: the K that RoPE and attention see (k_norm's output where there is one) and V, or for latent
+    attention its compressed latent."""
+    if isinstance(attention, SwiftKVLatentAttentionMixin):
+        return {"latents": attention.kv_a_proj_with_mqa}
+    return {"keys": getattr(attention, "k_norm", attention.k_proj), "values": attention.v_proj}
 
 
 def record_into(store: list):
@@ -105,11 +125,13 @@ def record_into(store: list):
 @torch.no_grad()
 def lstsq_params(model, stats: TeacherStats, ridge: float) -> dict[str, torch.Tensor]:
     """The SwiftKV parameters of `model` with each group owner's k/v_proj_swiftkv replaced by the
-    ridge fit from s to the mean of its group's teacher K/V (the rest as they are; for a K norm see
-    the module docstring)."""
-    config = model.config
+    ridge fit from s to the mean of its group's teacher K/V (the rest as they are; for a K norm, and
+    for latent attention, see the module docstring)."""
     params = {name: p.detach().clone() for name, p in swiftkv_parameters(model).items()}
     s = model.model.norm_swiftkv(stats.h_n.to(model.dtype)).float()
+    if stats.latents:
+        return latent_params(model, stats, s, params, ridge)
+    config = model.config
     for owner in config.kv_owners:
         members = range(owner, owner + config.key_value_group_size)
         prefix = f"model.layers.{owner}.self_attn"
@@ -126,6 +148,52 @@ def lstsq_params(model, stats: TeacherStats, ridge: float) -> dict[str, torch.Te
     return params
 
 
+def latent_params(model, stats: TeacherStats, s: torch.Tensor, params: dict, ridge: float) -> dict:
+    """The mean init with each group owner's kv_a_proj_with_mqa_swiftkv fitted: its latent rows to
+    `latent_target`, its k_rot rows to the group's mean k_rot before RoPE (module docstring)."""
+    config = model.config
+    params |= latent_init_tensors(config, model.state_dict(), average_group=True)
+    rank = config.kv_lora_rank
+    for owner in config.kv_owners:
+        members = range(owner, owner + config.key_value_group_size)
+        prefix = f"model.layers.{owner}.self_attn"
+        norm_weights = [model.model.layers[j].self_attn.kv_a_layernorm.weight for j in members]
+        target, row_weight = latent_target(
+            [stats.latents[j][:, :rank] for j in members],
+            norm_weights,
+            params[f"{prefix}.kv_a_layernorm_swiftkv.weight"],
+        )
+        k_rot = torch.stack([stats.latents[j][:, rank:] for j in members]).mean(0)
+        name = f"{prefix}.kv_a_proj_with_mqa_swiftkv"
+        with_bias = f"{name}.bias" in params
+        fits = [ridge_fit(s, target, ridge, with_bias, row_weight), ridge_fit(s, k_rot, ridge, with_bias)]
+        params[f"{name}.weight"] = torch.cat([weight for weight, _ in fits])
+        if with_bias:
+            params[f"{name}.bias"] = torch.cat([bias for _, bias in fits])
+    return params
+
+
+def latent_target(
+    compressed: list[torch.Tensor], norm_weights: list[torch.Tensor], student_norm_weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The latent rows' target [tokens, kv_lora_rank] and each token's weight [tokens, 1], from the pre-norm
+    latents of a group's layers and their kv_a_layernorm weights: the direction of the group's mean
+    post-norm latent divided by the student's norm weight, at the group's mean pre-norm RMS (module
+    docstring). At G = 1 the target is the teacher's pre-norm latent exactly."""
+    rms = [root_mean_square(c) for c in compressed]
+    post_norm = torch.stack(
+        [w.float() * c / r for c, w, r in zip(compressed, norm_weights, rms, strict=True)]
+    ).mean(0)
+    direction = unit_rms_target(post_norm, student_norm_weight)
+    scale = torch.stack(rms).mean(0)
+    return direction / root_mean_square(direction) * scale, 1 / scale
+
+
+def root_mean_square(x: torch.Tensor) -> torch.Tensor:
+    """Each row's RMS [rows, 1] (kept off zero: a zero row has no direction to fit)."""
+    return x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(torch.finfo(x.dtype).tiny)
+
+
 def unit_rms_target(post_norm: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """The post-norm K [tokens, heads * head_dim] divided per head dimension by the student's K norm
     weight, i.e. what W s must be for k_norm_swiftkv(W s) to equal it. Weights near zero are kept
@@ -137,11 +205,14 @@ def unit_rms_target(post_norm: torch.Tensor, norm_weight: torch.Tensor) -> torch
     return post_norm / safe.repeat(heads)
 
 
-def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool):
-    """argmin_W ||x W^T + b - y||^2 + lambda ||W||^2 in float64, lambda relative to x's scale."""
+def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool, row_weight=None):
+    """argmin_W sum_t w_t^2 ||W x_t + b - y_t||^2 + lambda ||W||^2 in float64 (w_t = `row_weight`
+    [rows, 1], 1 without it), lambda relative to the weighted x's scale."""
     x, y = x.double(), y.double()
     if with_bias:
         x = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype, device=x.device)], dim=1)
+    if row_weight is not None:
+        x, y = x * row_weight.double(), y * row_weight.double()
     gram = x.T @ x
     lam = ridge * gram.diagonal().mean()
     identity = torch.eye(len(gram), dtype=x.dtype, device=x.device)
@@ -157,16 +228,28 @@ def ridge_fit(x: torch.Tensor, y: torch.Tensor, ridge: float, with_bias: bool):
 @torch.no_grad()
 def kv_relative_error(model, stats: TeacherStats) -> dict[str, list[float]]:
     """Per later layer: ||K_student - K_teacher|| / ||K_teacher|| (and V), pre-RoPE (after the K norm
-    where the family has one), held-out tokens."""
+    where the family has one; latent attention: each head's decompressed K and V), held-out tokens."""
     config = model.config
     s = model.model.norm_swiftkv(stats.h_n.to(model.dtype))
     errors = {"k": [], "v": []}
     for j in config.later_layers:
-        key, value = model.model.layers[config.kv_owner(j)].self_attn.swiftkv_key_value_heads(s)
-        for name, predicted, targets in (("k", key, stats.keys), ("v", value, stats.values)):
-            predicted = predicted.flatten(-2).float()
-            errors[name].append(float((predicted - targets[j]).norm() / targets[j].norm()))
+        predicted = model.model.layers[config.kv_owner(j)].self_attn.swiftkv_key_value_heads(s)
+        for name, got, expected in zip(
+            ("k", "v"), predicted, teacher_key_value(model, stats, j), strict=True
+        ):
+            got = got.flatten(-2).float()
+            errors[name].append(float((got - expected).norm() / expected.norm()))
     return errors
+
+
+def teacher_key_value(model, stats: TeacherStats, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The teacher's K before RoPE and V of one later layer, [tokens, heads * head_dim] each: as recorded,
+    or for latent attention decompressed from its recorded latent by the layer's own modules."""
+    if not stats.latents:
+        return stats.keys[layer], stats.values[layer]
+    attention = model.model.layers[layer].self_attn
+    key, value = attention.teacher_key_value_heads(stats.latents[layer].to(model.dtype))
+    return key.flatten(-2).float(), value.flatten(-2).float()
 
 
 # Bytes of fp32 logits the measurement projects at a time. The KL of a chunk holds about eight arrays of

@@ -64,7 +64,7 @@ class ConvertSettings:
     init: str = setting(
         "lstsq",
         "init of the new projections: copy/mean as the reference, lstsq = ridge fit to the "
-        "teacher's K/V on calibration tokens",
+        "teacher's K/V (latent attention: its latent) on calibration tokens",
         choices=INITS,
     )
     calib_data: str = setting(
@@ -121,11 +121,12 @@ class ConversionReport:
             f"SwiftKV conversion of {self.source}: N={self.num_key_value_layers}, "
             f"G={self.key_value_group_size}, init={self.init} ({self.seconds:.1f} s)"
         ]
-        for init, agreement in self.top1_agreement.items():
-            errors = self.kv_relative_error.get(init)  # none for latent attention: no K/V projections to fit
-            k, v = (sum(errors[x]) / len(errors[x]) for x in ("k", "v")) if errors else (None, None)
-            kv = f"K/V relative error (mean over later layers) k={k:.3f} v={v:.3f}; " if errors else ""
-            lines.append(f"  {init:>5}: {kv}top-1 agreement {agreement:.3f}; KL {self.mean_kl[init]:.3f}")
+        for init, errors in self.kv_relative_error.items():
+            k, v = (sum(errors[x]) / len(errors[x]) for x in ("k", "v"))
+            lines.append(
+                f"  {init:>5}: K/V relative error (mean over later layers) k={k:.3f} v={v:.3f}; "
+                f"top-1 agreement {self.top1_agreement[init]:.3f}; KL {self.mean_kl[init]:.3f}"
+            )
         return "\n".join(lines)
 
 
@@ -205,22 +206,11 @@ def checked_geometry(folder, settings: ConvertSettings) -> int:
     check_supported(folder)
     check_weights_present(folder)
     config = AutoConfig.from_pretrained(folder)
-    if settings.init == "lstsq" and family_of(config.model_type).latent_attention:
-        raise ValueError(LSTSQ_LATENT_HELP.format(model_type=config.model_type))
     n = resolve_num_key_value_layers(
         config.num_hidden_layers, settings.num_key_value_layers, settings.swiftkv_fraction
     )
     swiftkv_config(config, n, settings.key_value_group_size)  # raises on a bad N or G
     return n
-
-
-LSTSQ_LATENT_HELP = (
-    "--init lstsq fits each AcrossKV group's k_proj_swiftkv/v_proj_swiftkv to the teacher's K/V by least squares, "
-    "but {model_type} uses multi-head latent attention: its K/V come from a compressed latent through an RMSNorm "
-    "(kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj), which one linear fit does not describe, and no fit of "
-    "it is implemented; use --init mean (ArcticTraining's init: q copied, the latent projections the group's "
-    "mean) or --init copy"
-)
 
 
 def why_unmeasured(folder, settings: ConvertSettings) -> str:
@@ -288,21 +278,19 @@ def fit_and_measure(
 def measured_candidates(
     model, fit_blocks, eval_blocks, compute, report: ConversionReport, settings: ConvertSettings
 ) -> dict[str, dict[str, torch.Tensor]]:
-    reference = "copy" if settings.init in ("copy", "lstsq") else settings.init
+    # lstsq is compared with the init it replaces tensors of: copy for K/V projections, the mean for latent
+    # attention (its lstsq is the mean init with the latent projection fitted; calibration's docstring).
+    latent = family_of(model.config.model_type).latent_attention
+    reference = settings.init if settings.init != "lstsq" else "mean" if latent else "copy"
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it
-    # Latent attention has no K/V projections to fit or compare (LSTSQ_LATENT_HELP): its init is measured by
-    # agreement and KL alone.
-    fitted = not family_of(model.config.model_type).latent_attention
-    if fitted:
-        with autocast(compute, model.device):
-            fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
-            eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
-        candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
+    with autocast(compute, model.device):
+        fit_stats = calibration.teacher_stats(model, fit_blocks, desc="calibration (fit)")
+        eval_stats = calibration.teacher_stats(model, eval_blocks, desc="calibration (held-out)")
+    candidates["lstsq"] = calibration.lstsq_params(model, fit_stats, settings.ridge)
     for name, params in candidates.items():
         load_trained(model, params)
         with autocast(compute, model.device):
-            if fitted:
-                report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
+            report.kv_relative_error[name] = calibration.kv_relative_error(model, eval_stats)
             report.top1_agreement[name], report.mean_kl[name] = calibration.agreement(model, eval_blocks)
     return candidates

@@ -126,24 +126,42 @@ class SwiftKVLatentAttentionMixin:
         normalised part without position [batch, 1, seq, kv_lora_rank] and the RoPE'd shared key
         [batch, 1, seq, qk_rope_head_dim]."""
         batch, seq = s.shape[:-1]
-        latent, k_rot = torch.split(
-            self.kv_a_proj_with_mqa_swiftkv(s), [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1
-        )
-        latent = self.kv_a_layernorm_swiftkv(latent).view(batch, 1, seq, self.kv_lora_rank)
+        latent, k_rot = self.split_latent(self.kv_a_proj_with_mqa_swiftkv(s), self.kv_a_layernorm_swiftkv)
+        latent = latent.view(batch, 1, seq, self.kv_lora_rank)
         k_rot = k_rot.view(batch, 1, seq, self.qk_rope_head_dim)
         return latent, rope_rotate(k_rot, position_embeddings, self.rope_interleave)
 
     def swiftkv_expand(self, latent: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A group's K [batch, heads, seq, qk_head_dim] and V [batch, heads, seq, v_head_dim] from its latent
         (kv_b_proj_swiftkv; every head's K ends with the shared RoPE key)."""
-        batch, _, seq, _ = latent.shape
-        per_head = self.kv_b_proj_swiftkv(latent).view(
-            batch, seq, -1, self.qk_nope_head_dim + self.v_head_dim
-        )
-        k_pass, value = torch.split(
-            per_head.transpose(1, 2), [self.qk_nope_head_dim, self.v_head_dim], dim=-1
-        )
-        key = torch.cat((k_pass, k_rot.expand(-1, k_pass.shape[1], -1, -1)), dim=-1)
+        key, value = self.decompress(latent[:, 0], k_rot[:, 0], self.kv_b_proj_swiftkv)
+        return key.transpose(1, 2), value.transpose(1, 2)
+
+    def swiftkv_key_value_heads(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This group owner's K before RoPE and V from s = norm_swiftkv(h_N), per head: [..., heads, qk_head_dim]
+        and [..., heads, v_head_dim] (what the conversion compares with `teacher_key_value_heads`)."""
+        latent, k_rot = self.split_latent(self.kv_a_proj_with_mqa_swiftkv(s), self.kv_a_layernorm_swiftkv)
+        return self.decompress(latent, k_rot, self.kv_b_proj_swiftkv)
+
+    def teacher_key_value_heads(self, compressed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's own K before RoPE and V per head from its kv_a_proj_with_mqa output `compressed`."""
+        latent, k_rot = self.split_latent(compressed, self.kv_a_layernorm)
+        return self.decompress(latent, k_rot, self.kv_b_proj)
+
+    def split_latent(self, compressed: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_a_proj_with_mqa's output [..., kv_lora_rank + qk_rope_head_dim] -> the normalised part without
+        position and the shared key before RoPE."""
+        latent, k_rot = torch.split(compressed, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        return norm(latent), k_rot
+
+    def decompress(
+        self, latent: torch.Tensor, k_rot: torch.Tensor, kv_b_proj: nn.Linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's K [..., heads, qk_head_dim] (its part without position, then the shared key) and
+        V [..., heads, v_head_dim] from a normalised latent [..., kv_lora_rank] and k_rot [..., qk_rope_head_dim]."""
+        per_head = kv_b_proj(latent).unflatten(-1, (-1, self.qk_nope_head_dim + self.v_head_dim))
+        k_pass, value = torch.split(per_head, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        key = torch.cat((k_pass, k_rot.unsqueeze(-2).expand(*k_pass.shape[:-1], -1)), dim=-1)
         return key, value
 
 
