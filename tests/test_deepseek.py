@@ -2,7 +2,8 @@
 transformers' own model, the student == an independent reference (tests/reference.py: MLA, YaRN, DeepSeek's
 routing) at G = 1 and 2 with and without q_lora_rank, each group's latent (not per-layer K/V) in the cache
 with decoding == the full forward, the KV bytes per token, ArcticTraining's tensor layout and init, convert,
-distill with experts and routers frozen, eval and generate, and the vLLM refusal."""
+distill with experts and routers frozen (one process, DDP, FSDP), the lstsq init, eval and generate, and the vLLM
+refusal."""
 
 from __future__ import annotations
 
@@ -538,19 +539,38 @@ def test_vllm_engine_config_of_a_deepseek_folder_is_refused_by_the_plugin(tmp_pa
     assert all(part in str(refused.value) for part in MLA_REFUSAL)
 
 
-@pytest.mark.slow  # two torchrun processes
-def test_two_fsdp_processes_equal_the_one_process_run(tmp_path):
-    """--fsdp shards the DeepSeek decoder layers (latent attention, fused experts) with no DeepSeek-specific
-    code; two processes follow the one-process run within the rounding that regrouping the sums alone causes."""
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    """A DeepSeek-V2 student distilled in one process, and how far regrouping its sums alone moves it (the
+    yardstick of both sharded runs)."""
     from tests.test_distill_cli import distill_args
-    from tests.test_distill_fsdp import assert_same_run, regrouping_noise, torchrun
+    from tests.test_distill_fsdp import regrouping_noise
 
+    tmp_path = tmp_path_factory.mktemp("deepseek-run")
     folder = deepseek_student_folder(tmp_path, "deepseek_v2")
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
-    one, two = tmp_path / "one", tmp_path / "two"
+    one = tmp_path / "one"
     assert main(distill_args(folder, data, one, "--json", f"{one}.json")) == 0
-    torchrun(2, distill_args(folder, data, two, "--fsdp", "--json", f"{two}.json"))
-    assert_same_run(one, two, regrouping_noise(folder, data, one))
+    return folder, data, one, regrouping_noise(folder, data, one)
+
+
+@pytest.mark.slow  # two torchrun processes
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_processes_equal_the_one_process_run(one_process_run, sharding):
+    """Two processes under DDP (gloo; every process holds the whole model and the gradients are averaged) and
+    under --fsdp (the DeepSeek decoder layers sharded, latent attention and fused experts, with each group
+    owner's latent modules their own unit) follow the one-process run within the rounding that regrouping the
+    sums alone causes, and change only SwiftKV tensors."""
+    from tests.test_distill_cli import distill_args
+    from tests.test_distill_fsdp import assert_same_run, torchrun
+
+    folder, data, one, noise = one_process_run
+    two = one.parent / f"two-{sharding}"
+    torchrun(
+        2,
+        distill_args(folder, data, two, *(["--fsdp"] if sharding == "fsdp" else []), "--json", f"{two}.json"),
+    )
+    assert_same_run(one, two, noise)
     source, written = load_file(folder / "model.safetensors"), load_file(two / "model.safetensors")
     changed = {name for name in written if not torch.equal(written[name], source[name])}
     assert changed and all("swiftkv" in name for name in changed)
