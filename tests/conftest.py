@@ -40,3 +40,12 @@ def pytest_runtest_setup(item):
     wanted = DEFAULT_THREADS if item.get_closest_marker("vllm") else 1
     if torch.get_num_threads() != wanted:
         torch.set_num_threads(wanted)
+
+
+@pytest.fixture(scope="session")
+def restored_study(tmp_path_factory):
+    """A copy of docs/distill-study with what the model cards read of the files that left the tree restored
+    (tests/restored.py): built once a session, as it takes seconds and ~120 MB."""
+    from tests.restored import CARD_READS, study_checkout
+
+    return study_checkout(tmp_path_factory.mktemp("checkout"), CARD_READS)

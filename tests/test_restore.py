@@ -1,46 +1,57 @@
 """scripts/restore.py: a file that left the tree comes back from the commit docs/artifacts.json names, only
-when its sha256 matches, and never half-written."""
+when its sha256 matches, and never half-written; every entry's commit holds its file; the shipped students
+rebuild from their restored parents."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
-ROOT = Path(__file__).resolve().parents[1]
+from swiftkv.model.surgery import DELTA_FACTORS, read_trained, stored_deltas
+from tests.restored import ENTRIES, ROOT, need_commit, restore, restored
 
-
-def load_restore():
-    spec = importlib.util.spec_from_file_location("restore", ROOT / "scripts" / "restore.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-restore = load_restore()
-ENTRIES = restore.read_manifest()
-SMALLEST = min(ENTRIES.values(), key=lambda entry: entry["bytes"])
-
-
-def need_commit(commit: str) -> None:
-    held = subprocess.run(
-        ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
-    )
-    if held.returncode:
-        pytest.skip(f"commit {commit} is not in this clone (shallow); the restore reads it from history")
+SHIPPED = ROOT / "src" / "swiftkv" / "weights"
+STUDENTS = [entry for path, entry in ENTRIES.items() if path.endswith("-student/swiftkv.safetensors")]
+SMALLEST = min(STUDENTS, key=lambda entry: entry["bytes"])
 
 
 def test_every_listed_artifact_has_left_the_tree_and_names_its_restore():
+    """No listed file is tracked (one restored by hand may be on disk, untracked); each names its command."""
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--", *ENTRIES], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked == []
     for path, entry in ENTRIES.items():
-        assert not (ROOT / path).exists(), path
         assert entry["restore"] == f"python scripts/restore.py {path}"
         assert len(entry["sha256"]) == 64 and entry["bytes"] > 0
+
+
+def test_every_entry_is_held_by_its_commit_with_its_sha256_and_size():
+    """The manifest cannot rot: each entry's commit holds its path with the sha256 and size it lists (one
+    `git cat-file --batch` reads them all)."""
+    for commit in {entry["commit"] for entry in ENTRIES.values()}:
+        need_commit(commit)
+    names = "".join(f"{entry['commit']}:{path}\n" for path, entry in ENTRIES.items())
+    batch = subprocess.Popen(
+        ["git", "-C", str(ROOT), "cat-file", "--batch"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    batch.stdin.write(names.encode())
+    batch.stdin.close()
+    held = {}
+    for path in ENTRIES:
+        header = batch.stdout.readline().decode().split()
+        assert header[1] == "blob", f"{path}: {' '.join(header)}"
+        data = batch.stdout.read(int(header[2]))
+        batch.stdout.read(1)  # the newline after each blob
+        held[path] = (hashlib.sha256(data).hexdigest(), len(data))
+    assert batch.wait() == 0
+    assert held == {path: (entry["sha256"], entry["bytes"]) for path, entry in ENTRIES.items()}
 
 
 def test_a_removed_student_comes_back_with_its_sha256_and_loads(tmp_path):
@@ -62,6 +73,12 @@ def test_a_sha256_that_differs_writes_nothing(tmp_path):
     with pytest.raises(restore.RestoreError, match="the manifest expects 0000"):
         restore.restore(SMALLEST["path"], manifest=manifest, into=into)
     assert not into.exists() or not any(p.is_file() for p in into.rglob("*"))
+    # a file already where the artifact goes (another version of it) is left as it was, and no temp beside it
+    (into / SMALLEST["path"]).parent.mkdir(parents=True)
+    (into / SMALLEST["path"]).write_bytes(b"a local version")
+    with pytest.raises(restore.RestoreError, match="the manifest expects 0000"):
+        restore.restore(SMALLEST["path"], manifest=manifest, into=into)
+    assert [p.read_bytes() for p in into.rglob("*") if p.is_file()] == [b"a local version"]
 
 
 def test_a_missing_commit_or_an_unlisted_path_is_one_error(tmp_path):
@@ -78,14 +95,37 @@ def test_the_shipped_n22_student_rebuilds_byte_identical_from_its_restored_paren
     """-swiftkv25 is the exact equal mean of two students whose weights left the tree: restored from history,
     soup.py (the command its card gives) writes the shipped file byte for byte."""
     parents = [f"docs/distill-study/{name}-n22-student" for name in ("cpu17m", "anneal22")]
+    restored([f"{parent}/swiftkv.safetensors" for parent in parents], tmp_path)
     for parent in parents:
-        entry = ENTRIES[f"{parent}/swiftkv.safetensors"]
-        need_commit(entry["commit"])
-        restore.restore(entry["path"], into=tmp_path)
         (tmp_path / parent / "swiftkv.json").write_bytes((ROOT / parent / "swiftkv.json").read_bytes())
     out = tmp_path / "soup"
     soup = ROOT / "docs" / "distill-study" / "soup.py"
     subprocess.run([sys.executable, str(soup), str(out), *(str(tmp_path / p) for p in parents)], check=True)
-    shipped = ROOT / "src" / "swiftkv" / "weights" / "smollm2-135m-instruct-swiftkv25"
+    shipped = SHIPPED / "smollm2-135m-instruct-swiftkv25"
     for name in ("swiftkv.safetensors", "swiftkv.json"):
         assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_the_shipped_n15_student_rebuilds_from_its_restored_parents(restored_study, tmp_path):
+    """-swiftkv50 is soup.py --rank 128 (its card's command) of two students whose weights left the tree.
+    Restored, they rebuild it: swiftkv.json and every SwiftKV tensor byte for byte, each stored change
+    delta_b @ delta_a to 1e-3 of its norm. Not the factors byte for byte: they are the change's leading singular
+    vectors, whose float32 LAPACK SVD differs in its last bits (and in a vector's sign) with the CPU and the
+    thread count, and bf16 then rounds some factors the other way (on one Xeon, 1 and 2 threads: 5e-4 of a
+    change's norm). The bound still tells a wrong rebuild: the rank-128 truncation itself is 3e-3 of the exact
+    mean, and either parent about 3e-2 from the mean."""
+    parents = [restored_study / f"{name}-n15-student" for name in ("long15", "soup15more")]
+    out = tmp_path / "soup"
+    soup = restored_study / "soup.py"
+    subprocess.run([sys.executable, str(soup), str(out), *map(str, parents), "--rank", "128"], check=True)
+    shipped = SHIPPED / "smollm2-135m-instruct-swiftkv50"
+    assert (out / "swiftkv.json").read_bytes() == (shipped / "swiftkv.json").read_bytes()
+    (_, rebuilt), (_, tensors) = read_trained(out), read_trained(shipped)
+    assert {n: (t.shape, t.dtype) for n, t in rebuilt.items()} == {
+        n: (t.shape, t.dtype) for n, t in tensors.items()
+    }
+    factors = [name for name in tensors if name.endswith(DELTA_FACTORS)]
+    assert factors and all(torch.equal(rebuilt[n], t) for n, t in tensors.items() if n not in factors)
+    made, kept = stored_deltas(rebuilt), stored_deltas(tensors)
+    worst = max(float((made[name] - change).norm() / change.norm()) for name, change in kept.items())
+    assert worst < 1e-3, f"a rebuilt change is {worst:.1e} of its norm from the shipped one"

@@ -1,8 +1,10 @@
-"""The result records (swiftkv/results.py): every committed JSON result under docs/ reads into its
-dataclass and writes back as the same dict, key order included (so the files stay byte-identical),
-and the reports, tables and cards rendered from them are the ones the dict-reading code rendered
-(tests/data/results/, written by the readers before they read attributes: at 878fe58, and the profile
-and decode-steps tables at 858299d)."""
+"""The result records (swiftkv/results.py): every committed JSON result under docs/, and every one that left
+the tree (docs/artifacts.json, restored from history), reads into its dataclass and writes back as the same
+dict, key order included (so the files stay byte-identical), and the reports, tables and cards rendered from
+them are the ones the dict-reading code rendered (tests/data/results/, written by the readers before they
+read attributes: at 878fe58, and the profile and decode-steps tables at 858299d). The cards read records
+and students' weights that left the tree: from a copy of docs/distill-study with those restored
+(`restored_study`, tests/restored.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from tests.restored import ENTRIES, restored
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("data") / "results"
@@ -42,6 +46,8 @@ def schema_of(path: Path):
 
 
 COMMITTED = sorted(p for p in DOCS.rglob("*.json") if schema_of(p) is not None)
+# the results that left the tree (docs/artifacts.json), restored from history to be read
+LEFT = sorted(path for path in ENTRIES if schema_of(Path(path)) is not None)
 
 
 def test_every_kind_of_result_is_committed():
@@ -56,12 +62,21 @@ def test_every_kind_of_result_is_committed():
     }
 
 
-@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
-def test_committed_json_round_trips(path):
+def assert_round_trips(path: Path) -> None:
     data = json.loads(path.read_text())
     record = schema_of(path).from_json(data)
     assert record.to_json() == data
     assert json.dumps(record.to_json(), indent=2) == json.dumps(data, indent=2)  # key order too
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(DOCS)))
+def test_committed_json_round_trips(path):
+    assert_round_trips(path)
+
+
+@pytest.mark.parametrize("path", LEFT, ids=lambda p: p.removeprefix("docs/"))
+def test_a_result_that_left_the_tree_round_trips(path, tmp_path):
+    assert_round_trips(restored([path], tmp_path)[0])
 
 
 def test_records_are_read_by_attribute():
@@ -142,19 +157,21 @@ def full_eval_results() -> dict:
     return results
 
 
-def load_card():
-    spec = importlib.util.spec_from_file_location("card", DOCS / "distill-study" / "card.py")
+def load_card(study: Path):
+    """card.py of `study` (a docs/distill-study with the files it reads that left the tree restored:
+    the `restored_study` fixture), which reads them from there."""
+    spec = importlib.util.spec_from_file_location("card", study / "card.py")
     card = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(card)
     return card
 
 
-def renderings() -> dict[str, str]:
-    """Name -> text, every reader on committed results (the names of the files in tests/data/results)."""
+def renderings(study: Path) -> dict[str, str]:
+    """Name -> text, every reader on committed results (the names of the files in tests/data/results); the
+    cards' from `study`."""
     from swiftkv.bench import offline, online_report, profile
     from swiftkv.evaluate import report, sweep
 
-    study = DOCS / "distill-study"
     finals = json.loads((study / "finals-eval.json").read_text())
     full = full_eval_results()
     out = {
@@ -181,7 +198,7 @@ def renderings() -> dict[str, str]:
         out[f"bench-{name}.table.txt"] = offline.format_table(
             json.loads((DOCS / "bench" / name / "bench.json").read_text())
         )
-    card = load_card()
+    card = load_card(study)
     # golden name -> round (its run and eval files' prefix), alias, N, time log, replies' count, note
     cards = {
         "card-swiftkv50.md": ("final64", "swiftkv50", 15, "12.5", 1000, "Shared CPU."),
@@ -203,19 +220,18 @@ def renderings() -> dict[str, str]:
             note,
         )
     # a soup's card: the mean of two students, each with its own README's "How it was made"
-    out["card-swiftkv25-soup.md"] = card.soup_main(soup22_card_args())
+    out["card-swiftkv25-soup.md"] = card.soup_main(soup22_card_args(study))
     # a weighted soup with a GPU loan's snapshot as a student (its card: the loan's README)
-    out["card-swiftkv50-soup.md"] = card.soup_main(soup15_card_args())
+    out["card-swiftkv50-soup.md"] = card.soup_main(soup15_card_args(study))
     # that soup trained on by one run from its folder (its card below the run's)
-    out["card-swiftkv50-more.md"] = card.trained_soup_main(soup15more_card_args())
+    out["card-swiftkv50-more.md"] = card.trained_soup_main(soup15more_card_args(study))
     # a soup stored at its parents' rank (soup.py --rank): that student and its own long-prompt last stage
-    out["card-swiftkv50-long.md"] = card.soup_main(soup_long15_card_args())
+    out["card-swiftkv50-long.md"] = card.soup_main(soup_long15_card_args(study))
     return out
 
 
-def soup22_card_args(*weights: str) -> list[str]:
+def soup22_card_args(study: Path, *weights: str) -> list[str]:
     """card.py soup's arguments for the committed N = 22 soup and its two students (`weights`: each one's =WEIGHT)."""
-    study = DOCS / "distill-study"
     students = ("cpu17m-n22-student", "anneal22-n22-student")
     return [
         "smollm2-135m-instruct-swiftkv25",
@@ -239,9 +255,8 @@ def soup22_card_args(*weights: str) -> list[str]:
     ]
 
 
-def soup15_card_args() -> list[str]:
+def soup15_card_args(study: Path) -> list[str]:
     """card.py soup's arguments for the shipped N = 15 soup: cpu19m 3 : the H200 loan's N = 15 snapshot 1."""
-    study = DOCS / "distill-study"
     loan = "docs/distill-study/loan-h200-2026-11-27/n15"
     return [
         "smollm2-135m-instruct-swiftkv50",
@@ -263,9 +278,8 @@ def soup15_card_args() -> list[str]:
     ]
 
 
-def soup15more_card_args() -> list[str]:
+def soup15more_card_args(study: Path) -> list[str]:
     """card.py more's arguments for the shipped N = 15 student: the N = 15 soup trained on by soup15more.sh."""
-    study = DOCS / "distill-study"
     return [
         "soup15more",
         "smollm2-135m-instruct-swiftkv50",
@@ -288,10 +302,9 @@ def soup15more_card_args() -> list[str]:
     ]
 
 
-def soup_long15_card_args() -> list[str]:
+def soup_long15_card_args(study: Path) -> list[str]:
     """card.py soup's arguments for the shipped N = 15 student: the equal mean, stored at rank 128, of soup15more
     (the -swiftkv50 before it) and soup15more's long-prompt last stage (long15.sh)."""
-    study = DOCS / "distill-study"
     return [
         "smollm2-135m-instruct-swiftkv50",
         "15",
@@ -311,28 +324,28 @@ def soup_long15_card_args() -> list[str]:
     ]
 
 
-def test_the_shipped_cards_are_the_rendered_ones():
-    """Each shipped model card is card.py's rendering of the committed records: -swiftkv25 a soup's card,
-    -swiftkv50 that of a soup stored at its parents' rank."""
+def test_the_shipped_cards_are_the_rendered_ones(restored_study):
+    """Each shipped model card is card.py's rendering of the records (committed, or restored where they left the
+    tree): -swiftkv25 a soup's card, -swiftkv50 that of a soup stored at its parents' rank."""
     weights = ROOT / "src" / "swiftkv" / "weights"
-    card = load_card()
+    card = load_card(restored_study)
     rendered = {
-        "swiftkv25": card.soup_main(soup22_card_args()),
-        "swiftkv50": card.soup_main(soup_long15_card_args()),
+        "swiftkv25": card.soup_main(soup22_card_args(restored_study)),
+        "swiftkv50": card.soup_main(soup_long15_card_args(restored_study)),
     }
     for alias, text in rendered.items():
         shipped = weights / f"smollm2-135m-instruct-{alias}" / "README.md"
         assert shipped.read_text() == text, alias
 
 
-def test_a_trained_on_soups_card_holds_the_soups_own_making():
+def test_a_trained_on_soups_card_holds_the_soups_own_making(restored_study):
     """The soup a shipped student went on from keeps, in its folder's README, the making its own shipped card
     gave; the trained-on card shows it one heading level down, below the run that went on from it."""
-    card = load_card()
-    soup_card = card.soup_main(soup15_card_args())
+    card = load_card(restored_study)
+    soup_card = card.soup_main(soup15_card_args(restored_study))
     folder_readme = (DOCS / "distill-study" / "soup15-n15-student" / "README.md").read_text()
     assert card.how_made(folder_readme) == card.how_made(soup_card)
-    more = card.trained_soup_main(soup15more_card_args())
+    more = card.trained_soup_main(soup15more_card_args(restored_study))
     nested = "\n".join(card.how_made(soup_card))
     assert nested in more
     assert "#### The first student: `docs/distill-study/cpu19m-n15-student`" in more
@@ -342,25 +355,25 @@ def test_a_trained_on_soups_card_holds_the_soups_own_making():
     assert card.how_made(readme) == card.how_made(more)
 
 
-def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out():
+def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out(restored_study):
     """A soup stored at its parents' rank (soup.py --rank) is not their exact mean: its card's command carries
     --rank, and it states the share of a mean change the stored factors leave out, measured on the folders."""
-    text = load_card().soup_main(soup_long15_card_args())
+    text = load_card(restored_study).soup_main(soup_long15_card_args(restored_study))
     assert (
         "soup.py OUT docs/distill-study/long15-n15-student docs/distill-study/soup15more-n15-student --rank 128"
         in text
     )
     assert "`RANK=128 bash docs/distill-study/soup.sh 15 OUT" in text
     assert "(at most 0.3% of its norm left out)" in text
-    exact = load_card().soup_main(soup22_card_args())
+    exact = load_card(restored_study).soup_main(soup22_card_args(restored_study))
     assert "--rank" not in exact and "left out" not in exact
 
 
-def test_a_cards_bound_counts_the_runs_own_command(tmp_path):
+def test_a_cards_bound_counts_the_runs_own_command(restored_study, tmp_path):
     """The card's fraction of the matmul bound takes the FLOPs per token of a summary of the run's own command
     (`--stop-after 0` by code that records them); one of another command is refused, naming the setting."""
-    card = load_card()
-    args = soup15more_card_args()
+    card = load_card(restored_study)
+    args = soup15more_card_args(restored_study)
     counted = next(i for i, arg in enumerate(args) if arg.endswith("soup15more-n15-bound.json"))
     summary = json.loads(Path(args[counted]).read_text())
     summary["settings"]["lr"] *= 2
@@ -370,11 +383,11 @@ def test_a_cards_bound_counts_the_runs_own_command(tmp_path):
         card.trained_soup_main(args)
 
 
-def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(tmp_path):
+def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(restored_study, tmp_path):
     """The paired runs recorded the previous tensors' path on the scoring machine; the card names that parent
     by its repository folder, so a checkout anywhere renders the same card; a run of another student is refused."""
-    card = load_card()
-    args = soup22_card_args()
+    card = load_card(restored_study)
+    args = soup22_card_args(restored_study)
     paired = [i + 1 for i, arg in enumerate(args) if arg == "--paired"]
     elsewhere = []
     for i in paired:
@@ -386,7 +399,7 @@ def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(tmp_path
         elsewhere.append(str(moved))
     for i, path in zip(paired, elsewhere, strict=True):
         args[i] = path
-    assert card.soup_main(args) == card.soup_main(soup22_card_args())
+    assert card.soup_main(args) == card.soup_main(soup22_card_args(restored_study))
     run = json.loads(Path(elsewhere[0]).read_text())
     run["students"][0]["pair"]["student"] = "/somewhere/else/another-student"
     Path(elsewhere[0]).write_text(json.dumps(run))
@@ -394,9 +407,9 @@ def test_a_paired_run_names_the_previous_tensors_as_the_repository_does(tmp_path
         card.soup_main(args)
 
 
-def test_a_weighted_soups_card_names_its_weights_and_shares():
+def test_a_weighted_soups_card_names_its_weights_and_shares(restored_study):
     """soup.py --weights: the card's command carries them and says how each delta_a was scaled."""
-    text = load_card().soup_main(soup22_card_args("3", "1"))
+    text = load_card(restored_study).soup_main(soup22_card_args(restored_study, "3", "1"))
     command = "soup.py OUT docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student --weights 3,1"
     assert command in text
     script = "WEIGHTS=3,1 bash docs/distill-study/soup.sh 22 OUT docs/distill-study/cpu17m-n22-student"
@@ -407,8 +420,8 @@ def test_a_weighted_soups_card_names_its_weights_and_shares():
     assert "divided by 2" not in text
 
 
-def test_reports_render_as_before():
-    rendered = renderings()
+def test_reports_render_as_before(restored_study):
+    rendered = renderings(restored_study)
     assert sorted(rendered) == sorted(p.name for p in GOLDEN.iterdir())
     for name, text in rendered.items():
         assert text == (GOLDEN / name).read_text(), name
