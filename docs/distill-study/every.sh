@@ -3,8 +3,9 @@
 # ShareGPT (distill's seed-0 split, 16,384 held-out tokens), written ahead on a CPU so that a GPU loan
 # trains instead of writing (issue 32 item 3). Resumable across sessions and machines:
 #   SWIFTKV_SRC=<worktree>/src bash docs/distill-study/every.sh   # rerun to continue; Ctrl-C loses one call
-# It seeds $RUNS/replies-every.jsonl from the committed ids (replies-every-ids.jsonl.xz, itself seeded
-# from the 8M-token student's replies-8m), appends the missing replies, and rewrites the ids file to commit.
+# It seeds $RUNS/replies-every.jsonl from the ids (replies-every-ids.jsonl.xz, itself seeded from the 8M-token
+# student's replies-8m; restored from history, docs/artifacts.json), appends the missing replies, and rewrites
+# the ids file.
 # --tokens 40M is more than the prompts hold (~18M train tokens): the writer stops at the last prompt.
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set

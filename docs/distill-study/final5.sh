@@ -35,17 +35,24 @@ STAGES=${*:-replies n15 ship15 n22 ship22}
 # 2M rounded up to whole steps of 2048 tokens, as distill rounds --tokens. An arm with a larger step sets
 # TOKENS to whole steps of its own within the replies kept (c1r64b16: 122 x 16 x 1024 = 1,998,848).
 TOKENS=${TOKENS:-2000896}
-# The teacher's replies as token ids only (key, reply_ids, finished; no ShareGPT text), kept in the repository
-# so that a new machine skips the replies it holds: the reply cache reads such records as it reads its own.
+# The teacher's replies as token ids only (key, reply_ids, finished; no ShareGPT text), kept in the repository's
+# history (docs/artifacts.json; restored beside this script when missing) so that a new machine skips the replies
+# they hold: the reply cache reads such records as it reads its own.
 IDS="$(cd "$(dirname "$0")" && pwd)/final5-replies-ids.jsonl.xz"
 RUN=${RUN:-final5-$ARM} REPLIES=${REPLIES:-replies-final5.jsonl} REPLY_ENGINE=${REPLY_ENGINE:-vllm}
+restore_ids() {  # an ids file beside this script that left the tree (docs/artifacts.json lists it): from history
+  local path=${1#"$ROOT"/}
+  [ -f "$1" ] || ! grep -qF "\"path\": \"$path\"" "$ROOT/docs/artifacts.json" || "$PY" "$ROOT/scripts/restore.py" "$path"
+}
 cd $RUNS
 if [ ! -f replies-final5.jsonl ]; then
+  restore_ids "$IDS"
   if [ -f "$IDS" ]; then xz -dc "$IDS" > replies-final5.jsonl; else cp replies-64.jsonl replies-final5.jsonl; fi
 fi
 # Another run's replies as ids only, beside this script (the ids stage writes it, to commit).
 RUN_IDS="$(dirname "$IDS")/${REPLIES%.jsonl}-ids.jsonl.xz"
 if [ ! -f "$REPLIES" ]; then
+  restore_ids "$RUN_IDS"
   if [ -f "$RUN_IDS" ]; then xz -dc "$RUN_IDS" > "$REPLIES"; else cp replies-final5.jsonl "$REPLIES"; fi
 fi
 for n in 15 22; do

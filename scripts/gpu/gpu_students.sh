@@ -24,8 +24,10 @@ ROOT=$(cd "$HERE/../.." && pwd)
 W=${W:-${TMPDIR:-/tmp}/swiftkv-gpu-students}  # the GPU machine's work folder, outside the checkout
 OUT=${OUT:-$W/out}
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
-# The every-turn replies a CPU wrote ahead: the run writes only the rest.
-REPLIES=${REPLIES:-$ROOT/docs/distill-study/replies-every-ids.jsonl.xz}
+# The every-turn replies a CPU wrote ahead: the run writes only the rest. They left the tree (docs/artifacts.json):
+# the stage restores them from history when they are not there.
+STUDY_REPLIES=docs/distill-study/replies-every-ids.jsonl.xz
+REPLIES=${REPLIES:-$ROOT/$STUDY_REPLIES}
 
 need() {  # the file a step needs, or one error naming the step that writes it
   [ -f "$1" ] || { echo "gpu_students.sh: $1 is missing; it is written by '$2'" >&2; exit 2; }
@@ -37,6 +39,9 @@ loan() {  # python -m loan, from this folder, with the checkout's swiftkv first 
 
 case $stage in
   stage)
+    if [ "$REPLIES" = "$ROOT/$STUDY_REPLIES" ] && [ ! -f "$REPLIES" ]; then
+      "$PYTHON" "$ROOT/scripts/restore.py" "$STUDY_REPLIES" || exit 2
+    fi
     loan "$PYTHON" -m loan stage smollm2-135m-instruct --out "$ROOT/.devdata/sk" --replies "$REPLIES" ${ARGS:-} ;;
   previous)
     # What a resumed run reads of an earlier one's output ($2), and nothing else.
