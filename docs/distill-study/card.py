@@ -19,6 +19,10 @@ student (with or without the lm-eval tasks); TIME.log: the run's log ending with
 file holding only the wall minutes (unused for a continuation, whose card gives each run's step time);
 PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output; NOTE: a sentence on how the run
 deviated from running alone in one go (shared CPU, resumed segments), printed after its times.
+
+Many of the records and students' weights a card reads left the tree (docs/artifacts.json): bring them back
+where they were first, e.g. `python scripts/restore.py docs/distill-study/cpu16m-n15-fulleval.json` (the
+shipped cards' list: tests/restored.py, CARD_READS).
 """
 
 from __future__ import annotations
