@@ -13,8 +13,7 @@ import torch
 
 from swiftkv.cli import main
 from swiftkv.data import sharegpt
-from swiftkv.data.passage_qa import QA_INSTRUCTION, contains_answer, normalize_answer
-from swiftkv.data.qa_mix import with_passage_qa
+from swiftkv.data.passage_qa import contains_answer, normalize_answer
 from swiftkv.evaluate.long_qa import (
     DEFAULT_SETS,
     DEFAULT_SETS_DIR,
@@ -299,62 +298,3 @@ def test_the_script_rebuilds_the_default_sets_byte_for_byte(tmp_path):
     subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, capture_output=True)
     for name in DEFAULT_SETS:
         assert (tmp_path / f"{name}.jsonl").read_bytes() == (DEFAULT_SETS_DIR / f"{name}.jsonl").read_bytes()
-
-
-# -- train prompts of the same shape, mixed among chats ---------------------------------------------
-
-
-def train_stream(chats: int = 60, heldout: int = 20) -> list:
-    """A --data stream as ShareGPT's reader yields it: train chats (one prose reply of 60 words each,
-    marked `train-K`), a text, then the held-out records as None."""
-    stream = []
-    for k in range(chats):
-        reply = " ".join(WORDS[(k + j) % 100] for j in range(59)) + f" train-{k}."
-        stream.append([{"role": "user", "content": "w1 w2"}, {"role": "assistant", "content": reply}])
-    return [*stream[:5], "w1 w2 w3 a text, no passage", *stream[5:], *[None] * heldout]
-
-
-def test_train_qa_prompts_come_from_the_train_chats_before_them_at_the_share_asked():
-    stream = train_stream()
-    mixed = list(with_passage_qa(stream, tiny_tokenizer(), 0.2, token_range=(250, 400)))
-    is_qa = [
-        isinstance(e, list) and len(e) == 1 and e[0]["content"].startswith(QA_INSTRUCTION) for e in mixed
-    ]
-    assert [e for e, qa in zip(mixed, is_qa, strict=True) if not qa] == stream  # the stream, in order
-    assert sum(is_qa) == 15  # 0.2 of the 61 + 15 examples that are not None
-    seen, used = set(), []
-    for example, qa in zip(mixed, is_qa, strict=True):
-        if not qa:
-            replies = example if isinstance(example, list) else []
-            seen |= {m["content"].split()[-1] for m in replies if m["role"] == "assistant"}
-            continue
-        text = example[0]["content"]
-        markers = [word.rstrip(".") for word in text.split() if word.startswith("train-")]
-        assert 2 <= len(markers) == text.count("Passage ")  # one train reply per passage
-        assert {f"{m}." for m in markers} <= seen  # replies of chats that came before the prompt
-        used += markers
-        question = text.rsplit("Question: ", 1)[1]
-        assert question.startswith(("What", "Who", "On which", "From which", "In which"))
-    assert len(used) == len(set(used))  # each reply serves one prompt
-    assert list(with_passage_qa(stream, tiny_tokenizer(), 0.0)) == stream
-    with pytest.raises(ValueError, match="expected a share of the prompts in"):
-        list(with_passage_qa(stream, tiny_tokenizer(), 1.0))
-
-
-def test_train_qa_prompts_never_draw_on_held_out_records_or_the_eval_sets():
-    """The held-out records (None in the stream) add no passage; the eval sets' passages are held-out
-    replies, so no train QA prompt can hold one (checked by their ShareGPT record indexes)."""
-    stream = train_stream(chats=0, heldout=200)
-    assert list(with_passage_qa(stream, tiny_tokenizer(), 0.5, token_range=(150, 300))) == stream
-    for items in qa_sets("default").values():
-        for item in items:
-            assert all(int(s.split()[2]) >= sharegpt.HELDOUT_START for s in source_of(item).split("; "))
-
-
-def source_of(item: QAItem) -> str:
-    for name in DEFAULT_SETS:
-        for line in (DEFAULT_SETS_DIR / f"{name}.jsonl").open():
-            record = json.loads(line)
-            if record["id"] == item.item_id:
-                return record["source"]
-    raise KeyError(item.item_id)

@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from .data.chat import read_source
-from .data.split import LongMix, split_documents
+from .data.split import LONG_KINDS, LongMix, split_documents
 from .data.tokens import MAX_PROMPT_TOKENS, Reply, prompt_key
 from .dtypes import DTYPE_CHOICES, dtype_name, resolve_dtype
 from .files import cache_root, cached_folder, folder_fingerprint
@@ -53,6 +53,11 @@ REPLY_TOKENS = 64
 WRITERS = ("teacher", "student")
 ENGINES = ("auto", "vllm", "hf", "static")
 PROMPT_TURNS = ("first", "every")
+LONG_KIND_HELP = (
+    "what the long prompts of --long-share are: chat (passages + a question a chat asked, or a document + a "
+    "summary request) or passage-qa (passages + a question about a made-up fact that one of them holds, "
+    "decoys in others: the shape of `swiftkv eval --long-qa`)"
+)
 
 Generate = Callable[[list[list[int]]], list[Reply]]  # prompt token ids -> greedy replies
 
@@ -111,6 +116,11 @@ class RepliesSettings:
         "passages + a question, or a document + a summary request, built from the chats "
         "after the first prompts): SwiftKV's own workload",
     )
+    long_kind: str = setting(
+        "chat",
+        LONG_KIND_HELP,
+        choices=tuple(LONG_KINDS),
+    )
     long_prompt_tokens: int = setting(
         2048, "most tokens of a long prompt, chat template included (distill: --seq-len minus the reply)"
     )
@@ -122,7 +132,18 @@ class RepliesSettings:
     )
 
     def long_mix(self) -> LongMix | None:
-        return LongMix(self.long_share, self.long_prompt_tokens) if self.long_share else None
+        self.check_long_mix()
+        return LongMix(self.long_share, self.long_prompt_tokens, self.long_kind) if self.long_share else None
+
+    def check_long_mix(self) -> None:
+        """--long-kind says what the long prompts of --long-share are, so it needs a share of them."""
+        if self.long_kind not in LONG_KINDS:
+            raise ValueError(f"--long-kind {self.long_kind!r}: expected one of {list(LONG_KINDS)}")
+        if self.long_kind != "chat" and not self.long_share:
+            raise ValueError(
+                f"--long-kind {self.long_kind} chooses the long prompts of --long-share, and the share is 0; "
+                "expected --long-share S too (e.g. 0.25: a quarter of the written tokens)"
+            )
 
     @property
     def every_turn(self) -> bool:
@@ -160,6 +181,7 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     """Write the missing replies of `settings` (all of them on a first run); returns the cache, whose
     `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
     settings.check_engine()
+    settings.check_long_mix()
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:

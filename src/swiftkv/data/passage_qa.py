@@ -14,14 +14,20 @@ seed give the same items.
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 import re
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .chat import Messages
 
+# The shipped evaluation sets (`swiftkv eval --long-qa default`), defined here so that training prompts can be
+# kept disjoint from them (`shares_text_with_eval`) without the data layer importing the evaluation.
+SHIPPED_SETS_DIR = Path(__file__).parents[1] / "evaluate" / "qa_sets"
 QA_INSTRUCTION = (
     "Answer the question using only the passages below. Reply with the answer alone, in a few words."
 )
@@ -35,6 +41,13 @@ NAMES = [
     "Alpha", "Bravo", "Delta", "Echo", "Foxtrot", "Hotel", "Juliet", "Kilo", "Lima", "Oscar", "Sierra",
     "Tango", "Yankee", "Zulu", "Cobalt", "Falcon", "Granite", "Harbor", "Juniper", "Lantern", "Meridian",
     "Nimbus", "Orchid", "Pioneer", "Quartz", "Saffron", "Thistle", "Willow",
+]  # fmt: skip
+# The names of training prompts' facts (`data.qa_mix`): none of the evaluation's, so no fact sentence of an
+# evaluation item ever appears in a training prompt.
+TRAIN_NAMES = [
+    "Acorn", "Beacon", "Cedar", "Dune", "Ember", "Fjord", "Glacier", "Heron", "Iris", "Jasper", "Kestrel",
+    "Lotus", "Maple", "Nova", "Onyx", "Pebble", "Quill", "Raven", "Summit", "Topaz", "Umber", "Vega",
+    "Walnut", "Zephyr", "Aurora", "Bramble", "Cinder", "Drift",
 ]  # fmt: skip
 
 
@@ -130,12 +143,17 @@ def insert_sentence(text: str, sentence: str, rng: random.Random) -> str:
 
 
 def draw_facts(
-    kind: FactKind, count: int, taken_text: str, rng: random.Random, tries: int = 100
+    kind: FactKind,
+    count: int,
+    taken_text: str,
+    rng: random.Random,
+    tries: int = 100,
+    names: Sequence[str] = NAMES,
 ) -> list[tuple[str, str]] | None:
-    """`count` (name, value) pairs of `kind`, all names and all values different, no value already in
-    `taken_text` (the passages' own words), so one passage alone answers the question; None when `tries`
-    draws do not find them (text that already names most of the kind's values)."""
-    names = rng.sample(NAMES, count)
+    """`count` (name, value) pairs of `kind`, names from `names`, all names and all values different, no
+    value already in `taken_text` (the passages' own words), so one passage alone answers the question; None
+    when `tries` draws do not find them (text that already names most of the kind's values)."""
+    names = rng.sample(list(names), count)
     facts, values = [], set()
     for _ in range(tries):
         value = kind.value(rng)
@@ -147,13 +165,15 @@ def draw_facts(
     return None
 
 
-def build_item(passages: list[Passage], decoys: int, rng: random.Random, item_id: str) -> dict:
+def build_item(
+    passages: list[Passage], decoys: int, rng: random.Random, item_id: str, names: Sequence[str] = NAMES
+) -> dict:
     """One item over `passages`: the fact in one of them, up to `decoys` same-kind facts about other names in
-    others, the question about the first fact."""
+    others, the question about the first fact; the facts' names are drawn from `names`."""
     texts = [p.text for p in passages]
     decoys = min(decoys, len(texts) - 1)
     for kind in rng.sample(FACT_KINDS, len(FACT_KINDS)):
-        facts = draw_facts(kind, 1 + decoys, "\n".join(texts), rng)
+        facts = draw_facts(kind, 1 + decoys, "\n".join(texts), rng, names=names)
         if facts is not None:
             break
     else:
@@ -219,3 +239,37 @@ def take_passages(
             return chosen
     rest[:0] = chosen + skipped  # nothing taken: `rest` as it was
     return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Disjointness from the shipped evaluation sets
+# --------------------------------------------------------------------------------------------------
+# The sets' passages are replies of the held-out ShareGPT records, which no training run reads; but ShareGPT
+# repeats conversations across records (of the 420 passages of the shipped sets, 49 have most of their
+# sentences in train records too), so a training passage is also checked sentence by sentence.
+
+MIN_SENTENCE_CHARS = 30  # shorter sentences ("Thank you!") are too common to identify a passage
+
+
+def text_sentences(text: str) -> set[str]:
+    """The normalised sentences and lines of `text` long enough to identify it."""
+    pieces = (normalize_answer(piece) for piece in re.split(r"(?<=[.!?])\s+|\n+", text))
+    return {piece for piece in pieces if len(piece) >= MIN_SENTENCE_CHARS}
+
+
+@functools.cache
+def eval_sentences(folder: Path = SHIPPED_SETS_DIR) -> frozenset[str]:
+    """Every identifying sentence of the passages of the evaluation sets in `folder` (its *.jsonl files)."""
+    sentences: set[str] = set()
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                passages = json.loads(line)["passages"]
+                for passage in [passages] if isinstance(passages, str) else passages:
+                    sentences |= text_sentences(passage)
+    return frozenset(sentences)
+
+
+def shares_text_with_eval(text: str, folder: Path = SHIPPED_SETS_DIR) -> bool:
+    """Whether `text` holds a sentence of an evaluation set's passage (so it must not train)."""
+    return not text_sentences(text).isdisjoint(eval_sentences(folder))

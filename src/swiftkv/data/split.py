@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .chat import Example
 from .long_prompts import long_prompt_documents
+from .qa_mix import qa_prompt_documents
 from .tokens import Document, teacher_documents, tokenize, until_tokens
 
 SHUFFLE_WINDOW = 50_000  # examples shuffled with the seed; the rest keep the source's order
@@ -23,12 +24,23 @@ def shuffled(examples: Iterable[Example | None], seed: int, shuffle_window: int 
     return examples
 
 
+# What the long prompts are (`--long-kind`): built from the chats after the first prompts by one of these.
+LONG_KINDS = {
+    "chat": long_prompt_documents,  # passages + a question a chat asked, or a document + a summary request
+    "passage-qa": qa_prompt_documents,  # passages + a question about a made-up fact: the long-QA eval's shape
+}
+
+
 @dataclass(frozen=True)
 class LongMix:
     """The long prompts among the written replies (SwiftKV's own workload: a long prompt, a short answer)."""
 
     share: float  # of the written-reply train tokens
     max_prompt_tokens: int  # a long prompt's ids, chat template included, so that prompt + reply fit a block
+    kind: str = "chat"  # a key of LONG_KINDS
+
+    def documents(self, examples: Iterator, tokenizer, tokens: int, replies) -> list[Document]:
+        return LONG_KINDS[self.kind](examples, tokenizer, tokens, replies, self.max_prompt_tokens)
 
 
 def split_documents(
@@ -50,7 +62,7 @@ def split_documents(
     `replies` (a `swiftkv.replies.ReplyCache`), train documents are the examples' first prompts (with
     `every_turn`, each user turn with its context) answered by the reply writer (`human_share` of the
     train tokens stay the data's own conversations, taken after the written prompts); with `long_mix`, its share of the written tokens are long prompts built from the
-    chats after the first prompts (`data.long_prompts`). The held-out documents stay the data's own, so
+    chats after the first prompts (`data.long_prompts`, or `data.qa_mix` for passage QA). The held-out documents stay the data's own, so
     every recipe is measured alike. `skip_tokens` passes over the train documents that a split of
     `train_tokens=skip_tokens` holds (human chats, or written prompts: not with `human_share` or
     `long_mix`, whose documents interleave), so the train documents are the next ones."""
@@ -65,7 +77,7 @@ def split_documents(
             rest, tokenizer, written - long_tokens, replies, every_turn=every_turn, skip=skip_tokens
         )
         if long_tokens:
-            long = long_prompt_documents(rest, tokenizer, long_tokens, replies, long_mix.max_prompt_tokens)
+            long = long_mix.documents(rest, tokenizer, long_tokens, replies)
             taught = spread(long, among=taught)
         human_tokens = train_tokens - sum(len(d.ids) for d in taught)
         return heldout, taught + (take_documents(rest, tokenizer, human_tokens) if human_share else [])

@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..data.long_prompts import LONG_PROMPT_TOKENS
-from ..data.split import written_tokens
+from ..data.split import LONG_KINDS, written_tokens
 from ..dtypes import DTYPE_CHOICES
 from ..replies import ENGINES as REPLY_ENGINES
-from ..replies import PROMPT_TURNS, REPLY_TOKENS, RepliesSettings
+from ..replies import LONG_KIND_HELP, PROMPT_TURNS, REPLY_TOKENS, RepliesSettings
 from ..replies import WRITERS as REPLY_WRITERS
 from ..settings import parse_count, setting
 from ..sources import Source, SourceLike, open_source, source_name
@@ -117,6 +117,11 @@ class DistillSettings:
         "tokens of passages + a question, or a document + a summary request, built from "
         "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
         "own workload",
+    )
+    long_kind: str = setting(
+        "chat",
+        LONG_KIND_HELP,
+        choices=tuple(LONG_KINDS),
     )
     prompt_turns: str = setting(
         "first",
@@ -337,6 +342,7 @@ class DistillSettings:
                 "--targets human trains on the data's own replies; expected --targets teacher or mixed"
             )
         self.replies_settings().check_engine()
+        self.replies_settings().check_long_mix()
         if self.reply_writer != "student":
             return
         if self.targets == "human":
@@ -380,6 +386,7 @@ class DistillSettings:
             engine=self.reply_engine,
             dtype=self.dtype,
             long_share=self.long_share,
+            long_kind=self.long_kind,
             long_prompt_tokens=self.seq_len - self.reply_tokens - 1,  # + the reply's end token
             prompt_turns=self.prompt_turns,
         )

@@ -21,14 +21,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.passage_qa import contains_answer, normalize_answer, qa_messages
+from ..data.passage_qa import SHIPPED_SETS_DIR, contains_answer, normalize_answer, qa_messages
 from ..data.tokens import prompt_ids
 from .chat import greedy_answers
 from .pair import STUDENT, TEACHER, ModelPair
 from .stats import paired_comparison, paired_mean
 from .store import ResultStore
 
-DEFAULT_SETS_DIR = Path(__file__).parent / "qa_sets"
+DEFAULT_SETS_DIR = SHIPPED_SETS_DIR
 DEFAULT_SETS = ("passages-200", "passages-1500")
 MATCH = "normalised gold contained in the normalised answer (whole words)"
 FIELDS = (
