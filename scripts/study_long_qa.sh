@@ -1,0 +1,107 @@
+#!/bin/bash
+# The long-prompt QA study (issue 61, item 3): does distilling on prompts shaped like the workload
+# (`--long-share S --long-kind passage-qa`: passages + a question about a fact one of them holds) improve the
+# shipped students' long-prompt QA without costing the suite's knowledge tasks? For each of N = 15 and N = 22,
+# two runs from the shipped student (`--init-from`, a fresh AdamW) at equal tokens, alike in all but the data:
+#   chat   the teacher's replies to every user turn of ShareGPT train chats, as the shipped students' last stages
+#          (swiftkv-lora at rank 128, lr 5e-4 / late-lr 2.5e-4, 5% warmup, 2048-token blocks, one per step)
+#   mix    the same, with QA_SHARE of the written tokens in passage-QA prompts of about 1,000-1,800 tokens
+# then each scored as the model cards' numbers were made (fp32, the full suite with --floor, hellaswag and mmlu
+# at 2,000 items) plus `--long-qa default` (both lengths); last, the shipped students by the same command.
+#
+#   STUDY=DIR bash scripts/study_long_qa.sh [STEP...]
+#     steps, in order (default all): replies n15-mix n15-chat n22-mix n22-chat shipped15 shipped22
+#     (always first) setup: a copy of this checkout's committed src/ under STUDY/code (the code every later step runs, so
+#               edits to the checkout never change a study under way), the conversions STUDY/n15-lstsq and
+#               STUDY/n22-lstsq, and the reply file seeded with the shipped students' every-turn replies
+#     replies   the teacher's replies (vLLM) to the mix's prompts; the chat prompts' are mostly in the seed
+#     nNN-ARM   distill (resumable) then eval; nNN is n15 or n22, ARM mix or chat
+#     shippedNN the shipped student -swiftkv50 (15) or -swiftkv25 (22), by the same eval command
+# Every step skips itself when its output exists, so a killed study resumes by running the same command again:
+# a distillation from its last --snapshot-every checkpoint, the replies stage from its last written batch, an
+# eval from its results cache.
+# Environment: STUDY (required; outputs, logs and the swiftkv cache go there), TOKENS (2000896: 2M rounded up to
+# whole 2048-token steps), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
+# options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+: "${STUDY:?set STUDY to the folder the study writes to}"
+TOKENS=${TOKENS:-2000896}
+QA_SHARE=${QA_SHARE:-0.5}
+PY=${PY:-$ROOT/.venv/bin/python}
+EVAL_ARGS=${EVAL_ARGS:-}
+REPLIES_SEED=${REPLIES_SEED:-$ROOT/docs/distill-study/replies-every-ids.jsonl.xz}
+SEQ_LEN=2048 REPLY_TOKENS=64
+REPLIES=$STUDY/replies.jsonl
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export VLLM_CPU_NUM_OF_RESERVED_CPU=0 SWIFTKV_CACHE=$STUDY/cache PYTHONPATH=$STUDY/code/src
+SK="$PY -m swiftkv.cli"
+mkdir -p "$STUDY"
+cd "$STUDY"
+
+say() { echo "[$(date '+%F %T')] $*"; }
+# The split and reply settings every step shares: the shipped students' every-turn split.
+SPLIT="--data sharegpt --prompt-turns every --heldout-tokens 16384 --seed 0 --reply-tokens $REPLY_TOKENS"
+MIX="--long-share $QA_SHARE --long-kind passage-qa"
+
+setup() {
+  if [ ! -f code/COMMIT ]; then
+    rm -rf code.tmp && mkdir code.tmp
+    git -C "$ROOT" archive HEAD src | tar -x -C code.tmp
+    git -C "$ROOT" rev-parse HEAD > code.tmp/COMMIT
+    mv code.tmp code
+  fi
+  say "code: $(cat code/COMMIT)"
+  for n in 15 22; do
+    [ -f n$n-lstsq/config.json ] && continue
+    say "convert N = $n"
+    $SK convert smollm2-135m-instruct n$n-lstsq --num-key-value-layers $n --init lstsq > convert$n.log 2>&1
+  done
+  if [ ! -f "$REPLIES" ]; then
+    if [ -f "$REPLIES_SEED" ]; then xz -dc "$REPLIES_SEED" > "$REPLIES.tmp"; else : > "$REPLIES.tmp"; fi
+    mv "$REPLIES.tmp" "$REPLIES"
+    say "replies seeded: $(wc -l < "$REPLIES") records"
+  fi
+}
+
+replies() {  # the mix's replies (its chat prompts come first in the split, so they cover the chat arm's too)
+  [ -f replies.done ] && return
+  say "replies: teacher, vLLM"
+  $SK replies smollm2-135m-instruct --out "$REPLIES" --tokens "$TOKENS" $SPLIT $MIX \
+    --long-prompt-tokens $((SEQ_LEN - REPLY_TOKENS - 1)) --engine vllm 2>&1 | tee -a replies.log
+  touch replies.done
+}
+
+evaluate() {  # MODEL NAME: the cards' suite and both long-QA sets, fp32
+  [ -f eval-$2/results.json ] && return
+  say "eval $2"
+  $SK eval "$1" --teacher smollm2-135m-instruct --limit hellaswag=2000,mmlu=2000 --floor --dtype float32 \
+    --long-qa default --no-progress --out eval-$2 $EVAL_ARGS 2>&1 | tee -a eval-$2.log
+}
+
+arm() {  # N ARM
+  local out=n$1-$2 shipped=smollm2-135m-instruct-swiftkv$([ "$1" = 15 ] && echo 50 || echo 25)
+  local data=""; [ "$2" = mix ] && data=$MIX
+  if [ ! -f $out/config.json ]; then
+    say "distill $out"
+    $SK distill n$1-lstsq --recipe swiftkv-lora --lora-rank 128 --init-from $shipped --dtype auto $SPLIT $data \
+      --tokens "$TOKENS" --seq-len $SEQ_LEN --batch-size 1 --micro-batch 1 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.05 \
+      --eval-every 100 --checkpoint-every 8 --snapshot-every 600 --teacher-data "$REPLIES" --reply-engine vllm \
+      --out $out --json $out.json 2>&1 | tee -a $out.log
+  fi
+  evaluate $out $out
+}
+
+STEPS=${*:-replies n15-mix n15-chat n22-mix n22-chat shipped15 shipped22}
+setup
+for step in $STEPS; do
+  case $step in
+    replies) replies ;;
+    n15-mix | n15-chat | n22-mix | n22-chat) arm "${step:1:2}" "${step#*-}" ;;
+    shipped15) evaluate smollm2-135m-instruct-swiftkv50 shipped15 ;;
+    shipped22) evaluate smollm2-135m-instruct-swiftkv25 shipped22 ;;
+    *) echo "unknown step $step; expected replies n15-mix n15-chat n22-mix n22-chat shipped15 shipped22" >&2
+       exit 2 ;;
+  esac
+done
+say "done: $STEPS"
