@@ -2,7 +2,8 @@
 # The long-prompt QA study (issue 61, item 3): does distilling on prompts shaped like the workload
 # (`--long-share S --long-kind passage-qa`: passages + a question about a fact one of them holds) improve the
 # shipped students' long-prompt QA without costing the suite's knowledge tasks? For each of N = 15 and N = 22,
-# two runs from the shipped student (`--init-from`, a fresh AdamW) at equal tokens, alike in all but the data:
+# two runs from the shipped student (`--init-from`, a fresh AdamW) of the same steps (977-978 blocks of 2048 tokens,
+# about 2M), alike in all but the data:
 #   chat   the teacher's replies to every user turn of ShareGPT train chats, as the shipped students' last stages
 #          (swiftkv-lora at rank 128, lr 5e-4 / late-lr 2.5e-4, 5% warmup, 2048-token blocks, one per step)
 #   mix    the same, with QA_SHARE of the written tokens in passage-QA prompts of about 1,000-1,800 tokens
@@ -21,12 +22,17 @@
 # a distillation from its last --snapshot-every checkpoint, the replies stage from its last written batch, an
 # eval from its results cache.
 # Environment: STUDY (required; outputs, logs and the swiftkv cache go there), TOKENS (2000896: 2M rounded up to
-# whole 2048-token steps), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
-# options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from).
+# whole 2048-token steps, the chat arm's 977 steps), MIX_TOKENS (2224128: a passage-QA prompt is packed whole, so
+# the mix's blocks leave about a tenth of their room to filler and cut tails, and it asks for more tokens to train
+# as many steps: 978), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
+# options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from), ROOT.
+# Bash reads a script as it runs it, so a long study runs a copy: cp scripts/study_long_qa.sh STUDY/ and
+#   ROOT=$PWD STUDY=... nohup nice -n 19 bash STUDY/study_long_qa.sh > STUDY/study.log 2>&1 &
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT=${ROOT:-"$(cd "$(dirname "$0")/.." && pwd)"}  # the checkout (set it when running a copy of this script)
 : "${STUDY:?set STUDY to the folder the study writes to}"
 TOKENS=${TOKENS:-2000896}
+MIX_TOKENS=${MIX_TOKENS:-2224128}
 QA_SHARE=${QA_SHARE:-0.5}
 PY=${PY:-$ROOT/.venv/bin/python}
 EVAL_ARGS=${EVAL_ARGS:-}
@@ -64,10 +70,10 @@ setup() {
   fi
 }
 
-replies() {  # the mix's replies (its chat prompts come first in the split, so they cover the chat arm's too)
+replies() {  # the mix's replies (the chat arm's are in the seed: the split's first every-turn prompts)
   [ -f replies.done ] && return
   say "replies: teacher, vLLM"
-  $SK replies smollm2-135m-instruct --out "$REPLIES" --tokens "$TOKENS" $SPLIT $MIX \
+  $SK replies smollm2-135m-instruct --out "$REPLIES" --tokens "$MIX_TOKENS" $SPLIT $MIX \
     --long-prompt-tokens $((SEQ_LEN - REPLY_TOKENS - 1)) --engine vllm 2>&1 | tee -a replies.log
   touch replies.done
 }
@@ -81,11 +87,11 @@ evaluate() {  # MODEL NAME: the cards' suite and both long-QA sets, fp32
 
 arm() {  # N ARM
   local out=n$1-$2 shipped=smollm2-135m-instruct-swiftkv$([ "$1" = 15 ] && echo 50 || echo 25)
-  local data=""; [ "$2" = mix ] && data=$MIX
+  local data="" tokens=$TOKENS; [ "$2" = mix ] && data=$MIX tokens=$MIX_TOKENS
   if [ ! -f $out/config.json ]; then
     say "distill $out"
     $SK distill n$1-lstsq --recipe swiftkv-lora --lora-rank 128 --init-from $shipped --dtype auto $SPLIT $data \
-      --tokens "$TOKENS" --seq-len $SEQ_LEN --batch-size 1 --micro-batch 1 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.05 \
+      --tokens "$tokens" --seq-len $SEQ_LEN --batch-size 1 --micro-batch 1 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.05 \
       --eval-every 100 --checkpoint-every 8 --snapshot-every 600 --teacher-data "$REPLIES" --reply-engine vllm \
       --out $out --json $out.json 2>&1 | tee -a $out.log
   fi
