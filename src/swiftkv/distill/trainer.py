@@ -246,7 +246,7 @@ def evaluate(
             stats = agreement_stats(pair.student, pair.teacher, model.lm_head, step.loss.chunk_rows)
             if counted and trained:
                 totals += torch.tensor(stats, dtype=torch.float64)
-    all_reduce(totals, world)
+    totals = all_reduce(totals, world)  # a copy where the group reduces on a GPU
     kl, agree, rows = totals.tolist()
     return {"kl": kl / max(rows, 1), "top1": agree / max(rows, 1), "positions": int(rows)}
 
