@@ -42,20 +42,16 @@ STUDENT_MODULES = {
 
 
 class LowRankAdapter(nn.Module):
-    """base(x) on the teacher path; base(x) + B(A(x)) on the student path. B starts at zero, so the
-    student starts exactly where the SwiftKV parameters alone put it."""
+    """base(x) on the teacher path; base(x) + B(A(x)) on the student path. Its factors start as
+    `initial_adapters` draws them (B at zero, so the student starts exactly where the SwiftKV parameters
+    alone put it)."""
 
-    def __init__(self, base: nn.Linear, rank: int, generator: torch.Generator):
+    def __init__(self, base: nn.Linear, rank: int):
         super().__init__()
         self.base = base
-        lora_a = torch.empty(rank, base.in_features, dtype=torch.float32)
-        nn.init.kaiming_uniform_(
-            lora_a, a=math.sqrt(5), generator=generator
-        )  # nn.Linear's own init, as LoRA does
-        self.lora_a = nn.Parameter(lora_a.to(base.weight.device))
-        self.lora_b = nn.Parameter(
-            torch.zeros(base.out_features, rank, dtype=torch.float32, device=base.weight.device)
-        )
+        device = base.weight.device
+        self.lora_a = nn.Parameter(torch.empty(rank, base.in_features, dtype=torch.float32, device=device))
+        self.lora_b = nn.Parameter(torch.empty(base.out_features, rank, dtype=torch.float32, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base(x)
@@ -115,8 +111,8 @@ def install(
 ) -> dict[str, nn.Parameter]:
     """Wrap the later layers' student-only weights of `trainable` and freeze everything else. Returns
     the trained parameters by name (SwiftKV parameters first); the optimizer and checkpoints use it.
-    Adapters start from `seed` (the run's), not from the process's random state: every process of a
-    sharded run, and every run of the same settings, starts from the same adapters."""
+    Adapters start from `seed` (`initial_adapters`); on a model built on the meta device (a sharded
+    start) they stay empty until each process fills its rows of them (distill/sharded_start.py)."""
     check_trainable(trainable, lora_rank, model.config)
     if any(isinstance(module, STUDENT_WRAPPERS) for module in model.modules()):
         raise ValueError(
@@ -125,11 +121,15 @@ def install(
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     rank = lora_rank or DEFAULT_LORA_RANK
-    generator = torch.Generator().manual_seed(seed)
     for i in model.config.later_layers:
         layer = model.model.layers[i]
         for module_name in STUDENT_MODULES[trainable]:
-            wrap_module(layer, module_name, trainable, rank, generator)
+            wrap_module(layer, module_name, trainable, rank)
+    parameters = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, factor in initial_adapters(model, seed).items():
+            if not parameters[name].is_meta:
+                parameters[name].copy_(factor)
     trained = swiftkv_parameters(model)
     trained.update(
         {name: p for name, p in model.named_parameters() if p.requires_grad and name not in trained}
@@ -139,9 +139,7 @@ def install(
     return trained
 
 
-def wrap_module(
-    layer: nn.Module, module_name: str, trainable: str, rank: int, generator: torch.Generator
-) -> None:
+def wrap_module(layer: nn.Module, module_name: str, trainable: str, rank: int) -> None:
     parent_name, _, leaf = module_name.rpartition(".")
     parent = layer.get_submodule(parent_name) if parent_name else layer
     original = getattr(parent, leaf)
@@ -151,9 +149,37 @@ def wrap_module(
         return
     linears = [(parent, leaf)] if leaf == "o_proj" else [(original, name) for name in MLP_PROJECTIONS]
     for owner, name in linears:
-        adapter = LowRankAdapter(getattr(owner, name), rank, generator)
+        adapter = LowRankAdapter(getattr(owner, name), rank)
         adapter.base.requires_grad_(False)
         setattr(owner, name, adapter)
+
+
+def initial_adapters(model: nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """Every adapter's starting factors by parameter name, whole, on the host (adapters are small): A as
+    nn.Linear's own init (kaiming uniform, as LoRA does), B zero. They are drawn from `seed` (the run's,
+    not the process's random state) in the model's module order, so every process of a sharded run, and
+    every run of the same settings, starts from the same adapters."""
+    generator = torch.Generator().manual_seed(seed)
+    factors = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LowRankAdapter):
+            lora_a = torch.empty(module.lora_a.shape, dtype=torch.float32, device="cpu")
+            nn.init.kaiming_uniform_(lora_a, a=math.sqrt(5), generator=generator)
+            factors[name + LORA_A] = lora_a
+            factors[name + LORA_B] = torch.zeros(module.lora_b.shape, dtype=torch.float32, device="cpu")
+    return factors
+
+
+def unwrapped_name(model: nn.Module, name: str) -> str:
+    """A parameter's name in the model without the trainable set's wrappers: the name its weight is
+    stored under in the source folder (layer.mlp.copy.up_proj.weight and layer.mlp.original.up_proj.weight
+    are layer.mlp.up_proj.weight; an adapter's base.weight is its projection's weight)."""
+    module, kept = model, []
+    for part in name.split("."):
+        if not isinstance(module, STUDENT_WRAPPERS):
+            kept.append(part)
+        module = getattr(module, part)
+    return ".".join(kept)
 
 
 def load_trained_set(
