@@ -1,7 +1,8 @@
 """Folders written tensor by tensor (`swiftkv.tensorfiles`): `convert` keeps the source's dtype and
 files, with the teacher exactly the source's; `distill` writes the source's files with its trained
 tensors in; and neither holds the whole model: convert's peak RSS stays under 2.2x the folder, and
-under --fsdp no rank's write adds more than a few tensors' worth."""
+under --fsdp no rank's start holds more than its share of the model and an interpreter's margin, nor
+does its write add more than a few tensors' worth."""
 
 import json
 import re
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from swiftkv.cli import main
 from swiftkv.model.modeling import swiftkv_parameters
@@ -228,3 +229,50 @@ def test_an_fsdp_write_adds_no_more_than_its_margin_on_any_rank(tmp_path, traina
     assert max(added.values()) < margin, (added, margin)
     with safe_open(tmp_path / "out" / "model.safetensors", framework="pt") as handle:
         assert len(list(handle.keys())) == len(FolderTensors(tmp_path / "student"))
+
+
+# What a process holds after the sharded start beyond its share of the model (the plan's weights and
+# trained tensors per process): the interpreter with torch, transformers, the tokenizer and the process
+# group (570 MiB measured), allocator slack, and the rows of one stored tensor being read.
+START_SLACK_MIB = 768
+START_LINE = re.compile(r"process (\d+): peak host memory ([\d,]+) MiB after the start")
+
+
+@pytest.mark.slow
+def test_the_sharded_start_holds_each_ranks_share_of_a_1b_wide_model(tmp_path):
+    """A Llama-3.2-1B-wide bf16 folder started by two --fsdp processes: each one's peak host memory when its
+    shards are filled stays within its share of the model plus the interpreter's margin, which a process
+    holding the whole model in fp32 (as the start did before it was sharded) exceeds."""
+    from swiftkv.distill.plan import memory_plan, meta_model
+
+    convert(
+        random_llama_folder(tmp_path / "wide", **WIDE_8_LAYERS),
+        tmp_path / "student",
+        "--init",
+        "copy",
+        "--no-measure",
+    )
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
+    seq_len, world = 32, 2
+    args = distill_args(
+        tmp_path / "student", data, tmp_path / "out", "--tokens", "128", "--seq-len", str(seq_len)
+    )
+    logs = tmp_path / "logs"
+    torchrun(
+        world, [*args, "--dtype", "bfloat16", "--fsdp"], launcher=("--log-dir", str(logs), "--redirects", "1")
+    )
+    output = "\n".join(path.read_text() for path in sorted(logs.rglob("stdout.log")))
+    peaks = {int(rank): float(mib.replace(",", "")) for rank, mib in START_LINE.findall(output)}
+    model = meta_model(AutoConfig.from_pretrained(tmp_path / "student"), "swiftkv", None)
+    plan = memory_plan(model, world, True, seq_len, 1, torch.bfloat16, 512, False, device="cpu")
+    share = (plan.weights + plan.trained) * 1024
+    largest = (
+        max(entry.nbytes for entry in FolderTensors(tmp_path / "student").entries.values()) / world / 2**20
+    )
+    bound = share + largest + START_SLACK_MIB
+    whole = sum(p.numel() for p in model.parameters()) * 4 / 2**20
+    print(
+        f"sharded start peak {peaks} MiB per rank; share {share:.0f} MiB, bound {bound:.0f}, whole fp32 {whole:.0f}"
+    )
+    assert sorted(peaks) == [0, 1] and bound < whole  # a process that held the whole model could not pass
+    assert max(peaks.values()) < bound, (peaks, bound)

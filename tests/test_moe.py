@@ -428,8 +428,9 @@ def test_eval_chat_agreement_and_generate_command(tmp_path, arch, capsys):
 
 @pytest.mark.slow  # two torchrun processes
 def test_two_fsdp_processes_equal_the_one_process_run(tmp_path):
-    """--fsdp shards the MoE decoder layers (fused 3-D experts included) with no MoE-specific code; two
-    processes follow the one-process run within the rounding that regrouping the sums alone causes."""
+    """--fsdp shards the MoE decoder layers (fused 3-D experts included), each process reading its own experts
+    from the per-expert files (distill/sharded_start.py); two processes follow the one-process run within the
+    rounding that regrouping the sums alone causes."""
     from tests.test_distill_cli import distill_args
     from tests.test_distill_fsdp import assert_same_run, regrouping_noise, torchrun
 

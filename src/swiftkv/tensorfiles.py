@@ -103,6 +103,15 @@ class FolderTensors(Mapping):
         with safe_open(self.folder / entry.file, framework="pt") as handle:
             return handle.get_tensor(name)
 
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows `start:stop` (along dim 0) of a stored tensor, reading only their bytes: a sharded
+        start reads each process's own rows of every tensor this way (distill/sharded_start.py)."""
+        if name in self._pickled:
+            return self._pickled[name][start:stop].clone()  # memory-mapped: only these pages are read
+        entry = self.entries[name]
+        with safe_open(self.folder / entry.file, framework="pt") as handle:
+            return handle.get_slice(name)[start:stop]
+
     def __iter__(self):
         return iter(self.entries)
 

@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from ..dtypes import DTYPE_NAMES, resolve_dtype
 from ..files import write_atomic
 from ..model.config import is_swiftkv
 from ..model.surgery import swiftkv_config
 from ..sources import SourceLike, open_source
-from . import microbatch, trainable
+from . import microbatch, sharded_start, trainable
 from .microbatch import AUTO
 from .speed import TIMED_STEPS, time_plan
 from .world import training_device
@@ -105,8 +105,7 @@ def plan_config(source: SourceLike, num_key_value_layers: int | None, key_value_
 
 def meta_model(config, trainable_set: str, lora_rank: int | None):
     """The SwiftKV model of `config` on the meta device, with the run's trainable set installed."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = sharded_start.meta_model(config)
     trainable.install(model, trainable_set, lora_rank)
     return model
 

@@ -52,7 +52,7 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
 
 
 def train_and_write(settings: DistillSettings, world: World, start: Start) -> DistillResult:
-    model, tokenizer = load_student(settings)
+    model, tokenizer = load_student(settings, world)  # under --fsdp: on the meta device, filled once sharded
     started = time.time()
     state, distiller = run_training(
         settings, model, tokenizer, world, written_replies(settings, tokenizer, world), start

@@ -7,10 +7,14 @@ import os
 import torch
 
 from ..model.config import is_swiftkv
-from ..model.surgery import copy_init_params, load_trained, teacher_difference, tokenizer_differences
+from ..model.surgery import copy_init_params, load_trained, tokenizer_differences
 from ..sources import Source
+from ..tensorfiles import FolderTensors
 from .settings import REDERIVED_INITS
+from .sharded_start import meta_student
+from .sharding import owned_rows
 from .trainable import check_trainable
+from .world import World, all_reduce
 
 
 def set_threads() -> None:
@@ -20,27 +24,36 @@ def set_threads() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
-def load_student(settings):
+def load_student(settings, world: World | None = None):
     """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run.
-    `settings` are opened (`DistillSettings.opened`): their sources are resolved already."""
+    `settings` are opened (`DistillSettings.opened`): their sources are resolved already. Under --fsdp
+    (`world.fsdp`) the model is built on the meta device, and each process fills its own shards once it
+    is sharded, the init included (distill/sharded_start.py); otherwise it is loaded whole, in fp32."""
+    world = world or World()
     settings.check_written_replies()
-    model = settings.source.load_model(torch.float32)
+    model = meta_student(settings.source) if world.fsdp else settings.source.load_model(torch.float32)
     check_student(model, settings.source, settings.seq_len)
     check_trainable(settings.trainable, settings.lora_rank, model.config)
-    apply_init(model, settings.init, settings.source)
+    check_init(model.config, settings.init, settings.source)
+    if not world.fsdp:
+        apply_init(model, settings.init)
     tokenizer = settings.source.load_tokenizer()
     if settings.teacher:
-        check_teacher(model, tokenizer, settings.teacher)
+        check_teacher(settings.source, tokenizer, settings.teacher, world)
     return model, tokenizer
 
 
-def apply_init(model, init: str, source: str) -> None:
-    """The recipe's starting point: copy/mean are re-derived from the model's own teacher weights;
-    lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
+def apply_init(model, init: str) -> None:
+    """The recipe's starting point: copy/mean are re-derived from the model's own teacher weights
+    (`surgery.copy_init_tensors`); keep and lstsq are the folder's own SwiftKV tensors."""
     if init in REDERIVED_INITS:
         load_trained(model, copy_init_params(model, average_group=init == "mean"))
-    elif init == "lstsq":
-        converted = (getattr(model.config, "swiftkv_conversion", None) or {}).get("init")
+
+
+def check_init(config, init: str, source: str) -> None:
+    """lstsq needs calibration data, so it must come from `swiftkv convert --init lstsq`."""
+    if init == "lstsq":
+        converted = (getattr(config, "swiftkv_conversion", None) or {}).get("init")
         if converted != "lstsq":
             raise ValueError(
                 f"--init lstsq: {source} was converted with --init {converted}; convert the "
@@ -69,18 +82,49 @@ def check_student(model, source: str, seq_len: int) -> None:
         raise ValueError(f"--seq-len {seq_len}: expected at least 2 tokens per block")
 
 
-def check_teacher(student, student_tokenizer, teacher_source: Source) -> None:
+def check_teacher(source: Source, student_tokenizer, teacher_source: Source, world: World) -> None:
     """Shared-prefix distillation is only valid when the student was converted from this teacher:
-    same tokenizer, same shapes and the same weights in every teacher tensor (`teacher_difference`)."""
+    same tokenizer, and every teacher tensor in the student's folder with the same shape and values
+    (`stored_teacher_difference`)."""
     differences = tokenizer_differences(student_tokenizer, teacher_source.load_tokenizer())
     if differences:
         raise ValueError(
             f"--teacher {teacher_source}: its tokenizer differs from the student's ({'; '.join(differences)}); "
             "expected the model the student was converted from"
         )
-    difference = teacher_difference(student, teacher_source.load_model(torch.float32))
+    difference = stored_teacher_difference(
+        FolderTensors(source.folder), FolderTensors(teacher_source.folder), world
+    )
     if difference:
         raise ValueError(
             f"--teacher {teacher_source}: {difference}; the shared-prefix distillation needs the student "
             "converted from exactly this teacher"
         )
+
+
+def stored_teacher_difference(student: FolderTensors, teacher: FolderTensors, world: World) -> str | None:
+    """Why `teacher` is not the model `student` was converted from (None when it is), compared as stored
+    (both in the source's layout): each of the teacher's tensors but its SwiftKV ones is in the student,
+    with the same shape and the same values in fp32 (what loading both in fp32 would compare). Each
+    process compares its rows of each tensor (`owned_rows`), so the two folders are read once over the
+    processes, a few rows at a time, and the first tensor any of them finds differing is named."""
+    names = [name for name in teacher if "swiftkv" not in name]
+    for name in names:
+        if name not in student.entries:
+            return f"{name} is missing from the student"
+        ours, theirs = student.entries[name].shape, teacher.entries[name].shape
+        if ours != theirs:
+            return f"{name} has shape {theirs}, the student's has {ours}"
+    first = next(
+        (i for i, name in enumerate(names) if not same_rows(student, teacher, name, world)), len(names)
+    )
+    first = int(all_reduce(torch.tensor([first]), world, torch.distributed.ReduceOp.MIN)[0])
+    return f"{names[first]} differs from the student's copy" if first < len(names) else None
+
+
+def same_rows(student: FolderTensors, teacher: FolderTensors, name: str, world: World) -> bool:
+    shape = teacher.entries[name].shape
+    if not shape:  # a scalar has no rows to split: every process compares it
+        return torch.equal(student[name].float(), teacher[name].float())
+    start, stop = owned_rows(shape[0], world)
+    return torch.equal(student.rows(name, start, stop).float(), teacher.rows(name, start, stop).float())

@@ -80,6 +80,14 @@ def kv_projections(layer: nn.Module) -> list[nn.Module]:
     return [getattr(attention, name) for name in names if hasattr(attention, name)]
 
 
+def owned_rows(length: int, world: World) -> tuple[int, int]:
+    """(start, stop) of the rows of a dim 0 of `length` that this process holds: FSDP2 splits dim 0 as
+    torch.chunk does, in chunks of ceil(length / size), the last ones shorter or empty."""
+    chunk = -(-length // world.size)
+    start = min(world.rank * chunk, length)
+    return start, min(start + chunk, length)
+
+
 def tied_embeddings(model: nn.Module) -> bool:
     return model.lm_head.weight is model.model.embed_tokens.weight
 

@@ -26,9 +26,10 @@ from tqdm import tqdm
 
 from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, dtype_name, resolve_dtype
+from ..hostmemory import peak_mib as host_peak_mib
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from . import memory, microbatch, sharding, trainable
+from . import memory, microbatch, sharded_start, sharding, trainable
 from .bound import devices_bound, step_flops_per_token
 from .checkpoint import (
     RunState,
@@ -402,6 +403,10 @@ def run_training(
     train, heldout = run_blocks(settings, tokenizer, replies, world, before)
     total_steps = len(train) // settings.batch_size
     distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
+    if world.fsdp:  # what each process held to start: its shards (distill/sharded_start.py), not the model
+        print(
+            f"process {world.rank}: peak host memory {host_peak_mib():,.0f} MiB after the start", flush=True
+        )
     model_mib = memory.current_mib(world.device)
     memory.reset_peak(world.device)
     identity = settings.identity()
@@ -490,8 +495,12 @@ def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: W
     """The model on its device with its trainable set installed and frozen weights in the compute dtype;
     the distiller as this world trains it (sharded under --fsdp, which must precede the optimizer);
     the optimizer; the step settings with --micro-batch resolved; the layers compiled with --compile
-    (after the micro-batch probe, which would otherwise compile every size it tries)."""
-    model.to(world.device)
+    (after the micro-batch probe, which would otherwise compile every size it tries). A model on the
+    meta device (`setup.load_student` under --fsdp) is sharded as it is, then each process fills its
+    own shards (`sharded_start.fill_shards`)."""
+    on_meta = device_of(model).type == "meta"
+    if not on_meta:
+        model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
     compute_dtype = resolve_dtype(settings.dtype, world.device)
@@ -501,6 +510,8 @@ def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: W
         sharding.checkpoint_layers(model)
     compiled = CompiledLayers(model, settings.compile, lambda text: log(world, text))
     distiller = wrap(distiller_for(model, step_settings), world, compute_dtype)
+    if on_meta:
+        sharded_start.fill_shards(distiller, model, settings, world)
     return Prepared(distiller, optimizer_for(model, settings), step_settings, compiled)
 
 

@@ -75,12 +75,17 @@ def training_device() -> torch.device:
     return compute_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def all_reduce(tensor: torch.Tensor, world: World) -> torch.Tensor:
-    """Sum over processes (through the group's device: nccl only reduces CUDA tensors)."""
+def all_reduce(
+    tensor: torch.Tensor,
+    world: World,
+    op: torch.distributed.ReduceOp.RedOpType = torch.distributed.ReduceOp.SUM,
+) -> torch.Tensor:
+    """Sum (or `op`) over processes, returned (through the group's device: nccl only reduces CUDA
+    tensors, so a host tensor is reduced in a copy)."""
     if not world.ddp:
         return tensor
     on_device = tensor.to(world.device)
-    torch.distributed.all_reduce(on_device)
+    torch.distributed.all_reduce(on_device, op=op)
     return on_device.to(tensor.device)
 
 
