@@ -14,7 +14,7 @@ from swiftkv.distill.speed import HOURS_PER_100M, random_blocks
 from swiftkv.distill.trainable import install
 from swiftkv.model.surgery import swiftkv_config
 from swiftkv.sources import load_model
-from tests.tiny import random_teacher, save_tiny_folder
+from tests.tiny import random_chats, random_teacher, save_tiny_folder, write_jsonl
 
 
 def config_only(tmp_path, name="config-only"):
@@ -138,12 +138,20 @@ def test_the_time_plan_comes_from_real_steps_and_the_runs_flops(tmp_path, capsys
         ["generate", "{only}", "hello"],
         ["eval", "{only}", "--tasks", "none", "--out", "{out}"],
         ["convert", "{only}", "{out}", "--num-key-value-layers", "2"],
+        ["distill", "{only}", "--out", "{out}", "--fsdp"],
+        ["distill", "{folder}", "--teacher", "{only}", "--init", "keep", "--out", "{out}"],
+        ["replies", "{only}", "--data", "{data}", "--out", "{out}"],  # before its tokenizer, which it lacks
+        ["export", "{only}", "{out}"],
+        ["serve", "{only}"],
+        ["bench", "{only}", "--baseline", "{folder}", "--out", "{out}"],
+        ["bench", "{folder}", "--baseline", "{only}", "--out", "{out}"],
     ],
 )
 def test_a_config_only_folder_is_refused_in_one_line_anywhere_but_the_plan(tmp_path, capsys, argv):
-    _, only = config_only(tmp_path)
+    folder, only = config_only(tmp_path)
+    data = write_jsonl(tmp_path / "chats.jsonl", random_chats(20, seed=7))
     capsys.readouterr()  # the folder writer's progress
-    code = main([a.format(only=only, out=tmp_path / "out") for a in argv])
+    code = main([a.format(only=only, out=tmp_path / "out", folder=folder, data=data) for a in argv])
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert code == 2 and len(errors) == 1 and f"{only} has no model weights" in errors[0], errors
     assert not (tmp_path / "out").exists()

@@ -330,4 +330,5 @@ def build_distilled(tensors: Path, alias: str, out: Path) -> None:
 def export(src: SourceLike, out: str | os.PathLike, force: bool = False) -> Path:
     """Write any source (alias, GGUF, folder) as a complete HF folder at `out`."""
     folder = open_source(src).folder
+    check_weights_present(folder)
     return write_model_folder(out, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True), force=force)

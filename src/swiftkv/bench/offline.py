@@ -36,7 +36,7 @@ from ..metrics import matmul_peak, prefill_flops_per_token
 from ..plots import figure
 from ..results import BenchResults
 from ..settings import setting
-from ..sources import Source, open_source
+from ..sources import Source, check_weights_present, open_source
 from ..vllm.engine import KV_CACHE_BYTES, engine_kwargs, kv_cache_bytes, kv_cache_tokens
 from ..vllm.env import configure_cpu_env
 from ..vllm.serve import parse_bytes
@@ -88,8 +88,12 @@ class BenchSettings:
     out: str = setting("bench-out", "output folder for bench.json and bench.png")
 
     def opened(self) -> BenchSettings:
-        """These settings with both models' sources resolved, once, as a benchmark starts."""
-        return replace(self, model=open_source(self.model), baseline=open_source(self.baseline))
+        """These settings with both models' sources resolved, once, as a benchmark starts. Each must hold
+        weights: a folder holding only a config.json is refused here, before any engine starts."""
+        model, baseline = open_source(self.model), open_source(self.baseline)
+        for source in (model, baseline):
+            check_weights_present(source.folder)
+        return replace(self, model=model, baseline=baseline)
 
 
 def engine_settings(settings: BenchSettings, on_cuda: bool | None = None) -> dict:

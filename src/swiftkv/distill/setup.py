@@ -8,7 +8,7 @@ import torch
 
 from ..model.config import is_swiftkv
 from ..model.surgery import copy_init_params, load_trained, tokenizer_differences
-from ..sources import Source
+from ..sources import Source, check_weights_present
 from ..tensorfiles import FolderTensors
 from .settings import REDERIVED_INITS
 from .sharded_start import meta_student
@@ -31,6 +31,8 @@ def load_student(settings, world: World | None = None):
     is sharded, the init included (distill/sharded_start.py); otherwise it is loaded whole, in fp32."""
     world = world or World()
     settings.check_written_replies()
+    if settings.teacher:  # a teacher that is only a config is refused before the student loads
+        check_weights_present(settings.teacher.folder)
     model = meta_student(settings.source) if world.fsdp else settings.source.load_model(torch.float32)
     check_student(model, settings.source, settings.seq_len)
     check_trainable(settings.trainable, settings.lora_rank, model.config)
