@@ -36,7 +36,7 @@ from .files import cache_root, cached_folder, folder_fingerprint
 from .model.config import add_legacy_rope_keys, is_swiftkv
 from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
-from .sources import Source, check_weights_present, load_model, load_tokenizer, open_source, read_config_dict
+from .sources import Source, load_model, load_tokenizer, open_source, read_config_dict
 from .static_greedy import in_length_order, left_padded, static_generator
 from .vllm.engine import engine_kwargs, kv_cache_bytes
 from .vllm.env import configure_cpu_env
@@ -182,9 +182,6 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
     settings.check_engine()
     settings.check_long_mix()
-    check_weights_present(
-        open_source(settings.source).folder
-    )  # before its tokenizer: a config alone has none
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:

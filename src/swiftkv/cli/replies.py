@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..replies import RepliesSettings, write_replies
-from ..sources import open_source
+from ..sources import check_weights_present, open_source
 from .options import add_dataclass_options, given_values, source_help
 
 
@@ -23,6 +23,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     source = open_source(args.src)  # resolved once: the stage's loaders take it as it is
+    check_weights_present(source.folder)  # before its tokenizer: a folder holding only a config has none
     cache = write_replies(RepliesSettings(source=source, **given_values(args, RepliesSettings)))
     print(f"wrote {cache.path}: {len(cache.replies)} replies ({cache.generated} generated now)")
     return 0
