@@ -1,7 +1,16 @@
 """The FLOP count of a distillation step (`metrics.distill_flops_per_token`, through `bound.step_flops_per_token`)
 against torch's own op count (`torch.utils.flop_counter.FlopCounterMode`) around real steps of the trainer on
-tiny models: every recipe and path the count models. The count published before 2026-12-01 charged the
-student's later layers for every position; on blocks with few trained positions it misses by far."""
+tiny models: every recipe and path the count models, on the dense and the Mixture-of-Experts families. The count
+published before 2026-12-01 charged the student's later layers for every position; on blocks with few trained
+positions it misses by far. Until 2026-12-02 it charged an MoE layer one dense MLP at `intermediate_size`.
+
+The MoE experts run through transformers' default `grouped_mm` kernel (`aten._grouped_mm`), for which torch's
+op counter has no formula (it counts it as nothing): `GROUPED_MM` gives it one, the multiply-adds of the rows
+the kernel multiplies, and `test_the_grouped_mm_formula_counts_what_the_per_expert_loop_runs` checks it against
+transformers' per-expert loop (plain matmuls, which the counter counts itself)."""
+
+import copy
+import math
 
 import pytest
 import torch
@@ -9,14 +18,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from swiftkv.data.packing import Blocks
-from swiftkv.distill.bound import micro_batches, step_flops_per_token
+from swiftkv.distill.bound import micro_batches, step_flops_per_token, step_paths
 from swiftkv.distill.loss import BatchSizes
 from swiftkv.distill.settings import settings_for
 from swiftkv.distill.trainer import prepare, rank_blocks, train_step
 from swiftkv.distill.world import World
-from swiftkv.metrics import attention_flops, layer_linear_flops, nominal_peak
+from swiftkv.metrics import attention_flops, distill_flops_per_token, layer_linear_flops, nominal_peak
 from swiftkv.model.modeling import student_selection
-from tests.tiny import tiny_student
+from tests.tiny import MOE_ARCHS, tiny_student
+
+aten = torch.ops.aten
 
 SEQ_LEN = 64
 BLOCKS = 4  # two steps of two blocks
@@ -40,11 +51,25 @@ def reply_mask() -> torch.Tensor:
     return mask
 
 
-def counted_and_executed(mask: torch.Tensor, g: int = 1, recipe: str = "swiftkv", **given) -> tuple:
+def grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """FLOPs of `aten._grouped_mm`: 2 x the multiply-adds of the rows it multiplies. The forward and the input
+    gradient ([rows, k] @ [experts, k, n]) multiply every routed row once by its expert; the weight gradient
+    ([k, rows] @ [rows, n] -> [experts, k, n]) splits the rows among the experts."""
+    if len(a_shape) == 2 and len(b_shape) == 2:
+        return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+    return 2 * math.prod(out_shape) * a_shape[-1]
+
+
+GROUPED_MM = {aten._grouped_mm: grouped_mm_flops}
+
+
+def counted_and_executed(
+    mask: torch.Tensor, g: int = 1, recipe: str = "swiftkv", arch: str = "llama", **given
+) -> tuple:
     """(the count's FLOPs, FlopCounterMode's) over two real train steps of `recipe` on tiny random blocks.
     Attention runs on SDPA's math kernel: it is matmuls the op counter counts, where the CPU's fused kernel
     has no formula in it (counted as nothing)."""
-    model = tiny_student(2 if g == 2 else 3, g=g)
+    model = tiny_student(2 if g == 2 else 3, g=g, arch=arch)
     ids = torch.randint(3, 100, (BLOCKS, SEQ_LEN), generator=torch.Generator().manual_seed(0))
     train = Blocks(ids, torch.arange(SEQ_LEN).repeat(BLOCKS, 1), mask)
     settings = settings_for(
@@ -52,7 +77,7 @@ def counted_and_executed(mask: torch.Tensor, g: int = 1, recipe: str = "swiftkv"
     )
     world = World(device=torch.device("cpu"))
     distiller, optimizer, step, _ = prepare(settings, model, train, world)
-    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False, custom_mapping=GROUPED_MM) as counter:
         for index in range(BLOCKS // settings.batch_size):
             blocks = rank_blocks(train, index, settings.batch_size, world)
             train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step, world)
@@ -85,10 +110,71 @@ def test_the_count_is_what_the_trainer_executes(case):
     assert abs(counted / executed - 1) < 0.03, (case, counted, executed)
 
 
+# The MoE families train only the SwiftKV parameters (routers and experts frozen; lora and late copies are refused
+# for them). Their tiny students hold both MLP kinds: Qwen3-MoE's layer 1 and Qwen2-MoE's layer 4 are dense.
+MOE_CASES = {
+    "default recipe": (human_mask, {}),
+    "reference recipe (MSE probe)": (human_mask, {"recipe": "reference", "batch_size": 2}),
+    "AcrossKV G = 2": (human_mask, {"g": 2}),
+    "teacher replies, micro-batch 2": (reply_mask, {"micro_batch": 2}),
+    "naive": (human_mask, {"naive": True}),
+    "activation checkpointing": (human_mask, {"activation_checkpointing": True}),
+}
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.parametrize("case", MOE_CASES)
+def test_the_moe_count_is_what_the_trainer_executes(arch, case):
+    """Per routed token: the router, top-k experts and Qwen2-MoE's shared expert and gate (`metrics.mlp_flops`).
+    Equal to the FLOP: the router is ~1% of an expert here and the shared gate less, so a 3% tolerance could not
+    tell a count that leaves them out."""
+    mask, given = MOE_CASES[case]
+    counted, executed, _ = counted_and_executed(mask(), arch=arch, **given)
+    assert counted == pytest.approx(executed, rel=1e-9), (arch, case, counted, executed)
+
+
+def forward_backward_flops(arch: str, experts_implementation: str) -> dict:
+    """FlopCounterMode's counts by op of one forward and backward of every weight of a tiny MoE teacher."""
+    model = tiny_student(3, arch=arch)
+    model.set_experts_implementation(experts_implementation)
+    ids = torch.randint(3, 100, (2, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False, custom_mapping=GROUPED_MM) as counter:
+        model(ids, swiftkv=False).logits.sum().backward()
+    return {str(op): flops for op, flops in counter.get_flop_counts()["Global"].items()}
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_the_grouped_mm_formula_counts_what_the_per_expert_loop_runs(arch):
+    """The same weights and tokens through transformers' `grouped_mm` experts and its eager per-expert loop: the
+    grouped kernel's FLOPs (`grouped_mm_flops`) are exactly what the loop's matmuls add, weight gradients too."""
+    grouped, loop = forward_backward_flops(arch, "grouped_mm"), forward_backward_flops(arch, "eager")
+    assert grouped["aten._grouped_mm"] > 0 and "aten._grouped_mm" not in loop
+    assert sum(grouped.values()) == sum(loop.values())
+
+
+def dense_mlp_count(config, micro_batches, paths) -> float:
+    """The count published until 2026-12-02 on an MoE config: every MLP dense at `intermediate_size`."""
+    dense = copy.deepcopy(config)
+    dense.num_experts = 0  # Mixtral's alias of num_local_experts
+    return distill_flops_per_token(dense, micro_batches, paths)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_moe", "mixtral"])
+def test_a_dense_mlp_count_misses_the_moe_step(arch):
+    """Mixtral's experts are `intermediate_size` wide and two run per token; Qwen2-MoE adds a shared expert: a
+    dense MLP at `intermediate_size` misses the executed step by more than a tenth."""
+    mask = human_mask()
+    counted, executed, config = counted_and_executed(mask, arch=arch)
+    settings = settings_for("tiny", "swiftkv", seq_len=SEQ_LEN, batch_size=2, micro_batch=1)
+    old = dense_mlp_count(config, micro_batches(mask, 1, probe=False), step_paths(settings)) * mask.numel()
+    assert abs(counted / executed - 1) < 0.03
+    assert abs(old / executed - 1) > 0.10, (old, executed)
+
+
 def old_flops_per_token(config, seq_len: int, target_fraction: float) -> float:
     """The count published until 2026-12-01: the student's later layers on every position, causal attention
     over (seq_len + 1) / 2 keys, no adapters or probe."""
-    flops = layer_linear_flops(config)
+    flops = layer_linear_flops(config, 0)  # a dense model: every layer alike
     n, later, groups = (
         config.num_key_value_layers,
         config.num_hidden_layers - config.num_key_value_layers,

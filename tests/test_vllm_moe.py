@@ -134,8 +134,8 @@ def test_greedy_ids_equal_the_hf_swiftkv_model(served):
 def test_later_layers_run_the_familys_vllm_moe_block(served):
     """Each sparse later layer holds vLLM's own MoE block of the family (its experts a fused-MoE module),
     under the checkpoint's name; a dense later layer (Qwen2-MoE's layer 4) holds LlamaMLP."""
+    from swiftkv.model.config import is_sparse_layer
     from swiftkv.model.families import family_of
-    from swiftkv.vllm.layers import is_sparse_layer
 
     llm, model, _ = served
     if llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size > 1:

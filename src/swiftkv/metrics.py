@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .model.config import head_dim_of, is_swiftkv
+from .model.config import head_dim_of, is_sparse_layer, is_swiftkv
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] -> logits [M, V] (lm_head)
 
@@ -66,8 +66,32 @@ def agreement_stats(
 # --------------------------------------------------------------------------------------------------
 
 
-def layer_linear_flops(config) -> dict[str, int]:
-    """Multiply-accumulates x 2 per token of one decoder layer's projections."""
+def gated_mlp_flops(hidden: int, width: int) -> int:
+    """FLOPs per token of one gated MLP (gate, up and down projections) of inner width `width`."""
+    return 2 * 3 * hidden * width
+
+
+def mlp_flops(config, layer: int) -> int:
+    """FLOPs per token of decoder layer `layer`'s MLP as it runs, the one definition every count uses. A dense
+    MLP: its three projections at `intermediate_size`. An MoE block (`is_sparse_layer`): its router (hidden x
+    experts), the `num_experts_per_tok` experts each token is routed to (the experts' width is
+    `moe_intermediate_size`, Mixtral's `intermediate_size`), and a shared expert with its one-output gate where
+    the config has one (Qwen2-MoE's `shared_expert_intermediate_size`). The experts a token is not routed to
+    run nothing for it, whatever the kernel (transformers' grouped or per-expert loop, vLLM's fused MoE)."""
+    hidden = config.hidden_size
+    if not is_sparse_layer(config, layer):
+        return gated_mlp_flops(hidden, config.intermediate_size)
+    experts = getattr(config, "num_experts", None) or config.num_local_experts
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    flops = 2 * hidden * experts + config.num_experts_per_tok * gated_mlp_flops(hidden, width)
+    shared = getattr(config, "shared_expert_intermediate_size", None)
+    if shared is not None:
+        flops += gated_mlp_flops(hidden, shared) + 2 * hidden
+    return flops
+
+
+def layer_linear_flops(config, layer: int) -> dict[str, int]:
+    """Multiply-accumulates x 2 per token of decoder layer `layer`'s projections (its MLP: `mlp_flops`)."""
     head_dim = head_dim_of(config)
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
     hidden = config.hidden_size
@@ -75,7 +99,7 @@ def layer_linear_flops(config) -> dict[str, int]:
         "q": 2 * hidden * q,
         "kv": 2 * 2 * hidden * kv,
         "o": 2 * q * hidden,
-        "mlp": 2 * 3 * hidden * config.intermediate_size,
+        "mlp": mlp_flops(config, layer),
     }
 
 
@@ -84,12 +108,22 @@ def attention_flops(config, keys: float) -> float:
     return 2 * 2 * config.num_attention_heads * head_dim_of(config) * keys
 
 
+def prefill_layers_flops(config, keys: float) -> float:
+    """FLOPs per prompt token of a prefill whose queries attend over `keys` keys on average. A plain model runs
+    every layer; a SwiftKV model (its student, which serving runs) runs layers < N and, from
+    s = norm_swiftkv(h_N), each AcrossKV group owner's k/v_proj_swiftkv: a prompt token that needs no logits
+    skips the later layers (the one row per prompt that does is left out, as the lm_head is)."""
+    student = is_swiftkv(config)
+    layers = range(config.num_key_value_layers if student else config.num_hidden_layers)
+    flops = sum(sum(layer_linear_flops(config, i).values()) + attention_flops(config, keys) for i in layers)
+    return flops + (config.num_kv_groups * layer_linear_flops(config, 0)["kv"] if student else 0)
+
+
 def prefill_flops_per_token(config, prompt_len: int) -> float:
-    """Baseline (all layers) prefill FLOPs per prompt token: every layer's projections plus causal
-    attention over (prompt_len + 1) / 2 keys on average. The lm_head is excluded: a prefill with
-    max_tokens=1 applies it to one row per prompt."""
-    per_layer = sum(layer_linear_flops(config).values()) + attention_flops(config, (prompt_len + 1) / 2)
-    return config.num_hidden_layers * per_layer
+    """Prefill FLOPs per prompt token of the model `config` describes (`prefill_layers_flops`: a SwiftKV
+    config counts its student): the projections plus causal attention over (prompt_len + 1) / 2 keys on
+    average. The lm_head is excluded: a prefill with max_tokens=1 applies it to one row per prompt."""
+    return prefill_layers_flops(config, (prompt_len + 1) / 2)
 
 
 def prefill_compute_saving(config) -> float | None:
@@ -97,11 +131,8 @@ def prefill_compute_saving(config) -> float | None:
     their group owners' k/v_proj_swiftkv. Attention-score FLOPs (length dependent) are not counted."""
     if not is_swiftkv(config):
         return None
-    n = config.num_key_value_layers
-    flops = layer_linear_flops(config)
-    layers, per_layer = config.num_hidden_layers, sum(flops.values())
-    student = n * per_layer + (layers - n) // config.key_value_group_size * flops["kv"]
-    return 1 - student / (layers * per_layer)
+    teacher = sum(sum(layer_linear_flops(config, i).values()) for i in range(config.num_hidden_layers))
+    return 1 - prefill_layers_flops(config, 0) / teacher
 
 
 # What one distillation step executes (`distill/trainer.py`, `model/modeling.py`, `distill/loss.py`), counted
@@ -145,33 +176,50 @@ def lora_flops(config, rank: int) -> int:
 def micro_batch_flops(config, micro: MicroBatch, paths: StepPaths) -> float:
     """FLOPs of one micro-batch's forward and backward. Forward: layers < N once for both models (twice with
     `naive`), the teacher's later layers, each AcrossKV group's K/V from s, the student's later layers on
-    their positions (q, attention over every key, o, MLP, adapters), the lm_head on the trained rows for both.
-    Backward (frozen weights take input gradients only, and only where a trained tensor lies below): the
-    lm_head's input gradient; per later layer its MLP and o_proj input gradients, attention twice, adapters
-    twice, q_proj_swiftkv's weight gradient, and its input gradient above layer N (layer N's input is h_N,
-    which needs none, unless its input norm is a trained copy); the trained copies' weight gradients; each
-    group's K/V weight and input gradients (s = norm_swiftkv(h_N) carries norm_swiftkv's)."""
-    flops = layer_linear_flops(config)
-    n = config.num_key_value_layers
-    later, groups = config.num_hidden_layers - n, config.num_kv_groups
+    their positions (`student_layer_flops`), the lm_head on the trained rows for both. Backward: the lm_head's
+    input gradient; q_proj_swiftkv's input gradient above layer N (layer N's input is h_N, which needs none,
+    unless its input norm is a trained copy); each group's K/V weight and input gradients (s = norm_swiftkv(h_N)
+    carries norm_swiftkv's)."""
+    n, layers = config.num_key_value_layers, config.num_hidden_layers
     tokens, queries = micro.blocks * micro.seq_len, micro.blocks * micro.positions
     attention = attention_flops(config, micro.seq_len)
-    full_layer = sum(flops.values()) + attention
-    lora = lora_flops(config, paths.lora_rank) if paths.trainable == "lora" else 0
-    student_layer = flops["q"] + flops["o"] + flops["mlp"] + attention + lora
-    q_input_grads = later - 1 + (paths.trainable == "late-norms")
-    backward_layer = flops["o"] + flops["mlp"] + 2 * attention + 2 * lora + flops["q"]
-    if paths.trainable in LATE_COPIES:
-        backward_layer += flops["o"] + flops["mlp"]
-    # torch's checkpoint stops recomputing once the last tensor the backward reads is back: each layer's last
-    # matmul (down_proj, or with adapters the down adapter's second factor) is not run again
-    last_matmul = 2 * paths.lora_rank * config.hidden_size if lora else flops["mlp"] // 3
-    recomputed = (student_layer - last_matmul) if paths.recompute else 0
-    student = later * (student_layer + recomputed + backward_layer) * queries
-    student += q_input_grads * flops["q"] * queries + 3 * groups * flops["kv"] * tokens
-    prefix = n * full_layer * tokens * (1 + paths.naive)
+    full = [sum(layer_linear_flops(config, i).values()) + attention for i in range(layers)]
+    shared = layer_linear_flops(config, 0)  # q, kv and o are alike in every layer
+    prefix = sum(full[:n]) * tokens * (1 + paths.naive)
+    teacher_later = sum(full[n:]) * tokens
+    student = sum(student_layer_flops(config, i, attention, paths) for i in range(n, layers)) * queries
+    q_input_grads = layers - n - 1 + (paths.trainable == "late-norms")
+    student += q_input_grads * shared["q"] * queries + 3 * config.num_kv_groups * shared["kv"] * tokens
     head = 3 * 2 * config.hidden_size * config.vocab_size * micro.rows
-    return prefix + later * full_layer * tokens + student + head
+    return prefix + teacher_later + student + head
+
+
+def student_layer_flops(config, layer: int, attention: float, paths: StepPaths) -> float:
+    """FLOPs per trained position of the student's later layer `layer`, forward and backward. Forward: q,
+    attention over every key, o, MLP, adapters (recomputed once more under activation checkpointing). Backward
+    (frozen weights take input gradients only, which cost what their forward does): the MLP's and o_proj's,
+    attention twice, adapters twice, q_proj_swiftkv's weight gradient; the trained copies' weight gradients."""
+    flops = layer_linear_flops(config, layer)
+    lora = lora_flops(config, paths.lora_rank) if paths.trainable == "lora" else 0
+    forward = flops["q"] + flops["o"] + flops["mlp"] + attention + lora
+    backward = flops["o"] + flops["mlp"] + 2 * attention + 2 * lora + flops["q"]
+    if paths.trainable in LATE_COPIES:
+        backward += flops["o"] + flops["mlp"]
+    return forward + (forward - last_matmul_flops(config, layer, paths) if paths.recompute else 0) + backward
+
+
+def last_matmul_flops(config, layer: int, paths: StepPaths) -> float:
+    """FLOPs of layer `layer`'s last matmul, which torch's checkpoint does not run again: it stops recomputing
+    once the last tensor the backward reads is back. A dense MLP's down_proj (or with adapters the down
+    adapter's second factor); none in an MoE block, whose last matmul's output the routing weights' (and the
+    shared gate's) product keeps for the router's gradient, so it is recomputed."""
+    if paths.trainable == "lora":
+        return 2 * paths.lora_rank * config.hidden_size
+    return (
+        0
+        if is_sparse_layer(config, layer)
+        else gated_mlp_flops(config.hidden_size, config.intermediate_size) / 3
+    )
 
 
 def distill_flops_per_token(config, micro_batches: Iterable[MicroBatch], paths: StepPaths) -> float:

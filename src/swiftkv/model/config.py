@@ -55,6 +55,18 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def is_sparse_layer(config, layer: int) -> bool:
+    """Whether decoder layer `layer` holds an MoE block: the rule of transformers' and vLLM's Qwen-MoE layers
+    (not in `mlp_only_layers`, experts configured, every `decoder_sparse_step`-th layer); every layer of
+    Mixtral (`num_local_experts`, none of those keys). Dense configs have no experts: no layer is sparse."""
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
+    return (
+        experts > 0
+        and layer not in (getattr(config, "mlp_only_layers", None) or [])
+        and (layer + 1) % (getattr(config, "decoder_sparse_step", None) or 1) == 0
+    )
+
+
 def num_key_value_layers_for(num_layers: int, swiftkv_fraction: float) -> int:
     """N for a fraction F of the layers becoming SwiftKV (later) layers: N = L - round(F * L),
     kept within [1, L - 1] so that at least one early and one later layer remain."""

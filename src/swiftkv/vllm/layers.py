@@ -28,7 +28,7 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.models.llama import LlamaMLP
 from vllm.model_executor.models.utils import extract_layer_index
 
-from ..model.config import head_dim_of
+from ..model.config import head_dim_of, is_sparse_layer
 from ..model.families import Family
 from .parallel import RankHeads
 
@@ -153,18 +153,6 @@ class SwiftKVLaterAttention(nn.Module):
         q, _ = self.rotary_emb(positions, q, None)
         out, _ = self.o_proj(self.attn(q, None, None))
         return out
-
-
-def is_sparse_layer(config, layer: int) -> bool:
-    """Whether decoder layer `layer` holds an MoE block: the rule of transformers' and vLLM's Qwen-MoE layers
-    (not in `mlp_only_layers`, experts configured, every `decoder_sparse_step`-th layer); every layer of
-    Mixtral (`num_local_experts`, none of those keys)."""
-    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", 0)
-    return (
-        experts > 0
-        and layer not in (getattr(config, "mlp_only_layers", None) or [])
-        and (layer + 1) % getattr(config, "decoder_sparse_step", 1) == 0
-    )
 
 
 def build_moe_block(block_class: type, vllm_config, prefix: str) -> nn.Module:
