@@ -1,6 +1,6 @@
 """The schemas of the results swiftkv writes, one definition each: `results.json` of `swiftkv eval`
-(EvalResults), `bench.json` / `online.json` / `profile.json` / `decode-steps.json` of `swiftkv bench`
-(BenchResults, OnlineResults, ProfileResults, DecodeStepsResults) and
+(EvalResults), `bench.json` / `online.json` / `profile.json` / `decode-steps.json` / `bench-moe.json` of `swiftkv bench`
+(BenchResults, OnlineResults, ProfileResults, DecodeStepsResults, MoePrefillResults) and
 `distill.json` of `swiftkv distill` (DistillSummary).
 
 Each is a small frozen dataclass read by attribute (`results.students[0].teacher_forced.kl_mean`), so a
@@ -266,6 +266,43 @@ class BenchResults(Record):
     baseline: dict[str, float] | None = None
     swiftkv: dict[str, float] | None = None
     ratio: dict[str, float | None] | None = None  # swiftkv / baseline; None where the baseline's value is 0
+
+
+@record
+class MoeEngineResult(Record):
+    """One model of `swiftkv bench --moe` (`bench.moe.engine_result`)."""
+
+    engine_startup_s: float | None = None
+    kv_cache_tokens: int | None = None
+    architecture: str | None = None
+    fast_prefill: bool | None = (
+        None  # vLLM's kv_sharing_fast_prefill: the later layers skip the prompt tokens
+    )
+    peak_rss_mib: float | None = None  # the engine process's peak resident memory over the run
+    prefill_tok_s_runs: list[float] | None = None  # each timed prefill batch, in run order
+    prefill_tok_s: float | None = None  # their median
+    flops_per_token: float | None = (
+        None  # its own prefill FLOPs per prompt token (`metrics.prefill_flops_per_token`)
+    )
+    prefill_utilization: float | None = None  # prefill_tok_s x flops_per_token / peak_flops
+
+
+@record
+class MoePrefillResults(Record):
+    """`bench-moe.json` of `swiftkv bench --moe`: the teacher and its SwiftKV student at N = L / 2 on a random
+    Mixture-of-Experts shape, and the prefill ratio against its FLOP bound."""
+
+    shape: dict[str, int] | None = None  # `bench.moe.MoeShape`: layers, experts, widths, the workload
+    num_key_value_layers: int | None = None
+    weight_bytes: int | None = None  # the teacher's weights in the engines' dtype
+    settings: dict[str, Any] | None = None  # the engine options both models ran with
+    peak_flops: float | None = None  # matmul peak measured in the run, in the engines' dtype
+    date: str | None = None
+    baseline: MoeEngineResult | None = None
+    swiftkv: MoeEngineResult | None = None
+    prefill_ratio: float | None = None  # SwiftKV / baseline median prefill tok/s
+    flop_bound: float | None = None  # the baseline's prefill FLOPs per token / the student's
+    fraction_of_bound: float | None = None  # prefill_ratio / flop_bound
 
 
 @record

@@ -222,14 +222,15 @@ def worker_loop(connection, model: str, settings: dict, workloads: dict) -> None
 
 
 class Worker:
-    """A model's engine in its own process, driven over a pipe."""
+    """A model's engine in its own process, driven over a pipe (`loop`: the child's side, `worker_loop`'s
+    protocol)."""
 
-    def __init__(self, label: str, model: str, settings: dict, workloads: Workloads):
+    def __init__(self, label: str, model: str, settings: dict, workloads: Workloads, loop=worker_loop):
         context = multiprocessing.get_context("spawn")
         self.label = label
         self.connection, child = context.Pipe()
         print(f"[bench] starting {label}: {model}", file=sys.stderr, flush=True)
-        self.process = context.Process(target=worker_loop, args=(child, model, settings, asdict(workloads)))
+        self.process = context.Process(target=loop, args=(child, model, settings, asdict(workloads)))
         self.process.start()
         self.facts = self.receive()
 

@@ -3,13 +3,17 @@ settings. Offline (default): engines in-process, fixed batches. `--online`: both
 OpenAI server under Poisson request arrivals. The options are generated from
 `swiftkv.bench.offline.BenchSettings` (both modes) and `swiftkv.bench.online.OnlineSettings` (--online).
 `--profile`: one mixed prefill/decode step of each model under torch's profiler (`swiftkv.bench.profile`).
-`--decode-steps`: many decode-only steps of each model timed one by one (`swiftkv.bench.profile.decode_steps`)."""
+`--decode-steps`: many decode-only steps of each model timed one by one (`swiftkv.bench.profile.decode_steps`).
+`--moe`: no models given; the prefill ratio of a random Qwen3-30B-A3B-shaped teacher and its SwiftKV student
+against its FLOP bound (`swiftkv.bench.moe`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
+from ..bench.moe import MoeShape, moe_bench
+from ..bench.moe import format_table as format_moe_table
 from ..bench.offline import BenchSettings, bench, format_table
 from ..bench.online import OnlineSettings, online_bench, online_settings
 from ..bench.online_report import format_table as format_online_table
@@ -30,8 +34,8 @@ def register(subparsers) -> None:
         "`swiftkv serve`), sends Poisson-timed 10:1 requests at several rates, and writes OUT/online.json and "
         "OUT/online.png.",
     )
-    parser.add_argument("model", help="SwiftKV HF folder or alias")
-    parser.add_argument("--baseline", required=True, help="the original model (HF folder, .gguf or alias)")
+    parser.add_argument("model", nargs="?", help="SwiftKV HF folder or alias (none with --moe)")
+    parser.add_argument("--baseline", help="the original model (HF folder, .gguf or alias; none with --moe)")
     add_dataclass_options(parser, BenchSettings)
     online = parser.add_argument_group("online benchmark (--online)")
     online.add_argument(
@@ -54,12 +58,21 @@ def register(subparsers) -> None:
         "2000 prompt tokens, 128 steps; median per step and the SwiftKV / baseline ratio), written "
         "to OUT/decode-steps.json and OUT/decode-steps.png",
     )
+    moe = parser.add_argument_group("Mixture-of-Experts prefill (--moe)")
+    moe.add_argument(
+        "--moe",
+        action="store_true",
+        help="instead of the benchmark, with no models given: the prefill throughput of a random-weight "
+        "Qwen3-30B-A3B-shaped teacher (fewer layers and experts) and its SwiftKV student at N = L/2, interleaved, "
+        "against the FLOP bound of their ratio; written to OUT/bench-moe.json and OUT/bench-moe.png",
+    )
+    add_dataclass_options(moe, MoeShape)
     parser.set_defaults(func=run)
 
 
 def chosen_mode(args: argparse.Namespace) -> str | None:
-    """The one of --online, --profile, --decode-steps given (None: the offline benchmark)."""
-    modes = [name for name in ("online", "profile", "decode_steps") if getattr(args, name)]
+    """The one of --online, --profile, --decode-steps, --moe given (None: the offline benchmark)."""
+    modes = [name for name in ("online", "profile", "decode_steps", "moe") if getattr(args, name)]
     if len(modes) > 1:
         raise ValueError(
             f"{' and '.join('--' + m.replace('_', '-') for m in modes)} are separate runs; give one of them"
@@ -69,9 +82,14 @@ def chosen_mode(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     given = given_values(args, BenchSettings)
+    mode = chosen_mode(args)
+    check_models(args, mode)
+    shape_given = given_values(args, MoeShape)
+    if shape_given and mode != "moe":
+        names = [option_name(f) for f in dataclasses.fields(MoeShape) if f.name in shape_given]
+        raise ValueError(f"{', '.join(names)} only apply with --moe")
     settings = BenchSettings(model=args.model, baseline=args.baseline, **given)
     online_given = given_values(args, OnlineSettings)
-    mode = chosen_mode(args)
     if "workloads" in given and mode:
         raise ValueError(
             "--workloads chooses the offline benchmark's workloads; it does not apply with "
@@ -86,9 +104,27 @@ def run(args: argparse.Namespace) -> int:
         return run_profile(settings)
     if mode == "decode_steps":
         return run_decode_steps(settings)
+    if mode == "moe":
+        return run_moe(settings, shape_given)
     report = bench(settings)
     print(format_table(report))
     print(f"wrote {settings.out}/bench.json and {settings.out}/bench.png")
+    return 0
+
+
+def check_models(args: argparse.Namespace, mode: str | None) -> None:
+    """MODEL and --baseline for every mode but --moe, which builds its own models and takes neither."""
+    if mode == "moe" and (args.model or args.baseline):
+        raise ValueError("--moe benchmarks random models of its own shape; give no MODEL or --baseline")
+    if mode != "moe" and not (args.model and args.baseline):
+        raise ValueError("swiftkv bench needs MODEL (the SwiftKV model) and --baseline (its source model)")
+
+
+def run_moe(settings: BenchSettings, shape_given: dict) -> int:
+    shape = MoeShape.quick() if settings.quick else MoeShape()
+    report = moe_bench(settings, dataclasses.replace(shape, **shape_given))
+    print(format_moe_table(report))
+    print(f"wrote {settings.out}/bench-moe.json and {settings.out}/bench-moe.png")
     return 0
 
 

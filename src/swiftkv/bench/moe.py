@@ -1,0 +1,281 @@
+"""`swiftkv bench --moe`: SwiftKV's prefill gain on a Mixture-of-Experts layer shape, on vLLM, against its FLOP
+bound, measured in one run.
+
+The model is Qwen3-30B-A3B's layer (hidden 2048, 32 query heads and 4 KV heads of 128, experts 768 wide, 8 run
+per token) with fewer layers and experts (`--moe-layers`, `--moe-experts`), so that the teacher and its SwiftKV
+student at N = L / 2 (G = 1) fit in the host's memory together; the vocabulary is 32,768 (a prefill with
+max_tokens=1 applies the lm_head to one row per prompt, so its size moves memory, not the measure). A token runs
+8 experts whatever their count, so the experts kept decide the weights' bytes, not the FLOPs per token.
+
+Both models are config-only folders that vLLM fills with random weights (`load_format="dummy"`): a prefill's
+time depends on the shapes, not on the values. The routers' random weights spread the tokens over the experts
+about evenly, where a trained router does not. The teacher is served by vLLM's own Qwen3-MoE, the student by the
+plugin (vLLM's Qwen3-MoE layers below N, its fused MoE in the later layers): the same kernels on both sides.
+
+Each model has its own engine process (the engine core inside it, so the process's peak RSS is the engine's),
+both alive at once, as in `swiftkv bench`. After a warm-up, the prefill workload (`--moe-prompts` prompts of
+2000 random tokens, max_tokens=1) runs `--moe-repeats` times on each, alternating the engines and who goes
+first, so load from other processes hits both alike; the medians and their ratio are reported. The FLOP bound
+of the ratio is the teacher's FLOPs per prompt token over the student's (`metrics.prefill_flops_per_token`:
+routers, routed experts and attention included), and each engine's prefill utilisation is its tok/s x its own
+FLOPs per token over the matmul peak measured in the run. Writes bench-moe.json and bench-moe.png."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from transformers import Qwen3MoeConfig
+
+from ..dtypes import describe_choice, resolve_dtype
+from ..files import write_atomic
+from ..hostmemory import peak_mib
+from ..metrics import matmul_peak, prefill_flops_per_token
+from ..model.surgery import swiftkv_config, write_model_folder
+from ..plots import figure
+from ..results import MoePrefillResults
+from ..settings import setting
+from ..vllm.engine import engine_kwargs, kv_cache_tokens
+from ..vllm.env import configure_cpu_env, engine_core_in_process
+from .offline import KV_AUTO, BenchSettings, PromptMaker, Worker, Workloads, engine_settings, measure
+
+CPU_MOE_MULTIPLE = 32  # vLLM's CPU fused MoE (`cpu_moe.py`) needs hidden and expert widths divisible by this
+# KV-cache memory of each engine unless --kv-cache-memory says otherwise: the prefill batches need ~40 KiB a token
+# at 20 layers in bf16 (4 x 2000 tokens: 320 MiB); the offline bench's 2 GiB each would only take host memory
+# from the weights.
+MOE_KV_CACHE = "1G"
+
+
+@dataclass
+class MoeShape:
+    """The random model's shape (Qwen3-30B-A3B's layer; layers and experts chosen to fit) and the workload."""
+
+    layers: int = setting(
+        20, "decoder layers (Qwen3-30B-A3B has 48); the student's N is half", flag="--moe-layers"
+    )
+    experts: int = setting(
+        32,
+        "experts per layer (Qwen3-30B-A3B has 128; 8 run per token whatever the count)",
+        flag="--moe-experts",
+    )
+    prompts: int = setting(4, "prompts per prefill batch", flag="--moe-prompts")
+    prompt_len: int = setting(2000, "tokens per prompt", flag="--moe-prompt-len")
+    repeats: int = setting(3, "timed prefill batches per model, interleaved", flag="--moe-repeats")
+    hidden_size: int = setting(2048, "", cli=False)
+    num_attention_heads: int = setting(32, "", cli=False)
+    num_key_value_heads: int = setting(4, "", cli=False)
+    head_dim: int = setting(128, "", cli=False)
+    moe_intermediate_size: int = setting(768, "", cli=False)
+    num_experts_per_tok: int = setting(8, "", cli=False)
+    vocab_size: int = setting(32768, "", cli=False)
+
+    def check(self) -> None:
+        """Refuse, before any engine starts, a shape vLLM's CPU MoE or SwiftKV at N = L / 2 cannot run."""
+        for name in ("hidden_size", "moe_intermediate_size"):
+            if getattr(self, name) % CPU_MOE_MULTIPLE:
+                raise ValueError(
+                    f"{name}={getattr(self, name)}: vLLM's CPU fused MoE needs it divisible by {CPU_MOE_MULTIPLE}"
+                )
+        if self.layers < 2 or not 1 <= self.num_experts_per_tok <= self.experts:
+            raise ValueError(
+                f"--moe-layers {self.layers}, --moe-experts {self.experts}: expected at least 2 layers and at least "
+                f"{self.num_experts_per_tok} experts (the experts each token runs)"
+            )
+        if min(self.prompts, self.prompt_len, self.repeats) < 1:
+            raise ValueError("--moe-prompts, --moe-prompt-len and --moe-repeats must be at least 1")
+
+    def teacher_config(self) -> Qwen3MoeConfig:
+        config = Qwen3MoeConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.num_experts_per_tok
+            * self.moe_intermediate_size,  # unused: every layer is sparse
+            moe_intermediate_size=self.moe_intermediate_size,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            num_experts=self.experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            norm_topk_prob=True,
+            max_position_embeddings=max(4096, self.prompt_len + 16),
+            tie_word_embeddings=False,
+        )
+        config.architectures = ["Qwen3MoeForCausalLM"]
+        return config
+
+    def student_config(self):
+        config = swiftkv_config(self.teacher_config(), self.layers // 2, 1)
+        config.architectures = ["Qwen3MoeSwiftKVForCausalLM"]
+        return config
+
+    @classmethod
+    def quick(cls) -> MoeShape:
+        """A few seconds per engine: for tests and smoke runs, not for numbers."""
+        return cls(
+            layers=4,
+            experts=4,
+            prompts=2,
+            prompt_len=128,
+            repeats=2,
+            hidden_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            moe_intermediate_size=64,
+            num_experts_per_tok=2,
+            vocab_size=512,
+        )
+
+
+def config_folder(config, folder: Path) -> Path:
+    """A model folder holding only `config` (vLLM draws the weights; no tokenizer: the prompts are token ids)."""
+    return write_model_folder(folder, config.save_pretrained, force=True)
+
+
+def weight_bytes(config, dtype_bytes: int) -> int:
+    """Bytes of the teacher's weights in the engines' dtype (embedding, lm_head, attention, routers, experts)."""
+    hidden, head = config.hidden_size, config.head_dim
+    attention = hidden * head * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    experts = config.num_experts * 3 * hidden * config.moe_intermediate_size + config.num_experts * hidden
+    return dtype_bytes * (2 * config.vocab_size * hidden + config.num_hidden_layers * (attention + experts))
+
+
+def moe_worker_loop(connection, model: str, settings: dict, workloads: dict) -> None:
+    """`offline.worker_loop` with the engine core in this process, each reply carrying its peak RSS (MiB)."""
+    configure_cpu_env()
+    from vllm import LLM
+
+    started = time.perf_counter()
+    with engine_core_in_process():
+        llm = LLM(**engine_kwargs(model, **settings))
+    config = llm.llm_engine.vllm_config.model_config.hf_config
+    connection.send(
+        {
+            "engine_startup_s": time.perf_counter() - started,
+            "kv_cache_tokens": kv_cache_tokens(llm),
+            "architecture": type(config).__name__,
+            "fast_prefill": llm.llm_engine.vllm_config.cache_config.kv_sharing_fast_prefill,
+            "peak_rss_mib": peak_mib(),
+        }
+    )
+    make, w = PromptMaker(config.vocab_size), Workloads(**workloads)
+    while (name := connection.recv()) is not None:
+        connection.send({**measure(llm, make, w, name), "peak_rss_mib": peak_mib()})
+
+
+def interleaved_prefills(workers: list[Worker], repeats: int) -> list[list[float]]:
+    """A warm-up, then `repeats` prefill batches on each engine, alternating engines and who goes first;
+    per engine its tok/s of each batch."""
+    rates: list[list[float]] = [[] for _ in workers]
+    for step in range(repeats + 1):
+        for i in list(range(len(workers)))[:: 1 if step % 2 == 0 else -1]:
+            measured = workers[i].run("warmup" if step == 0 else "prefill")
+            workers[i].facts["peak_rss_mib"] = measured["peak_rss_mib"]
+            if step:
+                rates[i].append(measured["prefill_tok_s"])
+    return rates
+
+
+def engine_result(worker: Worker, rates: list[float], flops: float, peak: float) -> dict:
+    median = statistics.median(rates)
+    return {
+        **worker.facts,
+        "prefill_tok_s_runs": rates,
+        "prefill_tok_s": median,
+        "flops_per_token": flops,
+        "prefill_utilization": median * flops / peak,
+    }
+
+
+def moe_bench(settings: BenchSettings, shape: MoeShape) -> MoePrefillResults:
+    """Both random models on vLLM with identical engine settings; writes bench-moe.json and bench-moe.png to
+    `settings.out` and returns the report."""
+    shape.check()
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = resolve_dtype(settings.dtype)
+    print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)
+    teacher, student = shape.teacher_config(), shape.student_config()
+    folders = {"baseline": out / "teacher", "SwiftKV": out / "swiftkv"}
+    config_folder(teacher, folders["baseline"])
+    config_folder(student, folders["SwiftKV"])
+    if settings.kv_cache_memory == KV_AUTO:
+        settings = replace(settings, kv_cache_memory=MOE_KV_CACHE)
+    engine = {**engine_settings(settings), "load_format": "dummy", "skip_tokenizer_init": True}
+    workloads = replace(Workloads(), prefill_prompts=shape.prompts, prefill_len=shape.prompt_len)
+    peak = matmul_peak(dtype)
+    workers = []
+    try:
+        for label, folder in folders.items():
+            workers.append(Worker(label, str(folder), engine, workloads, loop=moe_worker_loop))
+        rates = interleaved_prefills(workers, shape.repeats)
+    finally:
+        for worker in workers:
+            worker.close()
+    flops = [prefill_flops_per_token(c, shape.prompt_len) for c in (teacher, student)]
+    base, swift = (engine_result(w, r, f, peak) for w, r, f in zip(workers, rates, flops, strict=True))
+    ratio, bound = swift["prefill_tok_s"] / base["prefill_tok_s"], flops[0] / flops[1]
+    report = {
+        "shape": asdict(shape),
+        "num_key_value_layers": student.num_key_value_layers,
+        "weight_bytes": weight_bytes(teacher, dtype.itemsize),
+        "settings": engine,
+        "peak_flops": peak,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "baseline": base,
+        "swiftkv": swift,
+        "prefill_ratio": ratio,
+        "flop_bound": bound,
+        "fraction_of_bound": ratio / bound,
+    }
+    write_atomic(out / "bench-moe.json", json.dumps(report, indent=2))
+    results = MoePrefillResults.from_json(report)
+    plot(results, out / "bench-moe.png")
+    return results
+
+
+def format_table(report: MoePrefillResults) -> str:
+    s, base, swift = report.shape, report.baseline, report.swiftkv
+    rows = [
+        f"Qwen3-MoE shape: {s['layers']} layers, {s['experts']} experts ({s['num_experts_per_tok']} per token, "
+        f"{s['moe_intermediate_size']} wide), hidden {s['hidden_size']}, N = {report.num_key_value_layers}; "
+        f"weights {report.weight_bytes / 2**30:.1f} GiB per engine; {report.settings['dtype']}",
+        f"{'':<28}{'baseline':>12}{'SwiftKV':>12}",
+        f"{'prefill (tok/s, median)':<28}{base.prefill_tok_s:>12.4g}{swift.prefill_tok_s:>12.4g}",
+        f"{'FLOPs per prompt token (M)':<28}{base.flops_per_token / 1e6:>12.0f}{swift.flops_per_token / 1e6:>12.0f}",
+        f"{'prefill utilization':<28}{base.prefill_utilization:>12.3f}{swift.prefill_utilization:>12.3f}",
+        f"{'peak RSS (GiB)':<28}{base.peak_rss_mib / 1024:>12.1f}{swift.peak_rss_mib / 1024:>12.1f}",
+        f"prefill ratio {report.prefill_ratio:.3f}x, FLOP bound {report.flop_bound:.3f}x: "
+        f"{report.fraction_of_bound:.1%} of the bound; matmul peak {report.peak_flops / 1e9:.0f} GFLOP/s",
+    ]
+    return "\n".join(rows)
+
+
+def plot(report: MoePrefillResults, path: Path) -> None:
+    """Each engine's prefill batches (tok/s), and the ratio of the medians beside its FLOP bound."""
+    with figure(path, (10, 4), ncols=2, dpi=120) as (_, (runs, ratio)):
+        for label, result in (("baseline", report.baseline), ("SwiftKV", report.swiftkv)):
+            runs.plot(
+                range(1, len(result.prefill_tok_s_runs) + 1), result.prefill_tok_s_runs, "o-", label=label
+            )
+        runs.set_xlabel("prefill batch (interleaved)")
+        runs.set_ylabel("prompt tokens/s")
+        runs.set_ylim(bottom=0)
+        runs.legend()
+        ratio.bar(
+            ["measured", "FLOP bound"], [report.prefill_ratio, report.flop_bound], color=["tab:blue", "gray"]
+        )
+        ratio.axhline(1.0, color="black", linewidth=0.8)
+        ratio.set_ylabel("SwiftKV / baseline prefill")
+        s = report.shape
+        ratio.set_title(f"{report.fraction_of_bound:.0%} of the bound", fontsize=10)
+        runs.set_title(
+            f"Qwen3-MoE shape, {s['layers']} layers x {s['experts']} experts, N = {report.num_key_value_layers}, "
+            f"{report.settings['dtype']}",
+            fontsize=10,
+        )
