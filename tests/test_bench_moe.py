@@ -33,7 +33,7 @@ def test_the_default_shape_is_qwen3_30b_a3b_layer():
     # every layer sparse: router, 8 experts of 768
     assert layer_linear_flops(teacher, 0)["mlp"] == 2 * 2048 * 32 + 8 * 6 * 2048 * 768
     per_layer = 2048 * (4096 + 512 + 512 + 4096) + 3 * 2048 * 768 * 32 + 2048 * 32  # q k v o, experts, router
-    assert weight_bytes(teacher, 2) == 2 * (2 * 32768 * 2048 + 20 * per_layer)
+    assert weight_bytes(teacher, 2) == 2 * (2 * 32768 * 2048 + 16 * per_layer)
 
 
 @pytest.mark.parametrize(
@@ -63,14 +63,16 @@ def test_the_cli_refuses_models_with_moe_and_moe_options_without_it(capsys):
 
 @pytest.mark.vllm
 @pytest.mark.timeout(300)
-def test_the_moe_bench_runs_both_engines_and_reports_against_the_bound(tmp_path):
+@pytest.mark.parametrize("one_at_a_time", [False, True], ids=["both-alive", "one-at-a-time"])
+def test_the_moe_bench_runs_both_engines_and_reports_against_the_bound(tmp_path, one_at_a_time):
+    from dataclasses import replace
+
     from swiftkv.bench.moe import format_table, moe_bench
     from swiftkv.bench.offline import BenchSettings
 
-    shape = MoeShape.quick()
-    settings = BenchSettings(
-        dtype="float32", enforce_eager=True, kv_cache_memory="32M", max_model_len=512, out=str(tmp_path)
-    )
+    # one at a time, a round each: every engine start costs ~15 s here
+    shape = replace(MoeShape.quick(), one_at_a_time=one_at_a_time, repeats=1 if one_at_a_time else 2)
+    settings = BenchSettings(dtype="float32", enforce_eager=True, max_model_len=512, out=str(tmp_path))
     report = moe_bench(settings, shape)
     written = json.loads((tmp_path / "bench-moe.json").read_text())
     assert written == report.to_json()
@@ -90,4 +92,7 @@ def test_the_moe_bench_runs_both_engines_and_reports_against_the_bound(tmp_path)
     assert base.prefill_utilization == pytest.approx(base.prefill_tok_s * flops[0] / report.peak_flops)
     assert base.peak_rss_mib > 100 and swift.peak_rss_mib > 100
     assert written["settings"]["load_format"] == "dummy" and written["num_key_value_layers"] == 2
+    assert written["shape"]["one_at_a_time"] is one_at_a_time
+    # the KV cache sized for the batch: 4 layers x K, V x 2 heads x 32 x 4 bytes, 512 tokens (max_model_len) x 1.25
+    assert written["settings"]["kv_cache_memory_bytes"] == 1.25 * 512 * 4 * 2 * 2 * 32 * 4
     print(format_table(report))

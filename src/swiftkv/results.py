@@ -292,7 +292,7 @@ class MoePrefillResults(Record):
     """`bench-moe.json` of `swiftkv bench --moe`: the teacher and its SwiftKV student at N = L / 2 on a random
     Mixture-of-Experts shape, and the prefill ratio against its FLOP bound."""
 
-    shape: dict[str, int] | None = None  # `bench.moe.MoeShape`: layers, experts, widths, the workload
+    shape: dict[str, int | bool] | None = None  # `bench.moe.MoeShape`: layers, experts, widths, the workload
     num_key_value_layers: int | None = None
     weight_bytes: int | None = None  # the teacher's weights in the engines' dtype
     settings: dict[str, Any] | None = None  # the engine options both models ran with

@@ -13,9 +13,12 @@ about evenly, where a trained router does not. The teacher is served by vLLM's o
 plugin (vLLM's Qwen3-MoE layers below N, its fused MoE in the later layers): the same kernels on both sides.
 
 Each model has its own engine process (the engine core inside it, so the process's peak RSS is the engine's),
-both alive at once, as in `swiftkv bench`. After a warm-up, the prefill workload (`--moe-prompts` prompts of
-2000 random tokens, max_tokens=1) runs `--moe-repeats` times on each, alternating the engines and who goes
-first, so load from other processes hits both alike; the medians and their ratio are reported. The FLOP bound
+with the same engine settings and a KV cache sized for one prefill batch (`MoeShape.kv_cache_bytes`). The
+prefill workload (`--moe-prompts` prompts of 2000 random tokens, max_tokens=1) runs `--moe-repeats` times on
+each, alternating the models and who goes first, so load from other processes hits both alike; the medians and
+their ratio are reported. By default both engines stay alive, as in `swiftkv bench`, and warm up once; with
+`--moe-one-at-a-time` only one is alive at a time (a shape whose two engines do not fit the host together): each
+timed batch starts its model's engine afresh, warms it up, and closes it. The FLOP bound
 of the ratio is the teacher's FLOPs per prompt token over the student's (`metrics.prefill_flops_per_token`:
 routers, routed experts and attention included), and each engine's prefill utilisation is its tok/s x its own
 FLOPs per token over the matmul peak measured in the run. Writes bench-moe.json and bench-moe.png."""
@@ -44,10 +47,6 @@ from ..vllm.env import configure_cpu_env, engine_core_in_process
 from .offline import KV_AUTO, BenchSettings, PromptMaker, Worker, Workloads, engine_settings, measure
 
 CPU_MOE_MULTIPLE = 32  # vLLM's CPU fused MoE (`cpu_moe.py`) needs hidden and expert widths divisible by this
-# KV-cache memory of each engine unless --kv-cache-memory says otherwise: the prefill batches need ~40 KiB a token
-# at 20 layers in bf16 (4 x 2000 tokens: 320 MiB); the offline bench's 2 GiB each would only take host memory
-# from the weights.
-MOE_KV_CACHE = "1G"
 
 
 @dataclass
@@ -55,7 +54,7 @@ class MoeShape:
     """The random model's shape (Qwen3-30B-A3B's layer; layers and experts chosen to fit) and the workload."""
 
     layers: int = setting(
-        20, "decoder layers (Qwen3-30B-A3B has 48); the student's N is half", flag="--moe-layers"
+        16, "decoder layers (Qwen3-30B-A3B has 48); the student's N is half", flag="--moe-layers"
     )
     experts: int = setting(
         32,
@@ -65,6 +64,12 @@ class MoeShape:
     prompts: int = setting(4, "prompts per prefill batch", flag="--moe-prompts")
     prompt_len: int = setting(2000, "tokens per prompt", flag="--moe-prompt-len")
     repeats: int = setting(3, "timed prefill batches per model, interleaved", flag="--moe-repeats")
+    one_at_a_time: bool = setting(
+        False,
+        "one engine alive at a time (for shapes whose two engines do not fit together): each timed batch starts "
+        "its model's engine afresh, warms it up, times it and closes it, alternating the models",
+        flag="--moe-one-at-a-time",
+    )
     hidden_size: int = setting(2048, "", cli=False)
     num_attention_heads: int = setting(32, "", cli=False)
     num_key_value_heads: int = setting(4, "", cli=False)
@@ -112,6 +117,13 @@ class MoeShape:
         config = swiftkv_config(self.teacher_config(), self.layers // 2, 1)
         config.architectures = ["Qwen3MoeSwiftKVForCausalLM"]
         return config
+
+    def kv_cache_bytes(self, dtype_bytes: int, max_model_len: int) -> int:
+        """KV-cache memory for one prefill batch of the teacher (every layer's K and V for every prompt token; at
+        least one sequence of `max_model_len`, which vLLM requires), a quarter more for the blocks' rounding; the
+        offline bench's 2 GiB each would take host memory from the weights."""
+        per_token = self.layers * 2 * self.num_key_value_heads * self.head_dim * dtype_bytes
+        return int(1.25 * max(self.prompts * (self.prompt_len + 16), max_model_len) * per_token)
 
     @classmethod
     def quick(cls) -> MoeShape:
@@ -173,7 +185,7 @@ def interleaved_prefills(workers: list[Worker], repeats: int) -> list[list[float
     per engine its tok/s of each batch."""
     rates: list[list[float]] = [[] for _ in workers]
     for step in range(repeats + 1):
-        for i in list(range(len(workers)))[:: 1 if step % 2 == 0 else -1]:
+        for i in alternating(len(workers), step):
             measured = workers[i].run("warmup" if step == 0 else "prefill")
             workers[i].facts["peak_rss_mib"] = measured["peak_rss_mib"]
             if step:
@@ -181,10 +193,52 @@ def interleaved_prefills(workers: list[Worker], repeats: int) -> list[list[float
     return rates
 
 
-def engine_result(worker: Worker, rates: list[float], flops: float, peak: float) -> dict:
+def one_engine_at_a_time(folders: dict[str, Path], engine: dict, workloads: Workloads, repeats: int):
+    """`repeats` rounds, alternating who goes first; in each, every model's engine starts afresh, warms up, times
+    one prefill batch and closes. Returns per model its facts (the largest peak RSS, the mean startup) and
+    its tok/s of each batch."""
+    facts: list[dict] = [{} for _ in folders]
+    rates: list[list[float]] = [[] for _ in folders]
+    labels = list(folders)
+    for step in range(repeats):
+        for i in alternating(len(labels), step):
+            worker = Worker(labels[i], str(folders[labels[i]]), engine, workloads, loop=moe_worker_loop)
+            try:
+                worker.run("warmup")
+                measured = worker.run("prefill")
+            finally:
+                worker.close()
+            startups = facts[i].get("startups", []) + [worker.facts["engine_startup_s"]]
+            peak = max(facts[i].get("peak_rss_mib", 0), measured["peak_rss_mib"])
+            facts[i] = {**worker.facts, "startups": startups, "peak_rss_mib": peak}
+            rates[i].append(measured["prefill_tok_s"])
+    for fact in facts:
+        fact["engine_startup_s"] = statistics.mean(fact.pop("startups"))
+    return facts, rates
+
+
+def alternating(count: int, step: int) -> list[int]:
+    """0..count-1 on even steps, backwards on odd ones: who goes first alternates."""
+    return list(range(count))[:: 1 if step % 2 == 0 else -1]
+
+
+def both_engines_alive(folders: dict[str, Path], engine: dict, workloads: Workloads, repeats: int):
+    """Both engines started once and kept; `interleaved_prefills` on them. Returns (facts, rates) per model."""
+    workers = []
+    try:
+        for label, folder in folders.items():
+            workers.append(Worker(label, str(folder), engine, workloads, loop=moe_worker_loop))
+        rates = interleaved_prefills(workers, repeats)
+    finally:
+        for worker in workers:
+            worker.close()
+    return [w.facts for w in workers], rates
+
+
+def engine_result(facts: dict, rates: list[float], flops: float, peak: float) -> dict:
     median = statistics.median(rates)
     return {
-        **worker.facts,
+        **facts,
         "prefill_tok_s_runs": rates,
         "prefill_tok_s": median,
         "flops_per_token": flops,
@@ -205,20 +259,16 @@ def moe_bench(settings: BenchSettings, shape: MoeShape) -> MoePrefillResults:
     config_folder(teacher, folders["baseline"])
     config_folder(student, folders["SwiftKV"])
     if settings.kv_cache_memory == KV_AUTO:
-        settings = replace(settings, kv_cache_memory=MOE_KV_CACHE)
+        settings = replace(
+            settings, kv_cache_memory=str(shape.kv_cache_bytes(dtype.itemsize, settings.max_model_len))
+        )
     engine = {**engine_settings(settings), "load_format": "dummy", "skip_tokenizer_init": True}
     workloads = replace(Workloads(), prefill_prompts=shape.prompts, prefill_len=shape.prompt_len)
     peak = matmul_peak(dtype)
-    workers = []
-    try:
-        for label, folder in folders.items():
-            workers.append(Worker(label, str(folder), engine, workloads, loop=moe_worker_loop))
-        rates = interleaved_prefills(workers, shape.repeats)
-    finally:
-        for worker in workers:
-            worker.close()
+    run = one_engine_at_a_time if shape.one_at_a_time else both_engines_alive
+    facts, rates = run(folders, engine, workloads, shape.repeats)
     flops = [prefill_flops_per_token(c, shape.prompt_len) for c in (teacher, student)]
-    base, swift = (engine_result(w, r, f, peak) for w, r, f in zip(workers, rates, flops, strict=True))
+    base, swift = (engine_result(*each, peak) for each in zip(facts, rates, flops, strict=True))
     ratio, bound = swift["prefill_tok_s"] / base["prefill_tok_s"], flops[0] / flops[1]
     report = {
         "shape": asdict(shape),
