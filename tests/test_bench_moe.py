@@ -39,8 +39,10 @@ def test_the_default_shape_is_qwen3_30b_a3b_layer():
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"hidden_size": 2000}, "hidden_size=2000: vLLM's CPU fused MoE needs it divisible by 32"),
-        ({"moe_intermediate_size": 700}, "moe_intermediate_size=700"),
+        (
+            {"hidden_size": 2000},
+            "hidden_size=2000, but vLLM's CPU fused MoE needs a hidden size divisible by 32",
+        ),
         ({"experts": 4}, "expected at least 2 layers and at least 8 experts"),
         ({"repeats": 0}, "must be at least 1"),
     ],

@@ -46,8 +46,6 @@ from ..vllm.engine import engine_kwargs, kv_cache_tokens
 from ..vllm.env import configure_cpu_env, engine_core_in_process
 from .offline import KV_AUTO, BenchSettings, PromptMaker, Worker, Workloads, engine_settings, measure
 
-CPU_MOE_MULTIPLE = 32  # vLLM's CPU fused MoE (`cpu_moe.py`) needs hidden and expert widths divisible by this
-
 
 @dataclass
 class MoeShape:
@@ -79,12 +77,11 @@ class MoeShape:
     vocab_size: int = setting(32768, "", cli=False)
 
     def check(self) -> None:
-        """Refuse, before any engine starts, a shape vLLM's CPU MoE or SwiftKV at N = L / 2 cannot run."""
-        for name in ("hidden_size", "moe_intermediate_size"):
-            if getattr(self, name) % CPU_MOE_MULTIPLE:
-                raise ValueError(
-                    f"{name}={getattr(self, name)}: vLLM's CPU fused MoE needs it divisible by {CPU_MOE_MULTIPLE}"
-                )
+        """Refuse, before any engine starts, a shape vLLM's CPU MoE or SwiftKV at N = L / 2 cannot run (the
+        plugin's own check of the hidden size, which its engine hook runs later)."""
+        from ..vllm.hooks import check_cpu_moe_shape  # imports vLLM
+
+        check_cpu_moe_shape(self.teacher_config())
         if self.layers < 2 or not 1 <= self.num_experts_per_tok <= self.experts:
             raise ValueError(
                 f"--moe-layers {self.layers}, --moe-experts {self.experts}: expected at least 2 layers and at least "
