@@ -25,7 +25,8 @@
 # whole 2048-token steps, the chat arm's 977 steps), MIX_TOKENS (2224128: a passage-QA prompt is packed whole, so
 # the mix's blocks leave about a tenth of their room to filler and cut tails, and it asks for more tokens to train
 # as many steps: 978), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
-# options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from), ROOT.
+# options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from; the
+# default, the shipped students' every-turn replies, is restored from the repository's history when missing), ROOT.
 # Bash reads a script as it runs it, so a long study runs a copy: cp scripts/study_long_qa.sh STUDY/ and
 #   ROOT=$PWD STUDY=... nohup nice -n 19 bash STUDY/study_long_qa.sh > STUDY/study.log 2>&1 &
 set -euo pipefail
@@ -64,6 +65,10 @@ setup() {
     $SK convert smollm2-135m-instruct n$n-lstsq --num-key-value-layers $n --init lstsq > convert$n.log 2>&1
   done
   if [ ! -f "$REPLIES" ]; then
+    local listed=${REPLIES_SEED#"$ROOT"/}  # the seed left the tree: restored from history (docs/artifacts.json)
+    if [ ! -f "$REPLIES_SEED" ] && grep -qF "\"path\": \"$listed\"" "$ROOT/docs/artifacts.json"; then
+      (cd "$ROOT" && "$PY" scripts/restore.py "$listed")
+    fi
     if [ -f "$REPLIES_SEED" ]; then xz -dc "$REPLIES_SEED" > "$REPLIES.tmp"; else : > "$REPLIES.tmp"; fi
     mv "$REPLIES.tmp" "$REPLIES"
     say "replies seeded: $(wc -l < "$REPLIES") records"
