@@ -8,7 +8,10 @@ import json
 import pytest
 
 from swiftkv.bench.moe import MoeShape, weight_bytes
-from swiftkv.cli import main
+from swiftkv.bench.online import OnlineSettings
+from swiftkv.cli import build_parser, main
+from swiftkv.cli.bench import MOE_DEST
+from swiftkv.cli.options import given_values
 from swiftkv.metrics import layer_linear_flops, prefill_flops_per_token
 
 
@@ -61,6 +64,17 @@ def test_the_cli_refuses_models_with_moe_and_moe_options_without_it(capsys):
     assert "--moe-layers only apply with --moe" in capsys.readouterr().err
     assert main(["bench", "--moe", "--workloads", "prefill"]) == 2
     assert "does not apply with --moe" in capsys.readouterr().err
+
+
+def test_the_moe_options_keep_apart_from_the_online_options_of_the_same_field_name():
+    """MoeShape.prompt_len and OnlineSettings.prompt_len are both fields named prompt_len: on one parser they
+    would share argparse's dest, so --prompt-len read as --moe-prompt-len (refused without --moe)."""
+    online = build_parser().parse_args(["bench", "m", "--baseline", "b", "--online", "--prompt-len", "256"])
+    assert given_values(online, MoeShape, MOE_DEST) == {}
+    assert given_values(online, OnlineSettings)["prompt_len"] == 256
+    moe = build_parser().parse_args(["bench", "--moe", "--moe-prompt-len", "64", "--moe-repeats", "2"])
+    assert given_values(moe, MoeShape, MOE_DEST) == {"prompt_len": 64, "repeats": 2}
+    assert "prompt_len" not in given_values(moe, OnlineSettings)
 
 
 @pytest.mark.vllm

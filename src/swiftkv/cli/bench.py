@@ -66,8 +66,12 @@ def register(subparsers) -> None:
         "Qwen3-30B-A3B-shaped teacher (fewer layers and experts) and its SwiftKV student at N = L/2, interleaved, "
         "against the FLOP bound of their ratio; written to OUT/bench-moe.json and OUT/bench-moe.png",
     )
-    add_dataclass_options(moe, MoeShape)
+    # MoeShape's prompt_len, prompts and repeats would share argparse's dest with the online options'
+    add_dataclass_options(moe, MoeShape, dest_prefix=MOE_DEST)
     parser.set_defaults(func=run)
+
+
+MOE_DEST = "moe_shape_"
 
 
 def chosen_mode(args: argparse.Namespace) -> str | None:
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     given = given_values(args, BenchSettings)
     mode = chosen_mode(args)
     check_models(args, mode)
-    shape_given = given_values(args, MoeShape)
+    shape_given = given_values(args, MoeShape, dest_prefix=MOE_DEST)
     if shape_given and mode != "moe":
         names = [option_name(f) for f in dataclasses.fields(MoeShape) if f.name in shape_given]
         raise ValueError(f"{', '.join(names)} only apply with --moe")

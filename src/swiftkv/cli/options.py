@@ -33,10 +33,15 @@ def base_type(field: dataclasses.Field, owner: type) -> type:
 
 
 def add_dataclass_options(
-    parser: argparse.ArgumentParser, settings_class: type, skip: tuple[str, ...] = ()
+    parser: argparse.ArgumentParser,
+    settings_class: type,
+    skip: tuple[str, ...] = (),
+    dest_prefix: str = "",
 ) -> None:
     """One option per field of `settings_class` (except `skip` and fields with metadata cli=False), its
-    default shown in --help; the parsed value stays None when the option is not given."""
+    default shown in --help; the parsed value stays None when the option is not given. `dest_prefix` keeps
+    a class's values apart from another's of the same field name on one parser (read them back with
+    `given_values(..., dest_prefix)`)."""
     for field in dataclasses.fields(settings_class):
         if field.name in skip or not field.metadata.get("cli", True):
             continue
@@ -46,14 +51,14 @@ def add_dataclass_options(
         if kind is bool:  # a switch: --NAME turns an off setting on, --no-NAME an on setting off
             action = "store_false" if field.default is True else "store_true"
             parser.add_argument(
-                option_name(field), dest=field.name, action=action, default=None, help=help_text
+                option_name(field), dest=dest_prefix + field.name, action=action, default=None, help=help_text
             )
             continue
         if default not in (None, dataclasses.MISSING, False, ""):
             help_text = f"{help_text} (default: {default})".strip()
         parser.add_argument(
             option_name(field),
-            dest=field.name,
+            dest=dest_prefix + field.name,
             default=None,
             type=field.metadata.get("parse", kind),
             choices=field.metadata.get("choices"),
@@ -61,10 +66,11 @@ def add_dataclass_options(
         )
 
 
-def given_values(args: argparse.Namespace, settings_class: type) -> dict[str, Any]:
-    """The settings the user gave on the command line (options left out are absent)."""
+def given_values(args: argparse.Namespace, settings_class: type, dest_prefix: str = "") -> dict[str, Any]:
+    """The settings the user gave on the command line (options left out are absent), by field name."""
     names = {f.name for f in dataclasses.fields(settings_class) if f.metadata.get("cli", True)}
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+    values = {k.removeprefix(dest_prefix): v for k, v in vars(args).items() if k.startswith(dest_prefix)}
+    return {k: v for k, v in values.items() if k in names and v is not None}
 
 
 def source_help() -> str:
