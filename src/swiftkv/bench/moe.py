@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -244,33 +245,45 @@ def engine_result(facts: dict, rates: list[float], flops: float, peak: float) ->
 
 
 def moe_bench(settings: BenchSettings, shape: MoeShape) -> MoePrefillResults:
-    """Both random models on vLLM with identical engine settings; writes bench-moe.json and bench-moe.png to
-    `settings.out` and returns the report."""
+    """Both random models on vLLM with identical engine settings (their config-only folders in a temporary
+    folder); writes bench-moe.json and bench-moe.png to `settings.out` and returns the report."""
     shape.check()
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     dtype = resolve_dtype(settings.dtype)
     print(f"[bench] {describe_choice(settings.dtype)}", file=sys.stderr, flush=True)
-    teacher, student = shape.teacher_config(), shape.student_config()
-    folders = {"baseline": out / "teacher", "SwiftKV": out / "swiftkv"}
-    config_folder(teacher, folders["baseline"])
-    config_folder(student, folders["SwiftKV"])
     if settings.kv_cache_memory == KV_AUTO:
-        settings = replace(
-            settings, kv_cache_memory=str(shape.kv_cache_bytes(dtype.itemsize, settings.max_model_len))
-        )
+        kv_bytes = shape.kv_cache_bytes(dtype.itemsize, settings.max_model_len)
+        settings = replace(settings, kv_cache_memory=str(kv_bytes))
     engine = {**engine_settings(settings), "load_format": "dummy", "skip_tokenizer_init": True}
     workloads = replace(Workloads(), prefill_prompts=shape.prompts, prefill_len=shape.prompt_len)
     peak = matmul_peak(dtype)
     run = one_engine_at_a_time if shape.one_at_a_time else both_engines_alive
-    facts, rates = run(folders, engine, workloads, shape.repeats)
+    with tempfile.TemporaryDirectory(prefix="swiftkv-bench-moe-") as root:
+        folders = {
+            "baseline": config_folder(shape.teacher_config(), Path(root) / "teacher"),
+            "SwiftKV": config_folder(shape.student_config(), Path(root) / "swiftkv"),
+        }
+        facts, rates = run(folders, engine, workloads, shape.repeats)
+    report = moe_report(shape, engine, peak, dtype.itemsize, facts, rates)
+    write_atomic(out / "bench-moe.json", json.dumps(report, indent=2))
+    results = MoePrefillResults.from_json(report)
+    plot(results, out / "bench-moe.png")
+    return results
+
+
+def moe_report(
+    shape: MoeShape, engine: dict, peak: float, dtype_bytes: int, facts: list, rates: list
+) -> dict:
+    """bench-moe.json (`MoePrefillResults`) of the measured facts and prefill rates (teacher first)."""
+    teacher, student = shape.teacher_config(), shape.student_config()
     flops = [prefill_flops_per_token(c, shape.prompt_len) for c in (teacher, student)]
     base, swift = (engine_result(*each, peak) for each in zip(facts, rates, flops, strict=True))
     ratio, bound = swift["prefill_tok_s"] / base["prefill_tok_s"], flops[0] / flops[1]
-    report = {
+    return {
         "shape": asdict(shape),
         "num_key_value_layers": student.num_key_value_layers,
-        "weight_bytes": weight_bytes(teacher, dtype.itemsize),
+        "weight_bytes": weight_bytes(teacher, dtype_bytes),
         "settings": engine,
         "peak_flops": peak,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -280,10 +293,6 @@ def moe_bench(settings: BenchSettings, shape: MoeShape) -> MoePrefillResults:
         "flop_bound": bound,
         "fraction_of_bound": ratio / bound,
     }
-    write_atomic(out / "bench-moe.json", json.dumps(report, indent=2))
-    results = MoePrefillResults.from_json(report)
-    plot(results, out / "bench-moe.png")
-    return results
 
 
 def format_table(report: MoePrefillResults) -> str:
@@ -310,6 +319,7 @@ def plot(report: MoePrefillResults, path: Path) -> None:
             runs.plot(
                 range(1, len(result.prefill_tok_s_runs) + 1), result.prefill_tok_s_runs, "o-", label=label
             )
+        runs.set_xticks(range(1, len(report.baseline.prefill_tok_s_runs) + 1))
         runs.set_xlabel("prefill batch (interleaved)")
         runs.set_ylabel("prompt tokens/s")
         runs.set_ylim(bottom=0)
