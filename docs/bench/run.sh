@@ -15,7 +15,7 @@ MODEL=smollm2-135m-instruct-swiftkv50 BASE=smollm2-135m-instruct
 [ -f $OUT/auto/bench.json ] || $SK bench $MODEL --baseline $BASE --out $OUT/auto > $OUT/auto.log 2>&1
 [ -f $OUT/profile/profile.json ] || $SK bench $MODEL --baseline $BASE --profile --out $OUT/profile > $OUT/profile.log 2>&1
 # The MoE prefill ratio: a random Qwen3-30B-A3B-shaped model (24 layers, 48 experts), one engine at a time (~14 GiB
-# each, ~20 min on 2 cores).
+# each, ~24 min on 2 cores).
 [ -f $OUT/moe/bench-moe.json ] || $SK bench --moe --moe-layers 24 --moe-experts 48 --moe-one-at-a-time \
   --out $OUT/moe > $OUT/moe.log 2>&1
 [ -f $OUT/online/online.png ] || $SK bench $MODEL --baseline $BASE --online --num-requests 16 \
