@@ -16,7 +16,8 @@
 #               edits to the checkout never change a study under way), the conversions STUDY/n15-lstsq and
 #               STUDY/n22-lstsq, and the reply file seeded with the shipped students' every-turn replies
 #     replies   the teacher's replies (vLLM) to the mix's prompts; the chat prompts' are mostly in the seed
-#     nNN-ARM   distill (resumable) then eval; nNN is n15 or n22, ARM mix or chat
+#     nNN-ARM   distill (resumable), the long-QA measure alone (qa-nNN-ARM), then the full eval; nNN is n15 or n22,
+#               ARM mix or chat
 #     shippedNN the shipped student -swiftkv50 (15) or -swiftkv25 (22), by the same eval command
 # Every step skips itself when its output exists, so a killed study resumes by running the same command again:
 # a distillation from its last --snapshot-every checkpoint, the replies stage from its last written batch, an
@@ -90,6 +91,14 @@ evaluate() {  # MODEL NAME: the cards' suite and both long-QA sets, fp32
     --long-qa default --no-progress --out eval-$2 $EVAL_ARGS 2>&1 | tee -a eval-$2.log
 }
 
+long_qa() {  # MODEL NAME: the long-QA measure alone (minutes, where the full suite takes an hour or more), so each
+  # arm's answer to the study's question is in before its suite; the same items and settings as the suite's run
+  [ -f qa-$2/results.json ] && return
+  say "long-QA $2"
+  $SK eval "$1" --teacher smollm2-135m-instruct --long-qa default --tasks none --chat-conversations 0 \
+    --gen-prompts 0 --long-prompts 0 --floor --dtype float32 --no-progress --out qa-$2 2>&1 | tee -a qa-$2.log
+}
+
 arm() {  # N ARM
   local out=n$1-$2 shipped=smollm2-135m-instruct-swiftkv$([ "$1" = 15 ] && echo 50 || echo 25)
   local data="" tokens=$TOKENS; [ "$2" = mix ] && data=$MIX tokens=$MIX_TOKENS
@@ -100,6 +109,7 @@ arm() {  # N ARM
       --eval-every 100 --checkpoint-every 8 --snapshot-every 600 --teacher-data "$REPLIES" --reply-engine vllm \
       --out $out --json $out.json 2>&1 | tee -a $out.log
   fi
+  long_qa $out $out
   evaluate $out $out
 }
 
