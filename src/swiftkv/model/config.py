@@ -17,6 +17,7 @@ agree on it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub.dataclasses import strict
@@ -58,13 +59,21 @@ def head_dim_of(config) -> int:
 def is_sparse_layer(config, layer: int) -> bool:
     """Whether decoder layer `layer` holds an MoE block: the rule of transformers' and vLLM's Qwen-MoE layers
     (not in `mlp_only_layers`, experts configured, every `decoder_sparse_step`-th layer); every layer of
-    Mixtral (`num_local_experts`, none of those keys). Dense configs have no experts: no layer is sparse."""
+    Mixtral (`num_local_experts`, none of those keys); DeepSeek's from `first_k_dense_replace` on (its
+    `n_routed_experts` read as `num_experts` through the config's attribute map). Dense configs have no
+    experts: no layer is sparse."""
     experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
     return (
         experts > 0
         and layer not in (getattr(config, "mlp_only_layers", None) or [])
         and (layer + 1) % (getattr(config, "decoder_sparse_step", None) or 1) == 0
+        and layer >= (getattr(config, "first_k_dense_replace", None) or 0)
     )
+
+
+def has_latent_attention(config) -> bool:
+    """Whether the config's attention is multi-head latent attention (DeepSeek-V2/V3: a `kv_lora_rank`)."""
+    return getattr(config, "kv_lora_rank", None) is not None
 
 
 def num_key_value_layers_for(num_layers: int, swiftkv_fraction: float) -> int:
@@ -97,9 +106,19 @@ def add_legacy_rope_keys(folder) -> None:
     )
 
 
+# A dataclass of its own, so each family's config (which transformers makes a dataclass) inherits these fields
+# after its base config's: declared once for every family.
+@dataclass(repr=False, eq=False, init=False, kw_only=True)
 class SwiftKVConfigMixin:
-    """Derived SwiftKV geometry. Needs `num_hidden_layers`, `num_key_value_layers`, `key_value_group_size`
-    (each family's config declares those fields; the checks and the geometry live here once)."""
+    """The SwiftKV keys and their derived geometry, mixed into each family's base config. `swiftkv_trimmed`
+    marks checkpoints without the later layers' original q/k/v; `swiftkv_student_trained` names the later-layer
+    modules (e.g. "mlp") distilled for the student. Either kind can only run the student path."""
+
+    swiftkv: bool = False  # run the student path (True) or the teacher path (False)
+    num_key_value_layers: int | None = None  # N; None: not a SwiftKV model (`is_swiftkv`)
+    key_value_group_size: int = 1  # G
+    swiftkv_trimmed: bool = False
+    swiftkv_student_trained: list[str] | None = None
 
     def to_dict(self) -> dict:
         """Saved SwiftKV configs carry the legacy RoPE keys too (see `with_legacy_rope_keys`)."""
@@ -186,28 +205,16 @@ class SwiftKVConfigMixin:
 
 @strict
 class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
-    """LlamaConfig + SwiftKV keys. `swiftkv_trimmed` marks checkpoints without the later layers'
-    original q/k/v; `swiftkv_student_trained` names the later-layer modules (e.g. "mlp") distilled for
-    the student. Either kind can only run the student path."""
+    """LlamaConfig + the SwiftKV keys (`SwiftKVConfigMixin`)."""
 
     model_type = "llama_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
 
 @strict
 class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
-    """Qwen2Config + SwiftKV keys (see LlamaSwiftKVConfig)."""
+    """Qwen2Config + SwiftKV keys (`SwiftKVConfigMixin`)."""
 
     model_type = "qwen2_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
 
 # A fork of ArcticTraining writes another layout under model_type qwen3_swiftkv: a `kv_sharing_map`
@@ -217,16 +224,11 @@ FORK_LAYOUT_KEYS = ("kv_sharing_map",)
 
 @strict
 class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
-    """Qwen3Config + SwiftKV keys (see LlamaSwiftKVConfig), in the layout of ArcticTraining's qwen3
+    """Qwen3Config + SwiftKV keys (`SwiftKVConfigMixin`), in the layout of ArcticTraining's qwen3
     branch: later layers also carry `q_norm_swiftkv`, group owners `k_norm_swiftkv`. The fork layout
     (`kv_sharing_map`) is refused here, so no loader (transformers, vLLM) builds it with random weights."""
 
     model_type = "qwen3_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
     def __post_init__(self, **kwargs):
         fork = [key for key in FORK_LAYOUT_KEYS if key in kwargs or getattr(self, key, None) is not None]
@@ -247,39 +249,24 @@ class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
 
 @strict
 class Qwen3MoeSwiftKVConfig(SwiftKVConfigMixin, Qwen3MoeConfig):
-    """Qwen3MoeConfig + SwiftKV keys (see LlamaSwiftKVConfig); Qwen3's attention, so the student
+    """Qwen3MoeConfig + SwiftKV keys (`SwiftKVConfigMixin`); Qwen3's attention, so the student
     carries q_norm_swiftkv / k_norm_swiftkv as qwen3_swiftkv does."""
 
     model_type = "qwen3_moe_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
 
 @strict
 class Qwen2MoeSwiftKVConfig(SwiftKVConfigMixin, Qwen2MoeConfig):
-    """Qwen2MoeConfig + SwiftKV keys (see LlamaSwiftKVConfig); Qwen2's attention (q/k/v biases)."""
+    """Qwen2MoeConfig + SwiftKV keys (`SwiftKVConfigMixin`); Qwen2's attention (q/k/v biases)."""
 
     model_type = "qwen2_moe_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
 
 @strict
 class MixtralSwiftKVConfig(SwiftKVConfigMixin, MixtralConfig):
-    """MixtralConfig + SwiftKV keys (see LlamaSwiftKVConfig); Llama's attention."""
+    """MixtralConfig + SwiftKV keys (`SwiftKVConfigMixin`); Llama's attention."""
 
     model_type = "mixtral_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
 
 # Multi-head latent attention (DeepSeek): ArcticTraining's deepseek_v2_swiftkv config is DeepSeek's own
@@ -300,17 +287,12 @@ class DeepSeekLegacyRopeMixin:
 
 @strict
 class DeepseekV2SwiftKVConfig(DeepSeekLegacyRopeMixin, SwiftKVConfigMixin, DeepseekV2Config):
-    """DeepseekV2Config + SwiftKV keys (see LlamaSwiftKVConfig), in ArcticTraining's layout: later layers
+    """DeepseekV2Config + SwiftKV keys (`SwiftKVConfigMixin`), in ArcticTraining's layout: later layers
     carry `q_proj_swiftkv` (or `q_a_proj_swiftkv`, `q_a_layernorm_swiftkv`, `q_b_proj_swiftkv` when
     q_lora_rank is set), group owners `kv_a_proj_with_mqa_swiftkv`, `kv_a_layernorm_swiftkv`,
     `kv_b_proj_swiftkv` (`model.mla`)."""
 
     model_type = "deepseek_v2_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None
 
 
 @strict
@@ -318,8 +300,3 @@ class DeepseekV3SwiftKVConfig(DeepSeekLegacyRopeMixin, SwiftKVConfigMixin, Deeps
     """DeepseekV3Config + SwiftKV keys, with DeepSeek-V2's SwiftKV tensors (see DeepseekV2SwiftKVConfig)."""
 
     model_type = "deepseek_v3_swiftkv"
-    swiftkv: bool = False
-    num_key_value_layers: int | None = None
-    key_value_group_size: int = 1
-    swiftkv_trimmed: bool = False
-    swiftkv_student_trained: list[str] | None = None

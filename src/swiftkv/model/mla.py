@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.deepseek_v2.modeling_deepseek_v2 import eager_attention_forward
 
-from .modeling import SwiftKVModelMixin, apply_rope
+from .modeling import SwiftKVModelMixin, apply_rope, attend
 
 # The modules of a layer's query (by whether q_lora_rank is set) and of its latent; ArcticTraining names their
 # SwiftKV twins `<module>_swiftkv`. A later layer's teacher modules are dead weight for the student (--trim).
@@ -101,19 +99,7 @@ class SwiftKVLatentAttentionMixin:
         q_pass, q_rot = torch.split(query, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         query = torch.cat((q_pass, rope_rotate(q_rot, position_embeddings, self.rope_interleave)), dim=-1)
         key, value = swiftkv_kv
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        out, weights = attention(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
-        )
+        out, weights = attend(self, query, key, value, attention_mask, **kwargs)
         return self.o_proj(out.reshape(batch, seq, -1).contiguous()), weights
 
     def swiftkv_query(self, x: torch.Tensor) -> torch.Tensor:

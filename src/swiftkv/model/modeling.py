@@ -73,6 +73,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.unsqueeze(1) + rotate_half(x) * sin.unsqueeze(1)
 
 
+def attend(module: nn.Module, query, key, value, attention_mask, **kwargs):
+    """A later layer's attention over its group's K/V through the config's attention implementation (eager
+    where none is set), called as transformers' own attention layers call it; every family's student uses it."""
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(
+        module.config._attn_implementation, eager_attention_forward
+    )
+    return attention(
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=0.0 if not module.training else module.attention_dropout,
+        scaling=module.scaling,
+        **kwargs,
+    )
+
+
 def rows_to_keep(logits_to_keep: int | torch.Tensor) -> RowSelection:
     """Positions whose logits are wanted, as transformers' `logits_to_keep` means it (0 = all)."""
     if isinstance(logits_to_keep, int):
@@ -133,17 +151,12 @@ class SwiftKVAttentionMixin:
             query = self.q_norm_swiftkv(query)
         query = apply_rope(query.transpose(1, 2), *position_embeddings)
         key, value = swiftkv_kv
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        out, weights = attention(
+        out, weights = attend(
             self,
             query,
             key,
             value,
             attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
             sliding_window=getattr(self, "sliding_window", None),
             **kwargs,
         )
