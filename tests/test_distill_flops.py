@@ -25,7 +25,7 @@ from swiftkv.distill.trainer import prepare, rank_blocks, train_step
 from swiftkv.distill.world import World
 from swiftkv.metrics import attention_flops, distill_flops_per_token, layer_linear_flops, nominal_peak
 from swiftkv.model.modeling import student_selection
-from tests.tiny import MOE_ARCHS, tiny_student
+from tests.tiny import MLA_ARCHS, MOE_ARCHS, tiny_student
 
 aten = torch.ops.aten
 
@@ -111,7 +111,8 @@ def test_the_count_is_what_the_trainer_executes(case):
 
 
 # The MoE families train only the SwiftKV parameters (routers and experts frozen; lora and late copies are refused
-# for them). Their tiny students hold both MLP kinds: Qwen3-MoE's layer 1 and Qwen2-MoE's layer 4 are dense.
+# for them). Their tiny students hold both MLP kinds: Qwen3-MoE's layer 1, Qwen2-MoE's layer 4 and DeepSeek's layer 0
+# are dense.
 MOE_CASES = {
     "default recipe": (human_mask, {}),
     "reference recipe (MSE probe)": (human_mask, {"recipe": "reference", "batch_size": 2}),
@@ -122,10 +123,12 @@ MOE_CASES = {
 }
 
 
-@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.parametrize("arch", (*MOE_ARCHS, *MLA_ARCHS))
 @pytest.mark.parametrize("case", MOE_CASES)
 def test_the_moe_count_is_what_the_trainer_executes(arch, case):
-    """Per routed token: the router, top-k experts and Qwen2-MoE's shared expert and gate (`metrics.mlp_flops`).
+    """Per routed token: the router, top-k experts and Qwen2-MoE's shared expert and gate, DeepSeek's shared
+    experts (`metrics.mlp_flops`); DeepSeek's latent attention (`metrics.latent_attention_flops`): the query
+    without and with q_lora_rank, each group's latent decompressed once for every token.
     Equal to the FLOP: the router is ~1% of an expert here and the shared gate less, so a 3% tolerance could not
     tell a count that leaves them out."""
     mask, given = MOE_CASES[case]

@@ -1,7 +1,8 @@
 """The prefill FLOP count (`metrics.prefill_layers_flops`, behind `prefill_flops_per_token`, the bench's bound and
 `prefill_compute_saving`) against torch's own op count around real prefills of tiny models: transformers' plain
 teacher, and the HF SwiftKV student with its prefill skip (`logits_to_keep=1`: the later layers run on the last
-row only). Dense and Mixture-of-Experts families; the experts run through transformers' default `grouped_mm`
+row only). Dense and Mixture-of-Experts families, and DeepSeek's latent attention (both query layouts, a dense
+first layer, shared experts); the experts run through transformers' default `grouped_mm`
 kernel, counted by the distillation test's formula for it (`GROUPED_MM`). Attention runs on SDPA's math kernel,
 which computes every key of every query: the count is taken at `keys = prompt length` here, where the bench
 takes the causal average."""
@@ -20,7 +21,7 @@ from swiftkv.metrics import (
 )
 from swiftkv.model.config import is_swiftkv
 from tests.test_distill_flops import GROUPED_MM
-from tests.tiny import MOE_ARCHS, random_student
+from tests.tiny import MLA_ARCHS, MOE_ARCHS, random_student
 
 PROMPT = 48
 N = 3
@@ -51,7 +52,7 @@ def one_row(config) -> float:
     )
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", *MOE_ARCHS])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", *MOE_ARCHS, *MLA_ARCHS])
 def test_the_prefill_count_is_what_the_teacher_and_the_student_execute(arch):
     teacher, student = random_student(arch, N)
     for model in (teacher, student):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .model.config import head_dim_of, is_sparse_layer, is_swiftkv
+from .model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] -> logits [M, V] (lm_head)
 
@@ -74,24 +74,39 @@ def gated_mlp_flops(hidden: int, width: int) -> int:
 def mlp_flops(config, layer: int) -> int:
     """FLOPs per token of decoder layer `layer`'s MLP as it runs, the one definition every count uses. A dense
     MLP: its three projections at `intermediate_size`. An MoE block (`is_sparse_layer`): its router (hidden x
-    experts), the `num_experts_per_tok` experts each token is routed to (the experts' width is
-    `moe_intermediate_size`, Mixtral's `intermediate_size`), and a shared expert with its one-output gate where
-    the config has one (Qwen2-MoE's `shared_expert_intermediate_size`). The experts a token is not routed to
-    run nothing for it, whatever the kernel (transformers' grouped or per-expert loop, vLLM's fused MoE)."""
+    experts), the `num_experts_per_tok` experts each token is routed to and a shared expert where the config has
+    one (`mlp_token_width`), and Qwen2-MoE's one-output gate on its shared expert. The experts a token is not
+    routed to run nothing for it, whatever the kernel (transformers' grouped or per-expert loop, vLLM's fused MoE)."""
     hidden = config.hidden_size
+    flops = gated_mlp_flops(hidden, mlp_token_width(config, layer))
     if not is_sparse_layer(config, layer):
-        return gated_mlp_flops(hidden, config.intermediate_size)
+        return flops
     experts = getattr(config, "num_experts", None) or config.num_local_experts
+    router = 2 * hidden * experts
+    shared_gate = 2 * hidden if getattr(config, "shared_expert_intermediate_size", None) is not None else 0
+    return flops + router + shared_gate
+
+
+def mlp_token_width(config, layer: int) -> int:
+    """The inner width one token's pass through layer `layer`'s MLP spans: `intermediate_size` for a dense MLP;
+    for an MoE block the `num_experts_per_tok` routed experts' widths (`moe_intermediate_size`, Mixtral's
+    `intermediate_size`) plus its shared expert's (Qwen2-MoE's `shared_expert_intermediate_size`, DeepSeek's
+    `n_shared_experts` experts as one MLP). What its gated projections compute (`mlp_flops`) and what their
+    activations hold (`distill.plan`) scale with it."""
+    if not is_sparse_layer(config, layer):
+        return config.intermediate_size
     width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    flops = 2 * hidden * experts + config.num_experts_per_tok * gated_mlp_flops(hidden, width)
-    shared = getattr(config, "shared_expert_intermediate_size", None)
-    if shared is not None:
-        flops += gated_mlp_flops(hidden, shared) + 2 * hidden
-    return flops
+    shared = getattr(config, "shared_expert_intermediate_size", None) or (
+        (getattr(config, "n_shared_experts", None) or 0) * width
+    )
+    return config.num_experts_per_tok * width + shared
 
 
 def layer_linear_flops(config, layer: int) -> dict[str, int]:
-    """Multiply-accumulates x 2 per token of decoder layer `layer`'s projections (its MLP: `mlp_flops`)."""
+    """Multiply-accumulates x 2 per token of decoder layer `layer`'s projections: the query, the K/V (for every
+    token: the teacher's own, or an AcrossKV group's from s), o_proj, and the MLP (`mlp_flops`)."""
+    if has_latent_attention(config):
+        return {**latent_attention_flops(config), "mlp": mlp_flops(config, layer)}
     head_dim = head_dim_of(config)
     q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
     hidden = config.hidden_size
@@ -103,8 +118,25 @@ def layer_linear_flops(config, layer: int) -> dict[str, int]:
     }
 
 
+def latent_attention_flops(config) -> dict[str, int]:
+    """Multi-head latent attention's projections (DeepSeek), as transformers' models and the SwiftKV student
+    (`model.mla`) run them on every token: the query through q_proj, or q_a_proj then q_b_proj when
+    `q_lora_rank` is set; the latent (kv_a_proj_with_mqa: `kv_lora_rank` plus the shared RoPE key) and its
+    decompression into every head's K part and V (kv_b_proj); o_proj from the heads' V width."""
+    hidden, heads, rank = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
+    q = heads * (config.qk_nope_head_dim + config.qk_rope_head_dim)
+    query = 2 * hidden * q if config.q_lora_rank is None else 2 * config.q_lora_rank * (hidden + q)
+    latent = 2 * hidden * (rank + config.qk_rope_head_dim)
+    decompress = 2 * rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
+    return {"q": query, "kv": latent + decompress, "o": 2 * heads * config.v_head_dim * hidden}
+
+
 def attention_flops(config, keys: float) -> float:
-    """QK^T and AV FLOPs of one query token over `keys` keys, one layer."""
+    """QK^T and AV FLOPs of one query token over `keys` keys, one layer (MLA: its q/k heads are
+    qk_nope + qk_rope wide, its V heads `v_head_dim`)."""
+    if has_latent_attention(config):
+        widths = config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
+        return 2 * config.num_attention_heads * widths * keys
     return 2 * 2 * config.num_attention_heads * head_dim_of(config) * keys
 
 
@@ -189,7 +221,10 @@ def micro_batch_flops(config, micro: MicroBatch, paths: StepPaths) -> float:
     teacher_later = sum(full[n:]) * tokens
     student = sum(student_layer_flops(config, i, attention, paths) for i in range(n, layers)) * queries
     q_input_grads = layers - n - 1 + (paths.trainable == "late-norms")
-    student += q_input_grads * shared["q"] * queries + 3 * config.num_kv_groups * shared["kv"] * tokens
+    # a low-rank query (MLA's q_a -> q_b) passes its gradient to q_a's output at layer N too, where q_a is trained
+    layer_n_q_grad = 0 if q_input_grads == layers - n else query_second_factor_flops(config)
+    student += (q_input_grads * shared["q"] + layer_n_q_grad) * queries
+    student += 3 * config.num_kv_groups * shared["kv"] * tokens
     head = 3 * 2 * config.hidden_size * config.vocab_size * micro.rows
     return prefix + teacher_later + student + head
 
@@ -208,18 +243,33 @@ def student_layer_flops(config, layer: int, attention: float, paths: StepPaths) 
     return forward + (forward - last_matmul_flops(config, layer, paths) if paths.recompute else 0) + backward
 
 
+def query_second_factor_flops(config) -> int:
+    """FLOPs per token of a low-rank query's second factor (MLA's q_b_proj when `q_lora_rank` is set; else 0)."""
+    if not has_latent_attention(config) or config.q_lora_rank is None:
+        return 0
+    return (
+        2
+        * config.q_lora_rank
+        * config.num_attention_heads
+        * (config.qk_nope_head_dim + config.qk_rope_head_dim)
+    )
+
+
 def last_matmul_flops(config, layer: int, paths: StepPaths) -> float:
     """FLOPs of layer `layer`'s last matmul, which torch's checkpoint does not run again: it stops recomputing
     once the last tensor the backward reads is back. A dense MLP's down_proj (or with adapters the down
-    adapter's second factor); none in an MoE block, whose last matmul's output the routing weights' (and the
-    shared gate's) product keeps for the router's gradient, so it is recomputed."""
+    adapter's second factor). In an MoE block the routing weights' (and Qwen2-MoE's shared gate's) product keeps
+    the experts' output for the router's gradient, so they are recomputed; DeepSeek's shared experts, ungated,
+    run last, and their down projection's output is only added."""
     if paths.trainable == "lora":
         return 2 * paths.lora_rank * config.hidden_size
-    return (
-        0
-        if is_sparse_layer(config, layer)
-        else gated_mlp_flops(config.hidden_size, config.intermediate_size) / 3
+    if not is_sparse_layer(config, layer):
+        return gated_mlp_flops(config.hidden_size, config.intermediate_size) / 3
+    ungated = getattr(config, "shared_expert_intermediate_size", None) is None
+    shared = (getattr(config, "n_shared_experts", None) or 0) * (
+        getattr(config, "moe_intermediate_size", None) or 0
     )
+    return gated_mlp_flops(config.hidden_size, shared) / 3 if ungated else 0
 
 
 def distill_flops_per_token(config, micro_batches: Iterable[MicroBatch], paths: StepPaths) -> float:
