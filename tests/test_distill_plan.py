@@ -14,7 +14,7 @@ from swiftkv.distill.speed import HOURS_PER_100M, random_blocks
 from swiftkv.distill.trainable import install
 from swiftkv.model.surgery import swiftkv_config
 from swiftkv.sources import load_model
-from tests.tiny import random_chats, random_teacher, save_tiny_folder, write_jsonl
+from tests.tiny import random_chats, random_student, random_teacher, save_tiny_folder, write_jsonl
 
 
 def config_only(tmp_path, name="config-only"):
@@ -37,6 +37,8 @@ def test_plan_needs_only_the_config_and_shards_what_fsdp_shards(tmp_path, capsys
         "--plan",
         "--world-size",
         "4",
+        "--batch-size",
+        "8",
         "--seq-len",
         "64",
         "--dtype",
@@ -91,6 +93,8 @@ def test_a_plan_that_does_not_fit_says_by_how_much_and_what_would(tmp_path, caps
         "--plan",
         "--world-size",
         "2",
+        "--batch-size",
+        "8",
         "--seq-len",
         "128",
         "--micro-batch",
@@ -183,3 +187,66 @@ def test_the_time_plan_runs_the_reference_recipes_hidden_state_probe(tmp_path):
     for recipe in ("reference", "reference-large"):
         result = plan(tmp_path, only, "--plan", "--recipe", recipe, "--seq-len", "64", "--dtype", "float32")
         assert result["time"]["tokens_per_s"] > 0 and "3 layers (1 early, 2 later)" in result["time"]["timed"]
+
+
+def test_a_plan_refuses_a_batch_the_world_cannot_split_as_the_run_would(tmp_path, capsys):
+    _, only = config_only(tmp_path)
+    args = ["distill", str(only), "--plan", "--plan-steps", "0", "--seq-len", "64"]
+    assert main([*args, "--world-size", "3", "--batch-size", "4"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "--batch-size 4" in errors[0] and "3 process(es)" in errors[0], errors
+    assert main([*args, "--world-size", "0"]) == 2
+    assert "--world-size 0" in capsys.readouterr().err
+    assert main([*args, "--world-size", "3", "--batch-size", "6", "--json", str(tmp_path / "p.json")]) == 0
+
+
+def saved_activation_bytes(module, *inputs) -> int:
+    """Bytes of the tensors autograd keeps for `module`'s backward (each storage once, parameters left out)."""
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        module(*inputs)
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    return sum(size for pointer, size in kept.items() if pointer not in params)
+
+
+# MoE blocks whose routed width (experts per token x their width, plus a shared expert) is far from
+# `intermediate_size` (128 in the tiny shape), the width a dense count would take.
+ROUTED_SHAPES = {
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=4, moe_intermediate_size=96),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=4, moe_intermediate_size=64),
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=4, intermediate_size=96),
+    "deepseek_v2": dict(
+        n_routed_experts=8, num_experts_per_tok=4, moe_intermediate_size=64, n_group=1, topk_group=1
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", *ROUTED_SHAPES])
+def test_the_plans_mlp_activations_cover_what_autograd_keeps(arch):
+    """A later layer's MLP with its weights frozen (as distillation keeps them) on 512 tokens: the bytes autograd
+    saves for its input gradient, per token, against the plan's MLP share of `layer_saved_bytes` (what the layer
+    keeps less its norms' and attention's). The plan's gated MLP keeps 4 values per inner unit, one more than a
+    frozen MLP does (the down projection's input, which adapters on it keep): it covers what autograd keeps and
+    over-plans by at most that. An MoE block keeps the routed experts' activations, so the plan counts them by
+    `mlp_token_width`; counted at `intermediate_size` it would plan less than autograd keeps."""
+    from swiftkv.distill.plan import layer_saved_bytes
+    from swiftkv.metrics import mlp_token_width
+
+    _, student = random_student(arch, 3, **ROUTED_SHAPES.get(arch, {}))
+    config, layer, tokens = student.config, 5, 512  # a sparse layer in every MoE tiny shape
+    mlp = student.model.layers[layer].mlp.requires_grad_(False)
+    x = torch.randn(1, tokens, config.hidden_size, requires_grad=True)
+    measured = saved_activation_bytes(mlp, x) / tokens
+    hidden, a = config.hidden_size, 4
+    planned = layer_saved_bytes(config, layer, a, tokens, "cuda") - 2 * (4 + a) * hidden - 2 * a * hidden
+    print(f"{arch}: MLP keeps {measured:.0f} bytes per token, planned {planned:.0f}")
+    assert 0.7 < measured / planned <= 1.0, (arch, measured, planned)  # measured: 0.75 dense, 0.82-0.90 MoE
+    if arch != "llama":
+        at_dense_width = planned - 4 * a * (mlp_token_width(config, layer) - config.intermediate_size)
+        assert measured > 1.3 * at_dense_width, (arch, measured, at_dense_width)

@@ -13,8 +13,11 @@ reduction buckets.
 
 Activations, per token of a micro-batch (B x S), with `a` the compute dtype's bytes: the student's later
 layers keep what their backward reads: two RMSNorms (their fp32 input and output in `a`: 2 x (4 + a) H),
-attention's query and output (2aH), the MLP's gate, up, activation and product (4aI); each AcrossKV group
-keeps its K and V (2a KV), and norm_swiftkv(h_N) its input and output ((4 + a) H). With activation
+attention's query and output (2aH), the MLP's gate, up, activation and product (4aI, I the width a token's
+pass spans: an MoE block's routed experts and shared expert, which also keeps its router's logits and
+probabilities ((a + 4) E) and the routed copies of its input (k aH)); each AcrossKV group
+keeps its K and V (2a KV; under DeepSeek's latent attention its latent and every head's K and V), and
+norm_swiftkv(h_N) its input and output ((4 + a) H). With activation
 checkpointing a later layer keeps only its input (aH) and one layer is recomputed at a time. The teacher
 and the early layers run without grad: one layer's intermediates at a time. On a CPU, masked attention takes the math path,
 which keeps each later layer's attention probabilities (heads x S per token); CUDA's kernels keep none. The
@@ -36,7 +39,8 @@ from transformers import AutoConfig
 
 from ..dtypes import DTYPE_NAMES, resolve_dtype
 from ..files import write_atomic
-from ..model.config import is_swiftkv
+from ..metrics import mlp_token_width
+from ..model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv
 from ..model.surgery import swiftkv_config
 from ..sources import SourceLike, open_source
 from . import microbatch, sharded_start, trainable
@@ -163,21 +167,39 @@ def activation_bytes(
 ) -> float:
     """See the module docstring."""
     tokens = seq_len * micro_batch
-    hidden, inner = config.hidden_size, config.intermediate_size
-    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
-    kv = config.num_key_value_heads * head_dim
-    later = config.num_hidden_layers - config.num_key_value_layers
-    layer_saved = 2 * (4 + a) * hidden + 2 * a * hidden + 4 * a * inner
-    if device == "cpu":  # the math path of masked attention keeps each layer's probabilities
-        layer_saved += config.num_attention_heads * seq_len * a
-    shared = config.num_kv_groups * 2 * a * kv + (4 + a) * hidden
-    kept = (later * a * hidden + layer_saved) if activation_checkpointing else later * layer_saved
+    hidden = config.hidden_size
+    saved = [layer_saved_bytes(config, i, a, seq_len, device) for i in config.later_layers]
+    shared = config.num_kv_groups * a * group_kv_values(config) + (4 + a) * hidden
+    kept = (len(saved) * a * hidden + max(saved)) if activation_checkpointing else sum(saved)
     masks = 2 * micro_batch * seq_len * seq_len * a
     rows = tokens * 2 * a * hidden  # the final hidden rows of teacher and student
     loss_chunk = (
         LOSS_CHUNK_COPIES * 4 * min(chunk_rows, tokens) * config.vocab_size
     )  # beside the kept activations
     return tokens * (kept + shared) + rows + masks + loss_chunk
+
+
+def group_kv_values(config) -> int:
+    """Values per token an AcrossKV group keeps for its layers' backward: K and V of each K/V head; under
+    multi-head latent attention (DeepSeek) its latent and every head's decompressed K and V."""
+    if not has_latent_attention(config):
+        return 2 * config.num_key_value_heads * head_dim_of(config)
+    head = config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
+    return config.kv_lora_rank + config.qk_rope_head_dim + config.num_attention_heads * head
+
+
+def layer_saved_bytes(config, layer: int, a: int, seq_len: int, device: str) -> int:
+    """Bytes per token that later layer `layer` keeps for its backward (see the module docstring). An MoE
+    block's gated activations span the experts a token is routed to (`mlp_token_width`), and it also keeps
+    the router's logits and probabilities and each routed copy of its input."""
+    hidden = config.hidden_size
+    saved = 2 * (4 + a) * hidden + 2 * a * hidden + 4 * a * mlp_token_width(config, layer)
+    if is_sparse_layer(config, layer):
+        experts = getattr(config, "num_experts", None) or config.num_local_experts
+        saved += (a + 4) * experts + config.num_experts_per_tok * a * hidden
+    if device == "cpu":  # the math path of masked attention keeps each layer's probabilities
+        saved += config.num_attention_heads * seq_len * a
+    return saved
 
 
 @dataclass(frozen=True)
@@ -326,6 +348,9 @@ def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> 
     """`swiftkv distill SRC --plan`: the memory per process of DDP and of FSDP at the world size (or only
     FSDP's with --fsdp) on the planned device, whether the run's fits its memory and what would, and the time
     on this machine's device (`speed.time_plan`); printed, and written as JSON to `json_path`."""
+    if request.world_size < 1:
+        raise ValueError(f"--world-size {request.world_size}: expected a number of processes, 1 or more")
+    settings.check_batch_split(request.world_size)  # as the run itself would, before anything is built
     dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
     config = plan_config(settings.source, request.num_key_value_layers, request.key_value_group_size)
     model = meta_model(config, settings.trainable, settings.lora_rank)
