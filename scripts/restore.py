@@ -6,7 +6,8 @@
 Each entry of docs/artifacts.json names a path, the commit that still holds it, its sha256 and its size. The
 blob is read from git history, its sha256 checked before anything is written, and the file written to a
 temporary name beside its place and then renamed: a mismatch, a commit this clone lacks (a shallow clone)
-or a path the manifest does not list is one error, and nothing is written.
+or a path the manifest does not list is one error, and nothing is written. A file restored into the clone is
+listed in its .git/info/exclude, so `git status` and commits leave it out.
 """
 
 from __future__ import annotations
@@ -70,7 +71,27 @@ def restore(path: str, root: Path = ROOT, manifest: Path = MANIFEST, into: Path 
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+    if into is None:
+        exclude_locally(root, path)
     return target
+
+
+def exclude_locally(root: Path, path: str) -> None:
+    """List a restored `path` in the clone's own exclude file (.git/info/exclude, never committed), so it stays out
+    of `git status` and of commits: it is in history already, and committing it again would undo its leaving."""
+    found = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--git-path", "info/exclude"], capture_output=True, text=True
+    )
+    if found.returncode:
+        return  # not a git checkout: nothing to keep it out of
+    exclude = Path(found.stdout.strip())
+    exclude = exclude if exclude.is_absolute() else root / exclude
+    line = f"/{path}"
+    listed = exclude.read_text().splitlines() if exclude.exists() else []
+    if line not in listed:
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with exclude.open("a") as handle:
+            handle.write(f"{line}\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -129,3 +129,32 @@ def test_the_shipped_n15_student_rebuilds_from_its_restored_parents(restored_stu
     made, kept = stored_deltas(rebuilt), stored_deltas(tensors)
     worst = max(float((made[name] - change).norm() / change.norm()) for name, change in kept.items())
     assert worst < 1e-3, f"a rebuilt change is {worst:.1e} of its norm from the shipped one"
+
+
+def test_a_file_restored_into_its_clone_stays_out_of_git_status(tmp_path):
+    """A clone whose history holds a file that left the tree: the restored file is listed in the clone's own
+    .git/info/exclude (once, however often it is restored), so `git status` does not offer it for a commit."""
+    repo = tmp_path / "clone"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "big.bin").write_bytes(b"weights")
+    subprocess.run([*git, "add", "docs"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "add"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    subprocess.run([*git, "rm", "-q", "docs/big.bin"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "leave"], check=True)
+    entry = {
+        "path": "docs/big.bin",
+        "commit": commit,
+        "sha256": hashlib.sha256(b"weights").hexdigest(),
+        "bytes": 7,
+    }
+    manifest = tmp_path / "artifacts.json"
+    manifest.write_text(json.dumps({"artifacts": [entry]}))
+    for _ in range(2):
+        restore.restore("docs/big.bin", root=repo, manifest=manifest)
+    assert (repo / "docs" / "big.bin").read_bytes() == b"weights"
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert status == ""
+    assert (repo / ".git" / "info" / "exclude").read_text().splitlines().count("/docs/big.bin") == 1
