@@ -428,20 +428,38 @@ def test_eval_chat_agreement_and_generate_command(tmp_path, arch, capsys):
     assert streamed.strip() == expected.strip()
 
 
-@pytest.mark.slow  # two torchrun processes
-def test_two_fsdp_processes_equal_the_one_process_run(tmp_path):
-    """--fsdp shards the MoE decoder layers (fused 3-D experts included), each process reading its own experts
-    from the per-expert files (distill/sharded_start.py); two processes follow the one-process run within the
-    rounding that regrouping the sums alone causes."""
+@pytest.fixture(scope="module", params=MOE_ARCHS)
+def one_process_run(request, tmp_path_factory):
+    """Each MoE family's student distilled in one process, and how far regrouping its sums alone moves it (the
+    yardstick of both sharded runs)."""
     from tests.test_distill_cli import distill_args
-    from tests.test_distill_fsdp import assert_same_run, regrouping_noise, torchrun
+    from tests.test_distill_fsdp import regrouping_noise
 
-    folder = moe_student_folder(tmp_path, "qwen3_moe")
+    tmp_path = tmp_path_factory.mktemp(f"{request.param}-run")
+    folder = moe_student_folder(tmp_path, request.param)
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=7))
-    one, two = tmp_path / "one", tmp_path / "two"
+    one = tmp_path / "one"
     assert main(distill_args(folder, data, one, "--json", f"{one}.json")) == 0
-    torchrun(2, distill_args(folder, data, two, "--fsdp", "--json", f"{two}.json"))
-    assert_same_run(one, two, regrouping_noise(folder, data, one))
+    return folder, data, one, regrouping_noise(folder, data, one)
+
+
+@pytest.mark.slow  # two torchrun processes
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_processes_equal_the_one_process_run(one_process_run, sharding):
+    """Two processes under DDP (gloo; each holds the whole model, the gradients averaged) and under --fsdp (the MoE
+    decoder layers sharded, fused 3-D experts included, each process reading its own experts from the per-expert
+    files: distill/sharded_start.py) follow the one-process run within the rounding that regrouping the sums
+    alone causes, and change only SwiftKV tensors (routers, experts and Qwen2-MoE's shared expert stay frozen)."""
+    from tests.test_distill_cli import distill_args
+    from tests.test_distill_fsdp import assert_same_run, torchrun
+
+    folder, data, one, noise = one_process_run
+    two = one.parent / f"two-{sharding}"
+    torchrun(
+        2,
+        distill_args(folder, data, two, *(["--fsdp"] if sharding == "fsdp" else []), "--json", f"{two}.json"),
+    )
+    assert_same_run(one, two, noise)
     source, written = load_file(folder / "model.safetensors"), load_file(two / "model.safetensors")
     changed = {name for name in written if not torch.equal(written[name], source[name])}
     assert changed and all("swiftkv" in name for name in changed)
