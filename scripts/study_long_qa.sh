@@ -27,7 +27,8 @@
 # the mix's blocks leave about a tenth of their room to filler and cut tails, and it asks for more tokens to train
 # as many steps: 978), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
 # options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from; the
-# default, the shipped students' every-turn replies, is restored from the repository's history when missing), ROOT.
+# default, the shipped students' every-turn replies, is restored from the repository's history when missing), QA_SEED
+# (the teacher's replies to the mix's passage-QA prompts, appended to the seed), ROOT.
 # Bash reads a script as it runs it, so a long study runs a copy: cp scripts/study_long_qa.sh STUDY/ and
 #   ROOT=$PWD STUDY=... nohup nice -n 19 bash STUDY/study_long_qa.sh > STUDY/study.log 2>&1 &
 set -euo pipefail
@@ -39,6 +40,7 @@ QA_SHARE=${QA_SHARE:-0.5}
 PY=${PY:-$ROOT/.venv/bin/python}
 EVAL_ARGS=${EVAL_ARGS:-}
 REPLIES_SEED=${REPLIES_SEED:-$ROOT/docs/distill-study/replies-every-ids.jsonl.xz}
+QA_SEED=${QA_SEED:-$ROOT/docs/distill-study/long-qa/replies-qa-mix-ids.jsonl.xz}
 SEQ_LEN=2048 REPLY_TOKENS=64
 REPLIES=$STUDY/replies.jsonl
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -71,6 +73,9 @@ setup() {
       (cd "$ROOT" && "$PY" scripts/restore.py "$listed")
     fi
     if [ -f "$REPLIES_SEED" ]; then xz -dc "$REPLIES_SEED" > "$REPLIES.tmp"; else : > "$REPLIES.tmp"; fi
+    # the teacher's replies to the mix's passage-QA prompts, as the replies step wrote them before (1,024; about
+    # 25 minutes on 2 cores): a prompt they do not answer (another data code) is written again by that step
+    if [ -f "$QA_SEED" ]; then xz -dc "$QA_SEED" >> "$REPLIES.tmp"; fi
     mv "$REPLIES.tmp" "$REPLIES"
     say "replies seeded: $(wc -l < "$REPLIES") records"
   fi
