@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv
+from .model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # final hidden rows [M, H] -> logits [M, V] (lm_head)
 
@@ -81,9 +81,8 @@ def mlp_flops(config, layer: int) -> int:
     flops = gated_mlp_flops(hidden, mlp_token_width(config, layer))
     if not is_sparse_layer(config, layer):
         return flops
-    experts = getattr(config, "num_experts", None) or config.num_local_experts
-    router = 2 * hidden * experts
-    shared_gate = 2 * hidden if getattr(config, "shared_expert_intermediate_size", None) is not None else 0
+    router = 2 * hidden * routed_experts(config)
+    shared_gate = 2 * hidden if has_shared_expert_gate(config) else 0
     return flops + router + shared_gate
 
 
@@ -95,11 +94,24 @@ def mlp_token_width(config, layer: int) -> int:
     activations hold (`distill.plan`) scale with it."""
     if not is_sparse_layer(config, layer):
         return config.intermediate_size
-    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    shared = getattr(config, "shared_expert_intermediate_size", None) or (
-        (getattr(config, "n_shared_experts", None) or 0) * width
-    )
-    return config.num_experts_per_tok * width + shared
+    return config.num_experts_per_tok * expert_width(config) + shared_expert_width(config)
+
+
+def expert_width(config) -> int:
+    """One routed expert's inner width: `moe_intermediate_size`, Mixtral's `intermediate_size`."""
+    return getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+
+
+def shared_expert_width(config) -> int:
+    """The inner width of an MoE block's shared expert: Qwen2-MoE's `shared_expert_intermediate_size`, DeepSeek's
+    `n_shared_experts` experts run as one MLP; 0 where there is none."""
+    sized = getattr(config, "shared_expert_intermediate_size", None)
+    return sized or (getattr(config, "n_shared_experts", None) or 0) * expert_width(config)
+
+
+def has_shared_expert_gate(config) -> bool:
+    """Whether the shared expert's output passes a one-output gate (Qwen2-MoE); DeepSeek's is added ungated."""
+    return getattr(config, "shared_expert_intermediate_size", None) is not None
 
 
 def layer_linear_flops(config, layer: int) -> dict[str, int]:
@@ -124,8 +136,10 @@ def latent_attention_flops(config) -> dict[str, int]:
     `q_lora_rank` is set; the latent (kv_a_proj_with_mqa: `kv_lora_rank` plus the shared RoPE key) and its
     decompression into every head's K part and V (kv_b_proj); o_proj from the heads' V width."""
     hidden, heads, rank = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
-    q = heads * (config.qk_nope_head_dim + config.qk_rope_head_dim)
-    query = 2 * hidden * q if config.q_lora_rank is None else 2 * config.q_lora_rank * (hidden + q)
+    if config.q_lora_rank is None:
+        query = 2 * hidden * heads * config.qk_head_dim
+    else:
+        query = 2 * hidden * config.q_lora_rank + query_second_factor_flops(config)
     latent = 2 * hidden * (rank + config.qk_rope_head_dim)
     decompress = 2 * rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
     return {"q": query, "kv": latent + decompress, "o": 2 * heads * config.v_head_dim * hidden}
@@ -135,8 +149,7 @@ def attention_flops(config, keys: float) -> float:
     """QK^T and AV FLOPs of one query token over `keys` keys, one layer (MLA: its q/k heads are
     qk_nope + qk_rope wide, its V heads `v_head_dim`)."""
     if has_latent_attention(config):
-        widths = config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
-        return 2 * config.num_attention_heads * widths * keys
+        return 2 * config.num_attention_heads * (config.qk_head_dim + config.v_head_dim) * keys
     return 2 * 2 * config.num_attention_heads * head_dim_of(config) * keys
 
 
@@ -247,12 +260,7 @@ def query_second_factor_flops(config) -> int:
     """FLOPs per token of a low-rank query's second factor (MLA's q_b_proj when `q_lora_rank` is set; else 0)."""
     if not has_latent_attention(config) or config.q_lora_rank is None:
         return 0
-    return (
-        2
-        * config.q_lora_rank
-        * config.num_attention_heads
-        * (config.qk_nope_head_dim + config.qk_rope_head_dim)
-    )
+    return 2 * config.q_lora_rank * config.num_attention_heads * config.qk_head_dim
 
 
 def last_matmul_flops(config, layer: int, paths: StepPaths) -> float:
@@ -265,11 +273,9 @@ def last_matmul_flops(config, layer: int, paths: StepPaths) -> float:
         return 2 * paths.lora_rank * config.hidden_size
     if not is_sparse_layer(config, layer):
         return gated_mlp_flops(config.hidden_size, config.intermediate_size) / 3
-    ungated = getattr(config, "shared_expert_intermediate_size", None) is None
-    shared = (getattr(config, "n_shared_experts", None) or 0) * (
-        getattr(config, "moe_intermediate_size", None) or 0
-    )
-    return gated_mlp_flops(config.hidden_size, shared) / 3 if ungated else 0
+    if has_shared_expert_gate(config):
+        return 0
+    return gated_mlp_flops(config.hidden_size, shared_expert_width(config)) / 3
 
 
 def distill_flops_per_token(config, micro_batches: Iterable[MicroBatch], paths: StepPaths) -> float:

@@ -40,7 +40,7 @@ from transformers import AutoConfig
 from ..dtypes import DTYPE_NAMES, resolve_dtype
 from ..files import write_atomic
 from ..metrics import mlp_token_width
-from ..model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv
+from ..model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
 from ..model.surgery import swiftkv_config
 from ..sources import SourceLike, open_source
 from . import microbatch, sharded_start, trainable
@@ -184,7 +184,7 @@ def group_kv_values(config) -> int:
     multi-head latent attention (DeepSeek) its latent and every head's decompressed K and V."""
     if not has_latent_attention(config):
         return 2 * config.num_key_value_heads * head_dim_of(config)
-    head = config.qk_nope_head_dim + config.qk_rope_head_dim + config.v_head_dim
+    head = config.qk_head_dim + config.v_head_dim
     return config.kv_lora_rank + config.qk_rope_head_dim + config.num_attention_heads * head
 
 
@@ -195,8 +195,7 @@ def layer_saved_bytes(config, layer: int, a: int, seq_len: int, device: str) -> 
     hidden = config.hidden_size
     saved = 2 * (4 + a) * hidden + 2 * a * hidden + 4 * a * mlp_token_width(config, layer)
     if is_sparse_layer(config, layer):
-        experts = getattr(config, "num_experts", None) or config.num_local_experts
-        saved += (a + 4) * experts + config.num_experts_per_tok * a * hidden
+        saved += (a + 4) * routed_experts(config) + config.num_experts_per_tok * a * hidden
     if device == "cpu":  # the math path of masked attention keeps each layer's probabilities
         saved += config.num_attention_heads * seq_len * a
     return saved

@@ -62,13 +62,18 @@ def is_sparse_layer(config, layer: int) -> bool:
     Mixtral (`num_local_experts`, none of those keys); DeepSeek's from `first_k_dense_replace` on (its
     `n_routed_experts` read as `num_experts` through the config's attribute map). Dense configs have no
     experts: no layer is sparse."""
-    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
     return (
-        experts > 0
+        routed_experts(config) > 0
         and layer not in (getattr(config, "mlp_only_layers", None) or [])
         and (layer + 1) % (getattr(config, "decoder_sparse_step", None) or 1) == 0
         and layer >= (getattr(config, "first_k_dense_replace", None) or 0)
     )
+
+
+def routed_experts(config) -> int:
+    """How many experts an MoE block routes among (Qwen-MoE's `num_experts`, Mixtral's `num_local_experts`,
+    DeepSeek's `n_routed_experts` through its config's attribute map); 0 for a dense config."""
+    return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
 
 
 def has_latent_attention(config) -> bool:
