@@ -6,7 +6,7 @@ import pytest
 
 from swiftkv.evaluate.chat import first_divergence
 from swiftkv.evaluate.harness import available_tasks, parse_limits, parse_tasks
-from swiftkv.evaluate.report import paired_greedy_table
+from swiftkv.evaluate.report import paired_greedy_table, paired_long_qa_table
 from swiftkv.evaluate.stats import mcnemar_exact_p, paired_comparison, paired_divergences, paired_runs
 from swiftkv.results import StudentResult, TaskResult
 
@@ -147,3 +147,35 @@ def test_paired_greedy_table_pairs_two_runs_prompt_by_prompt():
     assert paired_greedy_table(greedy_student(None, None), after) == []  # an older run: no per-prompt record
     with pytest.raises(ValueError, match="answers of 32 and 64 tokens"):
         paired_greedy_table(before, greedy_student([2, 9, 32, 1], None, new_tokens=64))
+
+
+def long_qa_student(sets: dict[str, list[int]]) -> StudentResult:
+    def qa_set(correct):
+        ids = [f"q{i}" for i in range(len(correct))]
+        return {
+            "item_ids": ids,
+            "answers": {"student": [str(c) for c in correct]},
+            "correct": {"student": correct},
+        }
+
+    return StudentResult.from_json({"long_qa": {name: qa_set(correct) for name, correct in sets.items()}})
+
+
+def test_paired_long_qa_table_pairs_two_students_item_by_item():
+    """compare.py's long-QA table: each set both runs scored, after against before, item by item."""
+    before = long_qa_student({"short": [1, 1, 0, 0], "long": [0, 0, 0, 1]})
+    after = long_qa_student({"short": [1, 0, 1, 1], "long": [1, 1, 0, 1], "own": [1, 1, 1, 1]})
+    lines = paired_long_qa_table(before, after, ("shipped", "mix"))
+    assert (
+        lines[0].startswith("| long-QA set | items | shipped | mix |")
+        and "right only: shipped / mix" in lines[0]
+    )
+    short = paired_runs(before.long_qa["short"], after.long_qa["short"])
+    assert lines[2] == (
+        f"| short | 4 | 0.500 | 0.750 | +0.250 (± {short['diff_stderr']:.3f}) | 1 / 2 | {mcnemar_exact_p(1, 2):.2g} |"
+    )
+    assert lines[3].startswith("| long | 4 | 0.250 | 0.750 | +0.500 ") and "| 0 / 2 |" in lines[3]
+    assert len(lines) == 4  # "own" is in one run only
+    assert paired_long_qa_table(StudentResult.from_json({}), after) == []  # a run without --long-qa
+    with pytest.raises(ValueError, match="different items"):
+        paired_long_qa_table(before, long_qa_student({"short": [1, 0, 1]}))

@@ -2,26 +2,33 @@
 
     python docs/distill-study/compare.py BEFORE/results.json AFTER/results.json [ALIAS_BEFORE ALIAS_AFTER]
 
+(either may be a `.json.xz`)
+
+
 Per task: after's accuracy minus before's, its paired standard error and McNemar's p; then the mean over the
 tasks. It answers whether a student's accuracy drop grew beyond the tasks' noise, which each student's own
 pairing with the teacher cannot. Where both runs kept each prompt's first greedy divergence
 (`first_divergences`, results.json since 2026-11-28), the chat and long-prompt answers are paired the same
 way, prompt by prompt: the sign test counts the prompts on which each student keeps to the teacher longer.
+Where both ran the same long-prompt QA sets (`--long-qa`), their answers are paired item by item, with McNemar's p.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
 import sys
 from pathlib import Path
 
-from swiftkv.evaluate.report import paired_greedy_table
+from swiftkv.evaluate.report import paired_greedy_table, paired_long_qa_table
 from swiftkv.evaluate.stats import paired_runs
 from swiftkv.results import EvalResults
 
 
 def student(path: str, alias: str | None):
-    results = EvalResults.from_json(json.loads(Path(path).read_text()))
+    # a results.json, or one xz-compressed as the study keeps its full suites (per-item answers: ~0.9 MB -> ~25 KB)
+    text = lzma.open(path, "rt").read() if path.endswith(".xz") else Path(path).read_text()
+    results = EvalResults.from_json(json.loads(text))
     return next(s for s in results.students if alias is None or Path(s.pair.student).name == alias)
 
 
@@ -46,7 +53,11 @@ if __name__ == "__main__":
     aliases = sys.argv[3:5] or [None, None]
     try:
         before, after = student(sys.argv[1], aliases[0]), student(sys.argv[2], aliases[1])
-        tables = [table(before, after) if before.tasks else [], paired_greedy_table(before, after)]
+        tables = [
+            table(before, after) if before.tasks else [],
+            paired_greedy_table(before, after),
+            paired_long_qa_table(before, after),
+        ]
         print("\n\n".join("\n".join(lines) for lines in tables if lines))
     except ValueError as error:
         sys.exit(f"compare.py: {error}")

@@ -15,7 +15,7 @@ from ..model.config import is_swiftkv
 from ..plots import figure
 from ..results import EvalResults, FloorResult, StudentResult
 from .pair import STUDENT, TEACHER
-from .stats import paired_divergences
+from .stats import paired_divergences, paired_runs
 
 
 def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
@@ -294,6 +294,30 @@ def paired_greedy_table(
             f"| {'chat' if name == 'generation' else 'long prompts'} | {paired['n']} | {paired['before']:.2f} | "
             f"{paired['after']:.2f} | {paired['diff']:+.2f} (± {paired['diff_stderr']:.2f}) | "
             f"{paired['before_longer']} / {paired['after_longer']} | {paired['sign_p']:.2g} |"
+        )
+    return lines if len(lines) > 2 else []
+
+
+def paired_long_qa_table(
+    before: StudentResult, after: StudentResult, names: tuple[str, str] = ("before", "after")
+) -> list[str]:
+    """Two students' long-prompt QA answers to the same items, paired item by item (each set both runs scored;
+    none where a run did not): each one's fraction correct, the paired difference and McNemar's test on the
+    items only one of them answered right. It tells whether a change to a student moved its answers beyond
+    the set's noise, which each one's own pairing with the teacher cannot."""
+    lines = [
+        f"| long-QA set | items | {names[0]} | {names[1]} | difference (± paired s.e.) | "
+        f"right only: {names[0]} / {names[1]} | McNemar p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, run in (before.long_qa or {}).items():
+        if name not in (after.long_qa or {}):
+            continue
+        paired = paired_runs(run, after.long_qa[name])
+        lines.append(
+            f"| {name} | {paired['n']} | {paired['teacher']:.3f} | {paired['student']:.3f} | "
+            f"{paired['diff']:+.3f} (± {paired['diff_stderr']:.3f}) | "
+            f"{paired['teacher_only_correct']} / {paired['student_only_correct']} | {paired['mcnemar_p']:.2g} |"
         )
     return lines if len(lines) > 2 else []
 
