@@ -86,5 +86,7 @@ CARD_READS = [
         "soup-long15-n15-fulleval.json",
         "long15-n15-student/swiftkv.safetensors",
         "soup15more-n15-student/swiftkv.safetensors",
+        # the shipped -swiftkv50 since 2026-12-04: that mean trained on by the long-QA study's mix run
+        "soup-long15-n15-student/swiftkv.safetensors",
     )
 ]

@@ -32,11 +32,11 @@ MACHINE_PATH = re.compile(
 # passes. The two GPU scripts are rewritten where they move (scripts/gpu/), which this test then checks.
 RECORDED = {
     "docs/distill-study/loan-h200-2026-11-27/README.md": {"/root/sk"},
-    "docs/distill-study/soup-long15-n15-student/README.md": {"/work/runs/soup-long15-r128"},
+    "docs/distill-study/soup-long15-n15-student/README.md": {"/work/runs/soup-long15-r128", "/root/sk"},
     "docs/distill-study/soup15-n15-student/README.md": {"/work/runs/soup15-w", "/root/sk"},
     "docs/distill-study/soup15more-n15-student/README.md": {"/root/sk"},
     "docs/distill-study/soup22-n22-student/README.md": {"/work/runs/soup22-a"},
-    "docs/eval-full/report.md": {"/work/runs/soup-long15-r128"},
+    "docs/eval-full/2026-11-29-soup-long15-n15/report.md": {"/work/runs/soup-long15-r128"},
     "docs/eval-full/2026-11-27-cpu17m-n22/report.md": {"/work/runs/cpu17m-n22-student"},
     "docs/eval-full/2026-11-28-cpu19m-n15/report.md": {"/work/main/docs/distill-study/cpu19m-n15-student"},
     "docs/eval-full/2026-11-28-soup15-n15/report.md": {"/work/runs/soup15-w"},
@@ -146,7 +146,7 @@ def test_a_planted_path_is_found_in_each_kind_of_file(tmp_path):
 
 
 def test_an_exemption_covers_only_its_own_path_in_its_own_file(tmp_path):
-    name = "docs/eval-full/report.md"
+    name = "docs/eval-full/2026-11-29-soup-long15-n15/report.md"
     (tmp_path / name).parent.mkdir(parents=True)
     (tmp_path / name).write_text("- S1: `/work/runs/soup-long15-r128 (N=15)`\n- S2: `/work/runs/other`\n")
     (tmp_path / "docs/other.md").write_text("`/work/runs/soup-long15-r128`\n")

