@@ -2,7 +2,9 @@
 # The long-prompt QA study (issue 61, item 3): does distilling on prompts shaped like the workload
 # (`--long-share S --long-kind passage-qa`: passages + a question about a fact one of them holds) improve the
 # shipped students' long-prompt QA without costing the suite's knowledge tasks? For each of N = 15 and N = 22,
-# two runs from the shipped student (`--init-from`, a fresh AdamW) of the same steps (977-978 blocks of 2048 tokens,
+# two runs from the student shipped when the study began (`--init-from`, a fresh AdamW; N = 15's is the folder
+# docs/distill-study/soup-long15-n15-student, as its mix run has shipped as -swiftkv50 since 2026-12-04, and its
+# weights are restored there from history) of the same steps (977-978 blocks of 2048 tokens,
 # about 2M), alike in all but the data:
 #   chat   the teacher's replies to every user turn of ShareGPT train chats, as the shipped students' last stages
 #          (swiftkv-lora at rank 128, lr 5e-4 / late-lr 2.5e-4, 5% warmup, 2048-token blocks, one per step)
@@ -18,7 +20,8 @@
 #     replies   the teacher's replies (vLLM) to the mix's prompts; the chat prompts' are mostly in the seed
 #     nNN-ARM   distill (resumable), the long-QA measure alone (qa-nNN-ARM), then the full eval; nNN is n15 or n22,
 #               ARM mix or chat
-#     shippedNN the shipped student -swiftkv50 (15) or -swiftkv25 (22), by the same eval command
+#     shippedNN the students the study began from (soup-long15, the -swiftkv50 of then, or -swiftkv25), by the
+#               same eval command
 # Every step skips itself when its output exists, so a killed study resumes by running the same command again:
 # a distillation from its last --snapshot-every checkpoint, the replies stage from its last written batch, an
 # eval from its results cache.
@@ -104,8 +107,15 @@ long_qa() {  # MODEL NAME: the long-QA measure alone (minutes, where the full su
     --gen-prompts 0 --long-prompts 0 --floor --dtype float32 --no-progress --out qa-$2 2>&1 | tee -a qa-$2.log
 }
 
+start_of() {  # N: the student the study's runs at N start from (the one shipped when it began)
+  if [ "$1" = 22 ]; then echo smollm2-135m-instruct-swiftkv25; return; fi
+  local soup=docs/distill-study/soup-long15-n15-student
+  [ -f "$ROOT/$soup/swiftkv.safetensors" ] || (cd "$ROOT" && "$PY" scripts/restore.py "$soup/swiftkv.safetensors" >&2)
+  echo "$ROOT/$soup"
+}
+
 arm() {  # N ARM
-  local out=n$1-$2 shipped=smollm2-135m-instruct-swiftkv$([ "$1" = 15 ] && echo 50 || echo 25)
+  local out=n$1-$2 shipped; shipped=$(start_of "$1")
   local data="" tokens=$TOKENS; [ "$2" = mix ] && data=$MIX tokens=$MIX_TOKENS
   if [ ! -f $out/config.json ]; then
     say "distill $out"
@@ -124,8 +134,7 @@ for step in $STEPS; do
   case $step in
     replies) replies ;;
     n15-mix | n15-chat | n22-mix | n22-chat) arm "${step:1:2}" "${step#*-}" ;;
-    shipped15) evaluate smollm2-135m-instruct-swiftkv50 shipped15 ;;
-    shipped22) evaluate smollm2-135m-instruct-swiftkv25 shipped22 ;;
+    shipped15 | shipped22) evaluate "$(start_of "${step:7:2}")" "$step" ;;
     *) echo "unknown step $step; expected replies n15-mix n15-chat n22-mix n22-chat shipped15 shipped22" >&2
        exit 2 ;;
   esac
