@@ -107,8 +107,8 @@ def test_the_shipped_n22_student_rebuilds_byte_identical_from_its_restored_paren
 
 
 def test_soup_long15_rebuilds_from_its_restored_parents(restored_study, tmp_path):
-    """soup-long15 (-swiftkv50 until 2026-12-04, and where the shipped one started) is soup.py --rank 128 (its card's command) of two students whose weights left the tree.
-    Restored, they rebuild it: swiftkv.json and every SwiftKV tensor byte for byte, each stored change
+    """soup-long15 (-swiftkv50 until 2026-12-04, and where the shipped one started) is soup.py --rank 128 (its
+    card's command) of two students whose weights left the tree. Restored, they rebuild it: swiftkv.json and every SwiftKV tensor byte for byte, each stored change
     delta_b @ delta_a to 1e-3 of its norm. Not the factors byte for byte: they are the change's leading singular
     vectors, whose float32 LAPACK SVD differs in its last bits (and in a vector's sign) with the CPU and the
     thread count, and bf16 then rounds some factors the other way (on one Xeon, 1 and 2 threads: 5e-4 of a

@@ -781,17 +781,28 @@ def paired_command(run: EvalResults, parents: list[Parent], student: str = "OUT"
             f"a --paired run's first student {recorded} is not one soup parent by folder name; expected one of "
             + ", ".join(p.folder for p in parents)
         )
-    settings = run.settings
     return (
-        f"swiftkv eval {named[0]} {student} --teacher smollm2-135m-instruct --tasks none --chat-conversations "
-        f"{settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} --long-prompts "
-        f"{settings['long_prompts']} --dtype {run.dtype}"
+        f"swiftkv eval {named[0]} {student} --teacher smollm2-135m-instruct --tasks none "
+        f"{generation_options(run.settings)} --dtype {run.dtype}"
     )
 
 
+def generation_options(settings: dict) -> str:
+    """The sizes of a `--tasks none` run's generation measures, as its command gave them."""
+    return (
+        f"--chat-conversations {settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} "
+        f"--long-prompts {settings['long_prompts']}"
+    )
+
+
+def read_text(path: str) -> str:
+    """A file's text, or an xz-compressed file's (the study keeps full suites, per-item answers included, and
+    reply ids so)."""
+    return lzma.open(path, "rt").read() if path.endswith(".xz") else Path(path).read_text()
+
+
 def read_json(path: str):
-    """A JSON record, or one xz-compressed (the study keeps full suites, per-item answers included, so)."""
-    return json.loads(lzma.open(path, "rt").read() if path.endswith(".xz") else Path(path).read_text())
+    return json.loads(read_text(path))
 
 
 def student_card(folder: Path) -> str:
@@ -918,11 +929,10 @@ def long_qa_lines(
         )
     if previous is None:
         return lines
-    settings = previous.settings
     command = (
-        f"swiftkv eval {previous_folder} --teacher smollm2-135m-instruct --long-qa {settings['long_qa']} --tasks none "
-        f"--chat-conversations {settings['chat_conversations']} --gen-prompts {settings['gen_prompts']} "
-        f"--long-prompts {settings['long_prompts']}{' --floor' if previous.floor else ''} --dtype {previous.dtype}"
+        f"swiftkv eval {previous_folder} --teacher smollm2-135m-instruct --long-qa {previous.settings['long_qa']} "
+        f"--tasks none {generation_options(previous.settings)}{' --floor' if previous.floor else ''} "
+        f"--dtype {previous.dtype}"
     )
     table = paired_long_qa_table(previous.students[0], student, ("previous", "these tensors"))
     return [
@@ -984,7 +994,7 @@ def trained_soup_main(argv: list[str]) -> str:
     round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, counted, *rest = argv
     paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
     previous_qa = next((rest[i + 1] for i, arg in enumerate(rest) if arg == "--previous-qa"), None)
-    count = sum(count_lines(path) for path in replies.split(","))
+    count = sum(len(read_text(path).splitlines()) for path in replies.split(","))
     return trained_soup_card(
         round_name,
         alias,
@@ -1000,13 +1010,6 @@ def trained_soup_main(argv: list[str]) -> str:
         [read_json(path) for path in paired],
         previous_qa and read_json(previous_qa),
     )
-
-
-def count_lines(path: str) -> int:
-    """The records of a JSONL file, or of one xz-compressed."""
-    opener = lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as lines:
-        return sum(1 for _ in lines)
 
 
 def soup_main(argv: list[str]) -> str:

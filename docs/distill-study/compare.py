@@ -15,10 +15,10 @@ Where both ran the same long-prompt QA sets (`--long-qa`), their answers are pai
 
 from __future__ import annotations
 
-import json
-import lzma
 import sys
 from pathlib import Path
+
+from card import read_json  # this script's neighbour: run as a script, its folder is on sys.path
 
 from swiftkv.evaluate.report import paired_greedy_table, paired_long_qa_table
 from swiftkv.evaluate.stats import paired_runs
@@ -26,9 +26,7 @@ from swiftkv.results import EvalResults
 
 
 def student(path: str, alias: str | None):
-    # a results.json, or one xz-compressed as the study keeps its full suites (per-item answers: ~0.9 MB -> ~25 KB)
-    text = lzma.open(path, "rt").read() if path.endswith(".xz") else Path(path).read_text()
-    results = EvalResults.from_json(json.loads(text))
+    results = EvalResults.from_json(read_json(path))  # a results.json, or one xz-compressed
     return next(s for s in results.students if alias is None or Path(s.pair.student).name == alias)
 
 
