@@ -20,8 +20,10 @@
 #     replies   the teacher's replies (vLLM) to the mix's prompts; the chat prompts' are mostly in the seed
 #     nNN-ARM   distill (resumable), the long-QA measure alone (qa-nNN-ARM), then the full eval; nNN is n15 or n22,
 #               ARM mix or chat
-#     shippedNN the students the study began from (soup-long15, the -swiftkv50 of then, or -swiftkv25), by the
-#               same eval command
+#     shippedNN the students the study began from (soup-long15, the -swiftkv50 of then, or -swiftkv25): the long-QA
+#               measure alone, then the same eval command
+#     qa-STEP   STEP (an arm or shippedNN) up to its long-QA measure, without the full eval: every arm's answer to the
+#               study's question first, e.g. `qa-n22-mix qa-n22-chat qa-shipped22 n22-mix n22-chat`
 # Every step skips itself when its output exists, so a killed study resumes by running the same command again:
 # a distillation from its last --snapshot-every checkpoint, the replies stage from its last written batch, an
 # eval from its results cache.
@@ -114,7 +116,7 @@ start_of() {  # N: the student the study's runs at N start from (the one shipped
   echo "$ROOT/$soup"
 }
 
-arm() {  # N ARM
+arm() {  # N ARM [qa]: distill, the long-QA measure, then (unless qa) the full eval
   local out=n$1-$2 shipped; shipped=$(start_of "$1")
   local data="" tokens=$TOKENS; [ "$2" = mix ] && data=$MIX tokens=$MIX_TOKENS
   if [ ! -f $out/config.json ]; then
@@ -125,18 +127,30 @@ arm() {  # N ARM
       --out $out --json $out.json 2>&1 | tee -a $out.log
   fi
   long_qa $out $out
-  evaluate $out $out
+  [ "${3:-}" = qa ] || evaluate $out $out
+}
+
+shipped() {  # N [qa]: the student the runs at N start from, by the same measures as an arm
+  local model; model=$(start_of "$1")
+  long_qa "$model" shipped$1
+  [ "${2:-}" = qa ] || evaluate "$model" shipped$1
 }
 
 STEPS=${*:-replies n15-mix n15-chat n22-mix n22-chat shipped15 shipped22}
+MEASURED="n15-mix n15-chat n22-mix n22-chat shipped15 shipped22"
+for step in $STEPS; do  # every step named right before any work
+  case " replies $MEASURED " in *" ${step#qa-} "*) [ "$step" != qa-replies ] && continue ;; esac
+  echo "unknown step $step; expected replies, one of $MEASURED, or one of those after qa-" >&2
+  exit 2
+done
 setup
 for step in $STEPS; do
+  name=${step#qa-} only=""; [ "$name" != "$step" ] && only=qa
   case $step in
     replies) replies ;;
-    n15-mix | n15-chat | n22-mix | n22-chat) arm "${step:1:2}" "${step#*-}" ;;
-    shipped15 | shipped22) evaluate "$(start_of "${step:7:2}")" "$step" ;;
-    *) echo "unknown step $step; expected replies n15-mix n15-chat n22-mix n22-chat shipped15 shipped22" >&2
-       exit 2 ;;
+    n15-mix | n15-chat | n22-mix | n22-chat | qa-n15-mix | qa-n15-chat | qa-n22-mix | qa-n22-chat)
+      arm "${name:1:2}" "${name#*-}" $only ;;
+    shipped15 | shipped22 | qa-shipped15 | qa-shipped22) shipped "${name:7:2}" $only ;;
   esac
 done
 say "done: $STEPS"
