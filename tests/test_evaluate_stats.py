@@ -149,33 +149,53 @@ def test_paired_greedy_table_pairs_two_runs_prompt_by_prompt():
         paired_greedy_table(before, greedy_student([2, 9, 32, 1], None, new_tokens=64))
 
 
-def long_qa_student(sets: dict[str, list[int]]) -> StudentResult:
+def long_qa_student(
+    sets: dict[str, list[int]], teacher: list[int] | None = None, identical: list[int] | None = None
+) -> StudentResult:
     def qa_set(correct):
         ids = [f"q{i}" for i in range(len(correct))]
+        roles = {"student": correct} | ({"teacher": teacher} if teacher else {})
         return {
             "item_ids": ids,
             "answers": {"student": [str(c) for c in correct]},
-            "correct": {"student": correct},
+            "correct": roles,
+            "identical": identical,
         }
 
     return StudentResult.from_json({"long_qa": {name: qa_set(correct) for name, correct in sets.items()}})
 
 
 def test_paired_long_qa_table_pairs_two_students_item_by_item():
-    """compare.py's long-QA table: each set both runs scored, after against before, item by item."""
-    before = long_qa_student({"short": [1, 1, 0, 0], "long": [0, 0, 0, 1]})
-    after = long_qa_student({"short": [1, 0, 1, 1], "long": [1, 1, 0, 1], "own": [1, 1, 1, 1]})
+    """compare.py's long-QA table: each set both runs scored, after against before, item by item: correct, and
+    (where both runs recorded the teacher's answers) the teacher's verdict and the teacher's very answer."""
+    teacher = [1, 0, 0, 1]
+    before = long_qa_student({"short": [1, 1, 0, 0], "long": [0, 0, 0, 1]}, teacher, identical=[1, 0, 0, 0])
+    after = long_qa_student(
+        {"short": [1, 0, 1, 1], "long": [1, 1, 0, 1], "own": [1, 1, 1, 1]}, teacher, identical=[1, 1, 0, 1]
+    )
     lines = paired_long_qa_table(before, after, ("shipped", "mix"))
     assert (
-        lines[0].startswith("| long-QA set | items | shipped | mix |")
-        and "right only: shipped / mix" in lines[0]
+        lines[0].startswith("| long-QA set | items | measure | shipped | mix |")
+        and "only: shipped / mix" in lines[0]
     )
     short = paired_runs(before.long_qa["short"], after.long_qa["short"])
     assert lines[2] == (
-        f"| short | 4 | 0.500 | 0.750 | +0.250 (± {short['diff_stderr']:.3f}) | 1 / 2 | {mcnemar_exact_p(1, 2):.2g} |"
+        f"| short | 4 | correct | 0.500 | 0.750 | +0.250 (± {short['diff_stderr']:.3f}) | 1 / 2 | "
+        f"{mcnemar_exact_p(1, 2):.2g} |"
     )
-    assert lines[3].startswith("| long | 4 | 0.250 | 0.750 | +0.500 ") and "| 0 / 2 |" in lines[3]
-    assert len(lines) == 4  # "own" is in one run only
+    # the teacher's verdict ([1, 0, 0, 1]): before's agrees on items 0 and 2, after's on 0, 1 and 3
+    assert (
+        lines[3].startswith("| short | 4 | teacher's verdict | 0.500 | 0.750 | +0.250 ")
+        and "| 1 / 2 |" in lines[3]
+    )
+    assert (
+        lines[4].startswith("| short | 4 | teacher's answer | 0.250 | 0.750 | +0.500 ")
+        and "| 0 / 2 |" in lines[4]
+    )
+    assert lines[5].startswith("| long | 4 | correct | 0.250 | 0.750 | +0.500 ") and "| 0 / 2 |" in lines[5]
+    assert len(lines) == 8  # "own" is in one run only
+    plain = long_qa_student({"short": [1, 1, 0, 0]})  # a run that kept only the student's verdicts
+    assert [line.split(" | ")[2] for line in paired_long_qa_table(plain, after)[2:]] == ["correct"]
     assert paired_long_qa_table(StudentResult.from_json({}), after) == []  # a run without --long-qa
     with pytest.raises(ValueError, match="different items"):
         paired_long_qa_table(before, long_qa_student({"short": [1, 0, 1]}))

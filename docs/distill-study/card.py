@@ -938,7 +938,8 @@ def long_qa_lines(
     return [
         *lines,
         "",
-        f"Against the tensors it started from, item by item (theirs: `{command}`):",
+        f"Against the tensors it started from, item by item (theirs: `{command}`): correct; the teacher's verdict "
+        "(right where the teacher is right, wrong where it is wrong); the teacher's very answer (the same tokens):",
         "",
         *table,
     ]

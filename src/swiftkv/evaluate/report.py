@@ -13,9 +13,9 @@ from pathlib import Path
 from ..files import atomic_file, write_atomic
 from ..model.config import is_swiftkv
 from ..plots import figure
-from ..results import EvalResults, FloorResult, StudentResult
+from ..results import EvalResults, FloorResult, LongQA, StudentResult
 from .pair import STUDENT, TEACHER
-from .stats import paired_divergences, paired_runs
+from .stats import paired_divergences, paired_hits, paired_runs
 
 
 def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
@@ -298,27 +298,44 @@ def paired_greedy_table(
     return lines if len(lines) > 2 else []
 
 
+def long_qa_hits(qa: LongQA) -> dict[str, list[int]]:
+    """One student's long-QA set, per item: 1 where its answer is right, where its verdict is the teacher's
+    (right or wrong alike) and where it is the teacher's very answer (the same tokens); the last two where the
+    run recorded them. A student that answers like its teacher scores the last two higher even where the set
+    is too small to resolve correctness."""
+    student = qa.correct["student"]
+    hits = {"correct": student}
+    if "teacher" in qa.correct:
+        hits["teacher's verdict"] = [int(s == t) for s, t in zip(student, qa.correct["teacher"], strict=True)]
+    if qa.identical is not None:
+        hits["teacher's answer"] = qa.identical
+    return hits
+
+
 def paired_long_qa_table(
     before: StudentResult, after: StudentResult, names: tuple[str, str] = ("before", "after")
 ) -> list[str]:
     """Two students' long-prompt QA answers to the same items, paired item by item (each set both runs scored;
-    none where a run did not): each one's fraction correct, the paired difference and McNemar's test on the
-    items only one of them answered right. It tells whether a change to a student moved its answers beyond
-    the set's noise, which each one's own pairing with the teacher cannot."""
+    none where a run did not): for each of `long_qa_hits`' measures both runs hold, each one's rate, the paired
+    difference and McNemar's test on the items only one of them hits. It tells whether a change to a student
+    moved its answers beyond the set's noise, which each one's own pairing with the teacher cannot."""
     lines = [
-        f"| long-QA set | items | {names[0]} | {names[1]} | difference (± paired s.e.) | "
-        f"right only: {names[0]} / {names[1]} | McNemar p |",
-        "|---|---|---|---|---|---|---|",
+        f"| long-QA set | items | measure | {names[0]} | {names[1]} | difference (± paired s.e.) | "
+        f"only: {names[0]} / {names[1]} | McNemar p |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, run in (before.long_qa or {}).items():
         if name not in (after.long_qa or {}):
             continue
-        paired = paired_runs(run, after.long_qa[name])
-        lines.append(
-            f"| {name} | {paired['n']} | {paired['teacher']:.3f} | {paired['student']:.3f} | "
-            f"{paired['diff']:+.3f} (± {paired['diff_stderr']:.3f}) | "
-            f"{paired['teacher_only_correct']} / {paired['student_only_correct']} | {paired['mcnemar_p']:.2g} |"
-        )
+        paired_runs(run, after.long_qa[name])  # the same items, each with per-item correctness
+        hits = long_qa_hits(run), long_qa_hits(after.long_qa[name])
+        for measure in [measure for measure in hits[0] if measure in hits[1]]:
+            paired = paired_hits(hits[0][measure], hits[1][measure])
+            lines.append(
+                f"| {name} | {paired['n']} | {measure} | {paired['teacher']:.3f} | {paired['student']:.3f} | "
+                f"{paired['diff']:+.3f} (± {paired['diff_stderr']:.3f}) | "
+                f"{paired['teacher_only_correct']} / {paired['student_only_correct']} | {paired['mcnemar_p']:.2g} |"
+            )
     return lines if len(lines) > 2 else []
 
 

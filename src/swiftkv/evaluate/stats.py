@@ -30,6 +30,30 @@ def paired_mean(diffs: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(variance / n)
 
 
+def paired_hits(before: Sequence[float], after: Sequence[float]) -> dict:
+    """Two models' per-item hits (1 where an item counts for the model) on the same items: after's rate minus
+    before's with its paired standard error, the items only one of them hits, and McNemar's test on those
+    ("teacher" is `before`, "student" is `after`)."""
+    n = len(before)
+    if n == 0 or n != len(after):
+        raise ValueError(
+            f"a paired comparison needs the same items for both models; got {n} and {len(after)}"
+        )
+    mean_diff, stderr = paired_mean([a - b for b, a in zip(before, after, strict=True)])
+    before_only = sum(1 for b, a in zip(before, after, strict=True) if b and not a)
+    after_only = sum(1 for b, a in zip(before, after, strict=True) if a and not b)
+    return {
+        "n": n,
+        "teacher": sum(before) / n,
+        "student": sum(after) / n,
+        "diff": mean_diff,
+        "diff_stderr": stderr,
+        "teacher_only_correct": before_only,
+        "student_only_correct": after_only,
+        "mcnemar_p": mcnemar_exact_p(before_only, after_only),
+    }
+
+
 def paired_comparison(
     teacher_correct: Sequence[float],
     student_correct: Sequence[float],
@@ -43,19 +67,9 @@ def paired_comparison(
         raise ValueError("paired_comparison needs the same items for both models")
     if n == 0:
         raise ValueError("paired_comparison needs at least one item")
-    mean_diff, stderr = paired_mean([s - t for s, t in zip(student_correct, teacher_correct, strict=True)])
-    teacher_only = sum(1 for t, s in zip(teacher_correct, student_correct, strict=True) if t and not s)
-    student_only = sum(1 for t, s in zip(teacher_correct, student_correct, strict=True) if s and not t)
     return {
-        "n": n,
-        "teacher": sum(teacher_correct) / n,
-        "student": sum(student_correct) / n,
-        "diff": mean_diff,
-        "diff_stderr": stderr,
+        **paired_hits(teacher_correct, student_correct),
         "agreement": sum(t == s for t, s in zip(teacher_pred, student_pred, strict=True)) / n,
-        "teacher_only_correct": teacher_only,
-        "student_only_correct": student_only,
-        "mcnemar_p": mcnemar_exact_p(teacher_only, student_only),
     }
 
 
