@@ -4,8 +4,8 @@
 # shipped students' long-prompt QA without costing the suite's knowledge tasks? For each of N = 15 and N = 22,
 # two runs from the student shipped when the study began (`--init-from`, a fresh AdamW; N = 15's is the folder
 # docs/distill-study/soup-long15-n15-student, as its mix run has shipped as -swiftkv50 since 2026-12-04, and its
-# weights are restored there from history) of the same steps (977-978 blocks of 2048 tokens,
-# about 2M), alike in all but the data:
+# weights are restored there from history) of about the same steps (blocks of 2048 tokens:
+# 977 on chat replies, 986 on the mix; about 2M tokens), alike in all but the data:
 #   chat   the teacher's replies to every user turn of ShareGPT train chats, as the shipped students' last stages
 #          (swiftkv-lora at rank 128, lr 5e-4 / late-lr 2.5e-4, 5% warmup, 2048-token blocks, one per step)
 #   mix    the same, with QA_SHARE of the written tokens in passage-QA prompts of about 1,000-1,800 tokens
@@ -30,7 +30,7 @@
 # Environment: STUDY (required; outputs, logs and the swiftkv cache go there), TOKENS (2000896: 2M rounded up to
 # whole 2048-token steps, the chat arm's 977 steps), MIX_TOKENS (2224128: a passage-QA prompt is packed whole, so
 # the mix's blocks leave about a tenth of their room to filler and cut tails, and it asks for more tokens to train
-# as many steps: 978), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
+# about as many steps: 986), QA_SHARE (0.5), PY (the python that has swiftkv's dependencies), EVAL_ARGS (eval
 # options after the study's, e.g. a small --limit for a dry run), REPLIES_SEED (reply ids to start from; the
 # default, the shipped students' every-turn replies, is restored from the repository's history when missing), QA_SEED
 # (the teacher's replies to the mix's passage-QA prompts, appended to the seed), ROOT.
