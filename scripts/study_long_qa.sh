@@ -146,11 +146,10 @@ done
 setup
 for step in $STEPS; do
   name=${step#qa-} only=""; [ "$name" != "$step" ] && only=qa
-  case $step in
+  case $name in  # a name checked above
     replies) replies ;;
-    n15-mix | n15-chat | n22-mix | n22-chat | qa-n15-mix | qa-n15-chat | qa-n22-mix | qa-n22-chat)
-      arm "${name:1:2}" "${name#*-}" $only ;;
-    shipped15 | shipped22 | qa-shipped15 | qa-shipped22) shipped "${name:7:2}" $only ;;
+    shipped*) shipped "${name:7:2}" $only ;;
+    *) arm "${name:1:2}" "${name#*-}" $only ;;
   esac
 done
 say "done: $STEPS"

@@ -15,7 +15,7 @@ from ..model.config import is_swiftkv
 from ..plots import figure
 from ..results import EvalResults, FloorResult, LongQA, StudentResult
 from .pair import STUDENT, TEACHER
-from .stats import paired_divergences, paired_hits, paired_runs
+from .stats import check_same_items, paired_divergences, paired_hits
 
 
 def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
@@ -327,7 +327,7 @@ def paired_long_qa_table(
     for name, run in (before.long_qa or {}).items():
         if name not in (after.long_qa or {}):
             continue
-        paired_runs(run, after.long_qa[name])  # the same items, each with per-item correctness
+        check_same_items(run, after.long_qa[name])
         hits = long_qa_hits(run), long_qa_hits(after.long_qa[name])
         for measure in [measure for measure in hits[0] if measure in hits[1]]:
             paired = paired_hits(hits[0][measure], hits[1][measure])

@@ -30,6 +30,14 @@ def paired_mean(diffs: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(variance / n)
 
 
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float, int, int]:
+    """after - before, pair by pair: the mean difference, its paired standard error, and the pairs where
+    before is the greater and where after is (for 0/1 hits: the items only one of them hits)."""
+    diffs = [a - b for b, a in zip(before, after, strict=True)]
+    mean_diff, stderr = paired_mean(diffs)
+    return mean_diff, stderr, sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
+
+
 def paired_hits(before: Sequence[float], after: Sequence[float]) -> dict:
     """Two models' per-item hits (1 where an item counts for the model) on the same items: after's rate minus
     before's with its paired standard error, the items only one of them hits, and McNemar's test on those
@@ -39,9 +47,7 @@ def paired_hits(before: Sequence[float], after: Sequence[float]) -> dict:
         raise ValueError(
             f"a paired comparison needs the same items for both models; got {n} and {len(after)}"
         )
-    mean_diff, stderr = paired_mean([a - b for b, a in zip(before, after, strict=True)])
-    before_only = sum(1 for b, a in zip(before, after, strict=True) if b and not a)
-    after_only = sum(1 for b, a in zip(before, after, strict=True) if a and not b)
+    mean_diff, stderr, before_only, after_only = paired_difference(before, after)
     return {
         "n": n,
         "teacher": sum(before) / n,
@@ -73,10 +79,9 @@ def paired_comparison(
     }
 
 
-def paired_runs(before, after) -> dict:
-    """The students of two eval runs on the same items (each a results.json task entry, read by attribute:
-    `item_ids`, `answers`, `correct`): after's accuracy minus before's, paired, with McNemar's test on the
-    items only one of them got right ("teacher" is `before`, "student" is `after`)."""
+def check_same_items(before, after) -> None:
+    """Two eval runs (results.json task or long-QA entries, read by attribute) can be paired: the same items,
+    each run with its per-item correctness."""
     if before.item_ids != after.item_ids:
         raise ValueError("the two runs scored different items; expected runs with the same --limit")
     if before.correct is None or after.correct is None:
@@ -84,6 +89,13 @@ def paired_runs(before, after) -> dict:
             "a run without per-item correctness (`correct`, results.json from before 2026-11-27); "
             "expected two runs of today's `swiftkv eval`"
         )
+
+
+def paired_runs(before, after) -> dict:
+    """The students of two eval runs on the same items (each a results.json task entry, read by attribute:
+    `item_ids`, `answers`, `correct`): after's accuracy minus before's, paired, with McNemar's test on the
+    items only one of them got right ("teacher" is `before`, "student" is `after`)."""
+    check_same_items(before, after)
     return paired_comparison(
         before.correct["student"],
         after.correct["student"],
@@ -99,9 +111,7 @@ def paired_divergences(before: Sequence[int], after: Sequence[int]) -> dict:
     n = len(before)
     if n == 0 or n != len(after):
         raise ValueError(f"expected the same prompts for both students; got {n} and {len(after)} divergences")
-    diffs = [a - b for b, a in zip(before, after, strict=True)]
-    mean_diff, stderr = paired_mean(diffs)
-    before_longer, after_longer = sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
+    mean_diff, stderr, before_longer, after_longer = paired_difference(before, after)
     return {
         "n": n,
         "before": sum(before) / n,
