@@ -2,10 +2,10 @@
 # The long-prompt QA study (issue 61, item 3): does distilling on prompts shaped like the workload
 # (`--long-share S --long-kind passage-qa`: passages + a question about a fact one of them holds) improve the
 # shipped students' long-prompt QA without costing the suite's knowledge tasks? For each of N = 15 and N = 22,
-# two runs from the student shipped when the study began (`--init-from`, a fresh AdamW; N = 15's is the folder
-# docs/distill-study/soup-long15-n15-student, as its mix run has shipped as -swiftkv50 since 2026-12-04, and its
-# weights are restored there from history) of about the same steps (blocks of 2048 tokens:
-# 977 on chat replies, 986 on the mix; about 2M tokens), alike in all but the data:
+# two runs from the student shipped when the study began (`--init-from`, a fresh AdamW; the folders
+# docs/distill-study/soup-long15-n15-student and soup22-n22-student, as their mix runs have shipped as -swiftkv50
+# and -swiftkv25 since 2026-12-04 and 2026-12-05, their weights restored there from history) of about the same
+# steps (blocks of 2048 tokens: 977 on chat replies, 986 on the mix; about 2M tokens), alike in all but the data:
 #   chat   the teacher's replies to every user turn of ShareGPT train chats, as the shipped students' last stages
 #          (swiftkv-lora at rank 128, lr 5e-4 / late-lr 2.5e-4, 5% warmup, 2048-token blocks, one per step)
 #   mix    the same, with QA_SHARE of the written tokens in passage-QA prompts of about 1,000-1,800 tokens
@@ -20,8 +20,8 @@
 #     replies   the teacher's replies (vLLM) to the mix's prompts; the chat prompts' are mostly in the seed
 #     nNN-ARM   distill (resumable), the long-QA measure alone (qa-nNN-ARM), then the full eval; nNN is n15 or n22,
 #               ARM mix or chat
-#     shippedNN the students the study began from (soup-long15, the -swiftkv50 of then, or -swiftkv25): the long-QA
-#               measure alone, then the same eval command
+#     shippedNN the students the study began from (soup-long15 and soup22, the -swiftkv50 and -swiftkv25 of then):
+#               the long-QA measure alone, then the same eval command
 #     qa-STEP   STEP (an arm or shippedNN) up to its long-QA measure, without the full eval: every arm's answer to the
 #               study's question first, e.g. `qa-n22-mix qa-n22-chat qa-shipped22 n22-mix n22-chat`
 # Every step skips itself when its output exists, so a killed study resumes by running the same command again:
@@ -109,9 +109,9 @@ long_qa() {  # MODEL NAME: the long-QA measure alone (minutes, where the full su
     --gen-prompts 0 --long-prompts 0 --floor --dtype float32 --no-progress --out qa-$2 2>&1 | tee -a qa-$2.log
 }
 
-start_of() {  # N: the student the study's runs at N start from (the one shipped when it began)
-  if [ "$1" = 22 ]; then echo smollm2-135m-instruct-swiftkv25; return; fi
+start_of() {  # N: the student the study's runs at N start from (the one shipped when it began; its mix run ships since)
   local soup=docs/distill-study/soup-long15-n15-student
+  [ "$1" = 22 ] && soup=docs/distill-study/soup22-n22-student
   [ -f "$ROOT/$soup/swiftkv.safetensors" ] || (cd "$ROOT" && "$PY" scripts/restore.py "$soup/swiftkv.safetensors" >&2)
   echo "$ROOT/$soup"
 }

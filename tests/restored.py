@@ -88,5 +88,7 @@ CARD_READS = [
         "soup15more-n15-student/swiftkv.safetensors",
         # the shipped -swiftkv50 since 2026-12-04: that mean trained on by the long-QA study's mix run
         "soup-long15-n15-student/swiftkv.safetensors",
+        # the shipped -swiftkv25 since 2026-12-05: soup22 trained on by the long-QA study's N = 22 mix run
+        "soup22-n22-student/swiftkv.safetensors",
     )
 ]

@@ -16,7 +16,6 @@ from safetensors import safe_open
 from swiftkv.model.surgery import DELTA_FACTORS, read_trained, stored_deltas
 from tests.restored import ENTRIES, ROOT, need_commit, restore, restored
 
-SHIPPED = ROOT / "src" / "swiftkv" / "weights"
 STUDENTS = [entry for path, entry in ENTRIES.items() if path.endswith("-student/swiftkv.safetensors")]
 SMALLEST = min(STUDENTS, key=lambda entry: entry["bytes"])
 
@@ -91,19 +90,22 @@ def test_a_missing_commit_or_an_unlisted_path_is_one_error(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts.json"]
 
 
-def test_the_shipped_n22_student_rebuilds_byte_identical_from_its_restored_parents(tmp_path):
-    """-swiftkv25 is the exact equal mean of two students whose weights left the tree: restored from history,
-    soup.py (the command its card gives) writes the shipped file byte for byte."""
+def test_soup22_rebuilds_byte_identical_from_its_restored_parents(tmp_path):
+    """soup22 (-swiftkv25 until 2026-12-05, and where the shipped one started) is the exact equal mean of two
+    students whose weights left the tree: restored from history, soup.py (the command its card gives) writes
+    its file byte for byte."""
     parents = [f"docs/distill-study/{name}-n22-student" for name in ("cpu17m", "anneal22")]
-    restored([f"{parent}/swiftkv.safetensors" for parent in parents], tmp_path)
+    soup22 = "docs/distill-study/soup22-n22-student"
+    restored([f"{folder}/swiftkv.safetensors" for folder in (*parents, soup22)], tmp_path)
     for parent in parents:
         (tmp_path / parent / "swiftkv.json").write_bytes((ROOT / parent / "swiftkv.json").read_bytes())
     out = tmp_path / "soup"
     soup = ROOT / "docs" / "distill-study" / "soup.py"
     subprocess.run([sys.executable, str(soup), str(out), *(str(tmp_path / p) for p in parents)], check=True)
-    shipped = SHIPPED / "smollm2-135m-instruct-swiftkv25"
-    for name in ("swiftkv.safetensors", "swiftkv.json"):
-        assert (out / name).read_bytes() == (shipped / name).read_bytes(), name
+    assert (out / "swiftkv.safetensors").read_bytes() == (
+        tmp_path / soup22 / "swiftkv.safetensors"
+    ).read_bytes()
+    assert (out / "swiftkv.json").read_bytes() == (ROOT / soup22 / "swiftkv.json").read_bytes()
 
 
 def test_soup_long15_rebuilds_from_its_restored_parents(restored_study, tmp_path):

@@ -344,13 +344,33 @@ def mix15_card_args(study: Path) -> list[str]:
     ]
 
 
+def mix22_card_args(study: Path) -> list[str]:
+    """card.py more's arguments for the shipped N = 22 student: soup22 (the -swiftkv25 before it) trained on by
+    the long-prompt QA study's mix run (scripts/study_long_qa.sh n22-mix), which recorded its own bound."""
+    qa = study / "long-qa"
+    return [
+        "mix22",
+        "smollm2-135m-instruct-swiftkv25",
+        "22",
+        str(qa / "n22-mix-distill.json"),
+        str(qa / "heldout-n22-mix-student.json"),
+        str(study / "heldout-soup22-a.json"),
+        str(qa / "eval-n22-mix-student.json.xz"),
+        str(qa / "n22-mix-paris.txt"),
+        f"{study / 'replies-every-ids.jsonl.xz'},{qa / 'replies-qa-mix-ids.jsonl.xz'}",
+        "-",
+        "-",
+        *("--previous-qa", str(qa / "qa-shipped22-eval.json")),
+    ]
+
+
 def test_the_shipped_cards_are_the_rendered_ones(restored_study):
     """Each shipped model card is card.py's rendering of the records (committed, or restored where they left the
-    tree): -swiftkv25 a soup's card, -swiftkv50 that of a soup trained on by one run (the long-QA study's mix)."""
+    tree): each that of a soup trained on by one run (the long-QA study's mix)."""
     weights = ROOT / "src" / "swiftkv" / "weights"
     card = load_card(restored_study)
     rendered = {
-        "swiftkv25": card.soup_main(soup22_card_args(restored_study)),
+        "swiftkv25": card.trained_soup_main(mix22_card_args(restored_study)),
         "swiftkv50": card.trained_soup_main(mix15_card_args(restored_study)),
     }
     for alias, text in rendered.items():
@@ -373,14 +393,19 @@ def test_a_trained_on_soups_card_holds_the_soups_own_making(restored_study):
     # soup15more, shipped until soup-long15, keeps its card's making the same way
     readme = (DOCS / "distill-study" / "soup15more-n15-student" / "README.md").read_text()
     assert card.how_made(readme) == card.how_made(more)
-    # and soup-long15, shipped until the mix run went on from it, whose making the shipped card nests
-    readme = (DOCS / "distill-study" / "soup-long15-n15-student" / "README.md").read_text()
-    long_card = card.soup_main(soup_long15_card_args(restored_study))
-    assert card.how_made(readme) == card.how_made(long_card)
-    shipped = card.trained_soup_main(mix15_card_args(restored_study))
-    assert "\n".join(card.how_made(long_card)) in shipped
-    assert "--init-from smollm2-135m-instruct-swiftkv50" in shipped
-    assert "--long-share 0.5 --long-kind passage-qa" in shipped
+    # and the soups the long-QA study's mix runs went on from (each shipped until then), whose making the shipped
+    # cards nest
+    for folder, soup_args, shipped_args, alias in (
+        ("soup-long15-n15-student", soup_long15_card_args, mix15_card_args, "swiftkv50"),
+        ("soup22-n22-student", soup22_card_args, mix22_card_args, "swiftkv25"),
+    ):
+        readme = (DOCS / "distill-study" / folder / "README.md").read_text()
+        soup_card = card.soup_main(soup_args(restored_study))
+        assert card.how_made(readme) == card.how_made(soup_card), folder
+        shipped = card.trained_soup_main(shipped_args(restored_study))
+        assert "\n".join(card.how_made(soup_card)) in shipped
+        assert f"--init-from smollm2-135m-instruct-{alias}" in shipped
+        assert "--long-share 0.5 --long-kind passage-qa" in shipped
 
 
 def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out(restored_study):

@@ -237,10 +237,15 @@ ROUNDS["soup15more"] = Round(
 )
 
 
-EPYC_2026_12_04 = (
-    "AMD EPYC, 2 cores, AVX512-BF16 (2048^3 matmuls on 2 threads: 863 GFLOP/s bf16, measured by the run before its "
-    "first step), so `--dtype auto` = bf16 autocast"
-)
+def epyc_avx512_bf16(peak_gflops: int) -> str:
+    """The AMD EPYC (2 cores, AVX512-BF16) the long-QA study's runs trained on, with the bf16 matmul peak the run
+    measured before its first step (it differs from run to run on a shared machine)."""
+    return (
+        f"AMD EPYC, 2 cores, AVX512-BF16 (2048^3 matmuls on 2 threads: {peak_gflops} GFLOP/s bf16, measured by the run "
+        "before its first step), so `--dtype auto` = bf16 autocast"
+    )
+
+
 # The N = 15 soup shipped as -swiftkv50 from 2026-11-29 (soup-long15) trained on by one run from its folder, on the
 # long-prompt QA study's mix: half the written tokens in passage-QA prompts (`scripts/study_long_qa.sh`).
 ROUNDS["mix15"] = Round(
@@ -250,7 +255,7 @@ ROUNDS["mix15"] = Round(
     "`docs/distill-study/replies-every-ids.jsonl.xz`) and the teacher's replies to the mix's 1,024 passage-QA "
     "prompts (vLLM-CPU, bf16, greedy, at most 64 tokens: the script's `replies` stage; ids in "
     "`docs/distill-study/long-qa/replies-qa-mix-ids.jsonl.xz`)",
-    EPYC_2026_12_04,
+    epyc_avx512_bf16(863),
     "soup-long15-n15-fulleval.json",
     "previous tensors (the soup it started from)",
     "2224128",
@@ -260,6 +265,17 @@ ROUNDS["mix15"] = Round(
     scored_as="n15-mix-student",
     out="n15-mix",
     started_from="docs/distill-study/soup-long15-n15-student",
+)
+
+# The N = 22 soup shipped as -swiftkv25 from 2026-11-28 (soup22) trained on by the same study's N = 22 mix run.
+ROUNDS["mix22"] = ROUNDS["mix15"]._replace(
+    script="scripts/study_long_qa.sh n22-mix",
+    run="n22-mix",
+    hardware=epyc_avx512_bf16(948),
+    previous="soup22-n22-fulleval.json",
+    scored_as="n22-mix-student",
+    out="n22-mix",
+    started_from="docs/distill-study/soup22-n22-student",
 )
 
 
