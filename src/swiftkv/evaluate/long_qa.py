@@ -25,7 +25,7 @@ from ..data.passage_qa import SHIPPED_SETS_DIR, contains_answer, normalize_answe
 from ..data.tokens import prompt_ids
 from .chat import greedy_answers
 from .pair import STUDENT, TEACHER, ModelPair
-from .stats import paired_comparison, paired_mean
+from .stats import paired_comparison, paired_mean, same_per_item
 from .store import ResultStore
 
 DEFAULT_SETS_DIR = SHIPPED_SETS_DIR
@@ -143,7 +143,7 @@ def long_qa_agreement(
     }
     correct = {role: [c for c, _ in scores[role]] for role in scores}
     exact = {role: [e for _, e in scores[role]] for role in scores}
-    identical = [int(t == s) for t, s in zip(tokens[TEACHER], tokens[STUDENT], strict=True)]
+    identical = same_per_item(tokens[TEACHER], tokens[STUDENT])
     return summarize(items, ids, new_tokens, texts, correct, exact, identical)
 
 
@@ -152,7 +152,7 @@ def summarize(
 ) -> dict:
     """The paired numbers of one set from its per-item records (kept beside them)."""
     teacher, student = correct[TEACHER], correct[STUDENT]
-    agree = [int(t == s) for t, s in zip(teacher, student, strict=True)]
+    agree = same_per_item(teacher, student)
     return {
         "items": len(items),
         "new_tokens": new_tokens,

@@ -15,7 +15,7 @@ from ..model.config import is_swiftkv
 from ..plots import figure
 from ..results import EvalResults, FloorResult, LongQA, StudentResult
 from .pair import STUDENT, TEACHER
-from .stats import check_same_items, paired_divergences, paired_hits
+from .stats import check_same_items, paired_divergences, paired_hits, same_per_item
 
 
 def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
@@ -306,7 +306,7 @@ def long_qa_hits(qa: LongQA) -> dict[str, list[int]]:
     student = qa.correct["student"]
     hits = {"correct": student}
     if "teacher" in qa.correct:
-        hits["teacher's verdict"] = [int(s == t) for s, t in zip(student, qa.correct["teacher"], strict=True)]
+        hits["teacher's verdict"] = same_per_item(student, qa.correct["teacher"])
     if qa.identical is not None:
         hits["teacher's answer"] = qa.identical
     return hits

@@ -30,9 +30,19 @@ def paired_mean(diffs: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(variance / n)
 
 
-def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float, int, int]:
+def same_per_item(a: Sequence, b: Sequence) -> list[int]:
+    """1 for each item on which two models' records (answers picked, verdicts, tokens) are the same, else 0."""
+    return [int(x == y) for x, y in zip(a, b, strict=True)]
+
+
+def paired_difference(
+    before: Sequence[float], after: Sequence[float], items: str = "items", models: str = "models"
+) -> tuple[float, float, int, int]:
     """after - before, pair by pair: the mean difference, its paired standard error, and the pairs where
-    before is the greater and where after is (for 0/1 hits: the items only one of them hits)."""
+    before is the greater and where after is (for 0/1 hits: the items only one of them hits). `items` and
+    `models` name the pairs and their two sides in the error for unpaired input (none, or unequal counts)."""
+    if not before or len(before) != len(after):
+        raise ValueError(f"expected the same {items} for both {models}; got {len(before)} and {len(after)}")
     diffs = [a - b for b, a in zip(before, after, strict=True)]
     mean_diff, stderr = paired_mean(diffs)
     return mean_diff, stderr, sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
@@ -42,12 +52,8 @@ def paired_hits(before: Sequence[float], after: Sequence[float]) -> dict:
     """Two models' per-item hits (1 where an item counts for the model) on the same items: after's rate minus
     before's with its paired standard error, the items only one of them hits, and McNemar's test on those
     ("teacher" is `before`, "student" is `after`)."""
-    n = len(before)
-    if n == 0 or n != len(after):
-        raise ValueError(
-            f"a paired comparison needs the same items for both models; got {n} and {len(after)}"
-        )
     mean_diff, stderr, before_only, after_only = paired_difference(before, after)
+    n = len(before)
     return {
         "n": n,
         "teacher": sum(before) / n,
@@ -71,11 +77,9 @@ def paired_comparison(
     n = len(teacher_correct)
     if not n == len(student_correct) == len(teacher_pred) == len(student_pred):
         raise ValueError("paired_comparison needs the same items for both models")
-    if n == 0:
-        raise ValueError("paired_comparison needs at least one item")
-    return {
+    return {  # paired_hits refuses no items, before the agreement divides by n
         **paired_hits(teacher_correct, student_correct),
-        "agreement": sum(t == s for t, s in zip(teacher_pred, student_pred, strict=True)) / n,
+        "agreement": sum(same_per_item(teacher_pred, student_pred)) / n,
     }
 
 
@@ -108,10 +112,8 @@ def paired_divergences(before: Sequence[int], after: Sequence[int]) -> dict:
     """Two students' first greedy divergences from the teacher on the same prompts (tokens into the answer):
     after's mean minus before's with its paired standard error, the prompts on which each one keeps to the
     teacher longer, and the sign test on those (the same exact binomial as McNemar's; ties drop out)."""
+    mean_diff, stderr, before_longer, after_longer = paired_difference(before, after, "prompts", "students")
     n = len(before)
-    if n == 0 or n != len(after):
-        raise ValueError(f"expected the same prompts for both students; got {n} and {len(after)} divergences")
-    mean_diff, stderr, before_longer, after_longer = paired_difference(before, after)
     return {
         "n": n,
         "before": sum(before) / n,
