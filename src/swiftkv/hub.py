@@ -65,10 +65,10 @@ def not_cached_message(repo_id: str, revision: str | None, error: Exception) -> 
         why = "HF_HUB_OFFLINE=1 forbids downloading it"
     else:
         why = f"the Hub could not be reached ({first_line(error)})"
+    # A mistyped local folder (`out/skv50`) has the same shape as an id: the message says both.
     return (
-        f"Hub model {described(repo_id, revision)} is not in the Hugging Face cache "
-        f"({constants.HF_HUB_CACHE}) and {why}; fetch it first where the Hub is reachable: {fetch} "
-        "(or give an HF folder, a .gguf file or an alias)"
+        f"model {described(repo_id, revision)} is no folder here, nor a Hub model in the Hugging Face cache "
+        f"({constants.HF_HUB_CACHE}), and {why}; fetch it first where the Hub is reachable: {fetch}"
     )
 
 
