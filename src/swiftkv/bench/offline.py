@@ -62,8 +62,12 @@ class BenchSettings:
     """What `swiftkv bench` compares (the SwiftKV model and its baseline) and runs with; both engines get the
     same values."""
 
-    model: str | Source = setting(None, "the SwiftKV model (folder or alias)", cli=False)
+    model: str | Source = setting(None, "the SwiftKV model (folder, alias or Hub repo id)", cli=False)
     baseline: str | Source = setting(None, "the model it was converted from, served the same way", cli=False)
+    revision: str | None = setting(None, "MODEL's revision (branch, tag or commit) when it is a Hub repo id")
+    baseline_revision: str | None = setting(
+        None, "--baseline's revision (branch, tag or commit) when it is a Hub repo id"
+    )
     kv_cache_memory: str = setting(
         KV_AUTO,
         "KV-cache memory for each engine: bytes or e.g. 2G, 512M; auto: on CUDA vLLM's own sizing at "
@@ -90,7 +94,10 @@ class BenchSettings:
     def opened(self) -> BenchSettings:
         """These settings with both models' sources resolved, once, as a benchmark starts. Each must hold
         weights: a folder holding only a config.json is refused here, before any engine starts."""
-        model, baseline = open_source(self.model), open_source(self.baseline)
+        model, baseline = (
+            open_source(self.model, self.revision),
+            open_source(self.baseline, self.baseline_revision),
+        )
         for source in (model, baseline):
             check_weights_present(source.folder)
         return replace(self, model=model, baseline=baseline)

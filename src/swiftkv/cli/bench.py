@@ -34,8 +34,10 @@ def register(subparsers) -> None:
         "`swiftkv serve`), sends Poisson-timed 10:1 requests at several rates, and writes OUT/online.json and "
         "OUT/online.png.",
     )
-    parser.add_argument("model", nargs="?", help="SwiftKV HF folder or alias (none with --moe)")
-    parser.add_argument("--baseline", help="the original model (HF folder, .gguf or alias; none with --moe)")
+    parser.add_argument("model", nargs="?", help="SwiftKV HF folder, alias or Hub repo id (none with --moe)")
+    parser.add_argument(
+        "--baseline", help="the original model (HF folder, .gguf, alias or Hub repo id; none with --moe)"
+    )
     add_dataclass_options(parser, BenchSettings)
     online = parser.add_argument_group("online benchmark (--online)")
     online.add_argument(

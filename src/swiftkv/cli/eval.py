@@ -32,7 +32,7 @@ def register(subparsers) -> None:
         "models",
         nargs="+",
         metavar="MODEL",
-        help="SwiftKV model(s): HF folder or alias (smollm2-135m-instruct-swiftkv50, ...); with "
+        help="SwiftKV model(s): HF folder, alias (smollm2-135m-instruct-swiftkv50, ...) or Hub repo id; with "
         "--sweep, the source model to convert",
     )
     add_dataclass_options(parser, EvalSettings)

@@ -10,7 +10,7 @@ from ..dtypes import describe_choice, resolve_dtype
 from ..generation import chat_input_ids, generate_text
 from ..model.config import is_swiftkv
 from ..sources import open_source
-from .options import add_dtype_option, source_help
+from .options import add_dtype_option, add_revision_option, source_help
 
 
 def register(subparsers) -> None:
@@ -21,6 +21,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("model", help=source_help())
     parser.add_argument("prompt", help="user message")
+    add_revision_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
         "--teacher", action="store_true", help="run a SwiftKV model's original (teacher) path"
@@ -32,7 +33,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     print(f"swiftkv generate: {describe_choice(args.dtype)}", file=sys.stderr)
-    source = open_source(args.model)
+    source = open_source(args.model, args.revision)
     model, tokenizer = source.load_model(resolve_dtype(args.dtype)), source.load_tokenizer()
     if args.teacher and not is_swiftkv(model):
         raise ValueError(

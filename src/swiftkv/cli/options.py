@@ -74,7 +74,17 @@ def given_values(args: argparse.Namespace, settings_class: type, dest_prefix: st
 
 
 def source_help() -> str:
-    return f"HF folder, .gguf file, or alias ({SMOLLM2_ALIAS}, {SMOLLM2_ALIAS}-swiftkv50, ...)"
+    return (
+        f"HF folder, .gguf file, alias ({SMOLLM2_ALIAS}, {SMOLLM2_ALIAS}-swiftkv50, ...) or Hub repo id "
+        "(org/name, from the Hugging Face cache or downloaded into it)"
+    )
+
+
+def add_revision_option(parser) -> None:
+    """`--revision` of a command that opens its one model itself (its settings, if any, hold no source)."""
+    parser.add_argument(
+        "--revision", help="the model's revision (branch, tag or commit) when it is a Hub repo id"
+    )
 
 
 def add_dtype_option(parser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..replies import RepliesSettings, write_replies
 from ..sources import check_weights_present, open_source
-from .options import add_dataclass_options, given_values, source_help
+from .options import add_dataclass_options, add_revision_option, given_values, source_help
 
 
 def register(subparsers) -> None:
@@ -17,12 +17,13 @@ def register(subparsers) -> None:
         "Resumable: a second run appends only the missing replies.",
     )
     parser.add_argument("src", help=source_help())
+    add_revision_option(parser)
     add_dataclass_options(parser, RepliesSettings)
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    source = open_source(args.src)  # resolved once: the stage's loaders take it as it is
+    source = open_source(args.src, args.revision)  # resolved once: the stage's loaders take it as it is
     check_weights_present(source.folder)  # before its tokenizer: a folder holding only a config has none
     cache = write_replies(RepliesSettings(source=source, **given_values(args, RepliesSettings)))
     print(f"wrote {cache.path}: {len(cache.replies)} replies ({cache.generated} generated now)")

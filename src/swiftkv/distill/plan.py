@@ -39,10 +39,11 @@ from transformers import AutoConfig
 
 from ..dtypes import DTYPE_NAMES, resolve_dtype
 from ..files import write_atomic
+from ..hub import CONFIG_FILES
 from ..metrics import mlp_token_width
 from ..model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
 from ..model.surgery import swiftkv_config
-from ..sources import SourceLike, open_source
+from ..sources import Source, SourceLike, resolve_source
 from . import microbatch, sharded_start, trainable
 from .microbatch import AUTO
 from .speed import TIMED_STEPS, time_plan
@@ -79,12 +80,23 @@ class MemoryPlan:
         ]
 
 
-def plan_config(source: SourceLike, num_key_value_layers: int | None, key_value_group_size: int | None):
+def plan_config(
+    source: SourceLike,
+    num_key_value_layers: int | None,
+    key_value_group_size: int | None,
+    revision: str | None = None,
+):
     """The SwiftKV config a plan is for: SRC's own (a converted folder, or a folder holding only its
-    config.json), or a plain HF config (a folder or a `config.json` path, no weights needed) converted at
-    `num_key_value_layers` (default L/2) and `key_value_group_size` (default 1), as `swiftkv convert` would."""
+    config.json), or a plain HF config (a folder, a `config.json` path or a Hub repo id at `revision`, whose
+    config alone is fetched: no weights needed) converted at `num_key_value_layers` (default L/2) and
+    `key_value_group_size` (default 1), as `swiftkv convert` would."""
     path = Path(str(source))
-    config_file = path if path.suffix == ".json" and path.is_file() else open_source(source).folder
+    if path.suffix == ".json" and path.is_file():
+        config_file = path
+    elif isinstance(source, Source):
+        config_file = source.folder
+    else:
+        config_file = resolve_source(source, revision, files=CONFIG_FILES)
     config = AutoConfig.from_pretrained(str(config_file))
     if is_swiftkv(config):
         given = {
@@ -358,7 +370,9 @@ def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> 
         raise ValueError(f"--world-size {request.world_size}: expected a number of processes, 1 or more")
     settings.check_batch_split(request.world_size)  # as the run itself would, before anything is built
     dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
-    config = plan_config(settings.source, request.num_key_value_layers, request.key_value_group_size)
+    config = plan_config(
+        settings.source, request.num_key_value_layers, request.key_value_group_size, settings.revision
+    )
     model = meta_model(config, settings.trainable, settings.lora_rank)
     if settings.micro_batch == AUTO:
         settings = replace(settings, micro_batch=auto_micro_batch(model, settings, request, dtype))

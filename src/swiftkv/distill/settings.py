@@ -62,6 +62,8 @@ RUN_ONLY_SETTINGS = (
     "force",
     "resume",
     "teacher_data",
+    "revision",  # the models are known by what their folders hold (`RunIdentity`), not by where they came from
+    "teacher_revision",
     "reply_engine",
     "fsdp",
     "activation_checkpointing",
@@ -71,7 +73,9 @@ RUN_ONLY_SETTINGS = (
 
 @dataclass
 class DistillSettings:
-    source: str | Source = setting(None, "SwiftKV HF folder (from `swiftkv convert`) or alias", cli=False)
+    source: str | Source = setting(
+        None, "SwiftKV HF folder (from `swiftkv convert`), alias or Hub repo id", cli=False
+    )
     recipe: str = setting(
         "swiftkv",
         "named preset of the settings below (reference = ArcticTraining's)",
@@ -86,6 +90,10 @@ class DistillSettings:
     )
     teacher: str | Source | None = setting(
         None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
+    )
+    revision: str | None = setting(None, "MODEL's revision (branch, tag or commit) when it is a Hub repo id")
+    teacher_revision: str | None = setting(
+        None, "--teacher's revision (branch, tag or commit) when it is a Hub repo id"
     )
     init: str = setting(
         "lstsq",
@@ -273,8 +281,8 @@ class DistillSettings:
     def opened(self) -> DistillSettings:
         """These settings with their model sources resolved, once, as a command starts (`open_source`):
         everything after reads the opened `Source`s and resolves nothing again."""
-        teacher = None if self.teacher is None else open_source(self.teacher)
-        return replace(self, source=open_source(self.source), teacher=teacher)
+        teacher = None if self.teacher is None else open_source(self.teacher, self.teacher_revision)
+        return replace(self, source=open_source(self.source, self.revision), teacher=teacher)
 
     def as_json(self) -> dict:
         """The settings as JSON values (a source by the name it was given)."""

@@ -140,8 +140,8 @@ def evaluate_models(settings: EvalSettings) -> EvalResults:
     """Each of `settings.students` scored against `settings.teacher` (`write_report` writes the results
     into `settings.out`). The sources are opened once, here."""
     started = time.time()
-    students = [open_source(student) for student in settings.students]
-    teacher = None if settings.teacher is None else open_source(settings.teacher)
+    students = [open_source(student, settings.revision) for student in settings.students]
+    teacher = None if settings.teacher is None else open_source(settings.teacher, settings.teacher_revision)
     if settings.floor:
         check_floor(students, teacher)
     store = ResultStore(Path(settings.cache) if settings.cache else None)

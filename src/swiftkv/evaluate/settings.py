@@ -23,11 +23,19 @@ def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
 class EvalSettings:
     """What to score (the students, their teacher), how, and where the report goes."""
 
-    students: tuple = setting((), "the SwiftKV models scored (HF folders or aliases)", cli=False)
+    students: tuple = setting(
+        (), "the SwiftKV models scored (HF folders, aliases or Hub repo ids)", cli=False
+    )
     teacher: str | Source | None = setting(
         None,
-        "the model the students came from (folder or alias, e.g. smollm2-135m-instruct); "
+        "the model the students came from (folder, alias or Hub repo id, e.g. smollm2-135m-instruct); "
         "default: each MODEL's own teacher path (swiftkv off)",
+    )
+    revision: str | None = setting(
+        None, "the MODELs' revision (branch, tag or commit) when they are Hub repo ids"
+    )
+    teacher_revision: str | None = setting(
+        None, "--teacher's revision (branch, tag or commit) when it is a Hub repo id"
     )
     out: str = setting("swiftkv-eval", "report folder")
     cache: str | None = setting(None, "results cache file (default ~/.cache/swiftkv/eval/results.sqlite)")

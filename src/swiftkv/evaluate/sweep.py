@@ -76,12 +76,13 @@ def run_sweep(settings: EvalSettings, sweep: SweepSettings) -> list[Path]:
     it, write the report, the trade-off table and its plot into `settings.out`."""
     if len(settings.students) != 1:
         raise ValueError("--sweep takes exactly one MODEL: the source model to convert")
-    source, out = open_source(settings.students[0]), Path(settings.out)
+    source, out = open_source(settings.students[0], settings.revision), Path(settings.out)
     layers = read_config_dict(source.folder)["num_hidden_layers"]
     points = sweep_points(layers, parse_fractions(sweep.sweep), parse_group_sizes(sweep.sweep_group_sizes))
     students = convert_points(source, points, out / "models", sweep.sweep_init)
     settings.extra["sweep"] = {"points": points, "init": sweep.sweep_init}
-    results = evaluate_models(replace(settings, students=tuple(map(str, students)), teacher=source))
+    converted = tuple(map(str, students))  # folders: no revision
+    results = evaluate_models(replace(settings, students=converted, revision=None, teacher=source))
     paths = write_report(results, out)
     with atomic_file(out / "sweep.png") as tmp:
         plot_tradeoff(results, tmp)

@@ -108,10 +108,26 @@ def check_neighbour_options(folder, vllm_args: list[str]) -> None:
         check_kv_cache_dtype(kv_cache_dtype, head_dim_of(config))
 
 
-def serve(model: str, vllm_args: list[str]) -> NoReturn:
-    """Become vLLM's OpenAI server for a SwiftKV folder or alias (exec, so signals such as Ctrl-C or
-    a supervisor's SIGTERM reach vLLM directly). `vllm_args` go to vLLM unchanged."""
-    folder = open_source(model).folder
+def without_option(option: str, vllm_args: list[str]) -> list[str]:
+    """`vllm_args` without `option` and its value (`--opt VALUE` or `--opt=VALUE`)."""
+    kept, skip = [], False
+    for arg in vllm_args:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            kept.append(arg)
+    return kept
+
+
+def server_command(model: str, vllm_args: list[str]) -> list[str]:
+    """Everything `serve` does before it becomes the server: open the model (a Hub repo id at the user's
+    --revision is resolved here, and vLLM is given its cached folder, so the option does not reach vLLM),
+    refuse what cannot serve, set the environment up; the command line to exec."""
+    revision = user_value("--revision", vllm_args)
+    vllm_args = without_option("--revision", vllm_args)
+    folder = open_source(model, revision).folder
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; expected an HF model folder")
     check_vllm_serves(json.loads((folder / "config.json").read_text()))
@@ -121,7 +137,13 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     choose_model_runner(os.environ, torch.cuda.is_available(), has_v1_runner(installed_vllm_version()))
     configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
     print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
-    command = serve_command(str(folder), model, vllm_args)
+    return serve_command(str(folder), model, vllm_args)
+
+
+def serve(model: str, vllm_args: list[str]) -> NoReturn:
+    """Become vLLM's OpenAI server for a SwiftKV folder, alias or Hub repo id (exec, so signals such as
+    Ctrl-C or a supervisor's SIGTERM reach vLLM directly). `vllm_args` go to vLLM unchanged, but --revision."""
+    command = server_command(model, vllm_args)
     print("swiftkv serve: " + " ".join(command), file=sys.stderr, flush=True)
     sys.stdout.flush()
     os.execve(command[0], command, os.environ)
