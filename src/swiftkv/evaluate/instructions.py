@@ -112,6 +112,19 @@ def parse_item(line: str, where: str, default_key: str) -> InstructionItem:
     return InstructionItem(str(record.get("key", default_key)), prompt, tuple(ids), tuple(kwargs))
 
 
+def check_instruction_context(
+    tokenizer, instructions: InstructionSet, max_length: int, new_tokens: int
+) -> None:
+    """Every prompt and its reply must fit the model's context (checked before any scoring)."""
+    for item in instructions.items:
+        needed = len(prompt_ids(tokenizer, item.messages)) + new_tokens
+        if needed > max_length:
+            raise ValueError(
+                f"--instruction-following {instructions.name}: prompt {item.key!r} needs {needed} tokens "
+                f"(prompt + --instruction-tokens); the model's context is {max_length}"
+            )
+
+
 def verdicts(reply: str, item: InstructionItem) -> tuple[list[int], list[int]]:
     """Per instruction of `item`: strict and loose verdicts on `reply`."""
     checked = check_reply(reply, item.prompt, item.instruction_ids, item.kwargs)
