@@ -101,7 +101,8 @@ def check_fillable(source: str, tokens: int) -> None:
 def build_item(
     question: SourceQuestion, passages: list[str], tokens: int, rng: random.Random
 ) -> QAItem | None:
-    """`question` with distractors drawn from `passages` to fill about `tokens` (None: it cannot)."""
+    """`question` with at least one distractor drawn from `passages`, filling about `tokens` (None: it
+    cannot)."""
     low, high = tokens * FILL[0], tokens * FILL[1]
     chosen, total = [question.passage], estimated_tokens(question.passage)
     if total > high:
@@ -113,7 +114,7 @@ def build_item(
         if passages[index] != question.passage and total + length <= high:
             chosen.append(passages[index])
             total += length
-    if total < low:
+    if total < low or len(chosen) == 1:  # a passage alone is not a long-prompt item: it needs distractors
         return None
     distractors = chosen[1:]
     distractors.insert(rng.randint(0, len(distractors)), question.passage)
