@@ -61,6 +61,11 @@ def test_each_item_holds_its_own_passage_once_among_distractors_of_about_the_ask
     assert format_set(source, 500, 16) == items  # the same items every time
 
 
+def test_items_0_takes_every_question_that_fills_the_length():
+    every = format_set("drop", 500, 0)
+    assert len(every) > 64 and every[:16] == format_set("drop", 500, 16)
+
+
 def test_coqa_asks_with_the_conversation_so_far():
     items = format_set("coqa", 500, 8)
     assert any(item.question.startswith("(Earlier in this conversation: Q: ") for item in items)

@@ -132,7 +132,7 @@ def format_set(source: str, tokens: int, items: int) -> list[QAItem]:
         item = build_item(questions[index], passages, tokens, rng)
         if item is not None:
             built.append(item)
-        if len(built) == items:
+        if items and len(built) == items:  # 0: every item that fills the length
             break
     if not built:
         raise ValueError(
