@@ -11,7 +11,14 @@ import pytest
 from swiftkv.cli import main
 from swiftkv.evaluate import simple_instructions
 from swiftkv.evaluate.checkers import UNCHECKABLE, check_reply, nltk_data_root
-from swiftkv.evaluate.instructions import SIMPLE_SET, InstructionItem, instruction_set, role_scores
+from swiftkv.evaluate.instructions import (
+    SIMPLE_SET,
+    InstructionItem,
+    InstructionSet,
+    check_instruction_context,
+    instruction_set,
+    role_scores,
+)
 from swiftkv.evaluate.stats import mcnemar_exact_p
 from tests.tiny import random_student, save_tiny_folder, tiny_tokenizer, write_jsonl
 
@@ -122,6 +129,12 @@ def test_a_bad_line_is_one_error_before_any_model_loads(tmp_path, capsys, record
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"swiftkv eval: error: {path} {message}")
     assert not any("no-such-model" in line for line in err)
+
+
+def test_a_prompt_and_reply_longer_than_the_context_is_refused_before_scoring():
+    item = InstructionItem("long", " ".join(["w1"] * 40), ("punctuation:no_comma",), ({},))
+    with pytest.raises(ValueError, match=r"^--instruction-following mine: prompt 'long' needs \d+ tokens"):
+        check_instruction_context(tiny_tokenizer(), InstructionSet("mine", [item], 0), 48, 16)
 
 
 def test_the_command_line_end_to_end_on_tiny_models(tmp_path):
