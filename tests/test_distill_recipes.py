@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
 from swiftkv.cli import main
 from swiftkv.data.chat import read_source
@@ -19,7 +20,8 @@ from swiftkv.data.tokens import (
     teacher_documents,
     turn_prompts,
 )
-from swiftkv.distill.settings import DistillSettings, settings_for
+from swiftkv.distill.plan import model_parameters
+from swiftkv.distill.settings import DistillSettings, default_recipe, settings_for
 from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
@@ -116,6 +118,44 @@ def test_reference_large_is_snowflakes_8b_recipe_at_its_scale():
     )
     assert large.train_tokens == 500_039_680  # rounded up to whole steps of 8 x 8192 tokens: 7,630 steps
     assert large.train_tokens // (8 * 8192) == 7630
+
+
+@pytest.mark.parametrize(
+    ("parameters", "recipe"), [(134_515_008, "swiftkv"), (999_999_999, "swiftkv"), (10**9, "reference-large")]
+)
+def test_without_a_recipe_the_model_size_picks_it(parameters, recipe):
+    assert default_recipe(parameters)[0] == recipe
+
+
+def test_an_8b_config_takes_the_large_recipe_and_the_first_line_says_why(tmp_path, capsys):
+    """Llama-3.1-8B's shape, from its config alone (no weights): 8.03B parameters plus SwiftKV's q/k/v
+    projections for layers 16-31 (16 x 25.2M = 0.40B) and norm_swiftkv, so
+    `distill` without --recipe trains at Snowflake's 8B recipe; a tiny model keeps ours."""
+    llama_8b = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    )
+    llama_8b.save_pretrained(tmp_path / "8b")
+    assert (
+        model_parameters(tmp_path / "8b") == 8_030_261_248 + 16 * (4096 * 4096 + 2 * 4096 * 1024) + 4096
+    )  # + norm_swiftkv
+    plan = ["--plan", "--plan-steps", "0", "--seq-len", "64", "--micro-batch", "1"]
+    assert main(["distill", str(tmp_path / "8b"), *plan]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert re.fullmatch(
+        r"swiftkv distill: recipe reference-large \(the model has 8\.\d\dB parameters, at least 1B; "
+        r"--recipe NAME picks another\)",
+        first,
+    )
+    tiny = save_tiny_folder(tmp_path / "tiny")
+    assert main(["distill", str(tiny), *plan]) == 0
+    assert "recipe swiftkv (the model has " in capsys.readouterr().err
+    assert main(["distill", str(tiny), *plan, "--recipe", "reference"]) == 0
+    assert "swiftkv distill: recipe" not in capsys.readouterr().err  # a recipe given is not announced
 
 
 @pytest.mark.parametrize(("batch", "lr"), [(8, 2e-4), (32, 4e-4), (2, 1e-4), (64, 2e-4 * 8**0.5)])

@@ -249,7 +249,7 @@ def test_bench_workloads_do_not_apply_online(capsys):
 
 
 def test_our_method_and_dtype_lists_are_vllms():
-    """speculative.py and kv_dtype.py name vLLM 0.32's methods and CPU cache dtypes without importing
+    """speculative.py and kv_dtype.py name vLLM 0.32's and 0.33's methods and CPU cache dtypes without importing
     vLLM; a vLLM upgrade that changes them must fail here."""
     from typing import get_args
 
@@ -262,8 +262,11 @@ def test_our_method_and_dtype_lists_are_vllms():
     def flat(literal):
         return {leaf for arg in get_args(literal) for leaf in (flat(arg) if get_args(arg) else {arg})}
 
-    assert set(VLLM_METHODS) == flat(SpeculativeMethod)
-    assert flat(EagleModelTypes) | {"dspark"} == set(HIDDEN_STATE_METHODS)
+    # Ours are 0.32's and 0.33's: the installed vLLM's, and at most the few the other one differs by.
+    assert flat(SpeculativeMethod) <= set(VLLM_METHODS)
+    assert set(VLLM_METHODS) - flat(SpeculativeMethod) <= {"step5_mtp", "medusa", "mlp_speculator"}
+    assert flat(EagleModelTypes) | {"dspark"} <= set(HIDDEN_STATE_METHODS)
+    assert set(HIDDEN_STATE_METHODS) - flat(EagleModelTypes) <= {"dspark", "step5_mtp"}
     assert tuple(CPUAttentionBackend.supported_kv_cache_dtypes) == CPU_KV_CACHE_DTYPES
 
 
@@ -365,7 +368,8 @@ def test_vllm_engine_config_refuses_fp8_on_a_cpu_without_its_kernels(swiftkv_and
         ("0.32.0+cpu", True),
         ("0.29.1rc1", True),
         ("0.25.2", False),
-        ("0.33.0", False),
+        ("0.33.0", True),
+        ("0.34.0", False),
         ("1.0.0", False),
     ],
 )
@@ -376,7 +380,7 @@ def test_vllm_outside_the_supported_range_is_one_error_naming_it(version, suppor
         check_vllm_version(version)
         return
     with pytest.raises(
-        ValueError, match=rf"swiftkv supports vLLM 0\.26 to 0\.32\.x, and vLLM {re.escape(version)} "
+        ValueError, match=rf"swiftkv supports vLLM 0\.26 to 0\.33\.x, and vLLM {re.escape(version)} "
     ):
         check_vllm_version(version)
 
@@ -390,8 +394,10 @@ def test_the_plugin_and_swiftkv_serve_refuse_an_unsupported_vllm_before_any_engi
     from swiftkv.vllm import register
     from tests.tiny import save_tiny_folder, tiny_student
 
-    monkeypatch.setattr(vllm, "__version__", "0.33.0")
-    with pytest.raises(ValueError, match="supports vLLM 0.26 to 0.32.x"):
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    with pytest.raises(
+        ValueError, match="supports vLLM 0.26 to 0.33.x, and vLLM 0.34.0 is installed: vLLM 0.34 removed"
+    ):
         register()  # what vLLM calls in each of its processes
     monkeypatch.setattr("swiftkv.vllm.versions.installed_vllm_version", lambda: "0.25.0")
     monkeypatch.setattr("os.execve", lambda *args: pytest.fail("the server started"))
@@ -403,7 +409,7 @@ def test_the_plugin_and_swiftkv_serve_refuse_an_unsupported_vllm_before_any_engi
 def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkeypatch):
     """vLLM's CUDA engine defaults to its V2 model runner from 0.27 on; the plugin's fast-prefill contract is
     verified on V1 only, so the config hook picks V1 unless V2 was asked for, which is refused. A CPU (V1
-    only) is left alone."""
+    only) is left alone, and so is a vLLM that has no V1 runner."""
     import os
 
     from vllm.platforms import current_platform
@@ -419,7 +425,7 @@ def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkey
         )
 
     env = {}
-    assert choose_model_runner(env, on_cuda=False) is False and env == {}
+    assert choose_model_runner(env, on_cuda=False, has_v1_runner=True) is False and env == {}
     monkeypatch.delenv(RUNNER_ENV, raising=False)
     monkeypatch.setattr(current_platform, "is_cuda", lambda: True)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False)
@@ -430,3 +436,14 @@ def test_a_swiftkv_engine_on_cuda_runs_the_v1_model_runner_and_refuses_v2(monkey
         ValueError, match=f"{RUNNER_ENV}=1: SwiftKV is verified on vLLM's V1 model runner only"
     ):
         SwiftKVConfigHook.verify_and_update_config(config())
+
+    # A vLLM without the V1 runner (0.34 on, run only with the version override): V2 is the only runner
+    # and vLLM itself refuses RUNNER_ENV=0, so the hook leaves the variable as it is.
+    import vllm
+
+    monkeypatch.setattr(vllm, "__version__", "0.34.0")
+    SwiftKVConfigHook.verify_and_update_config(config())
+    assert os.environ[RUNNER_ENV] == "1"
+    monkeypatch.delenv(RUNNER_ENV)
+    SwiftKVConfigHook.verify_and_update_config(config())
+    assert RUNNER_ENV not in os.environ

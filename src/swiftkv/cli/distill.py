@@ -9,11 +9,12 @@ import torch.distributed as dist
 
 from ..distill.bound import bound_line
 from ..distill.from_weights import with_folder_rank
-from ..distill.plan import PlanRequest, print_plan
+from ..distill.plan import PlanRequest, model_parameters, print_plan
 from ..distill.run import heldout_agreement, run_distillation
-from ..distill.settings import DEFAULT_RECIPE, RECIPES, DistillSettings, settings_for
+from ..distill.settings import RECIPES, DistillSettings, default_recipe, settings_for
 from ..distill.setup import set_threads
 from ..distill.speed import TIMED_STEPS, measure_shared_vs_naive
+from ..distill.world import launched_as_main
 from ..files import write_atomic
 from .options import add_dataclass_options, given_values
 
@@ -33,10 +34,9 @@ def register(subparsers) -> None:
     parser.add_argument("model", help="SwiftKV HF folder (from `swiftkv convert`) or alias")
     parser.add_argument(
         "--recipe",
-        default=DEFAULT_RECIPE,
         metavar="NAME",
-        help=f"named preset: {' or '.join(RECIPES)} (default {DEFAULT_RECIPE}; reference = "
-        "ArcticTraining's recipe; see docs/distillation.md)",
+        help=f"named preset: {' or '.join(RECIPES)} (default: by the model's size, reference-large from "
+        "1B parameters, else swiftkv; reference = ArcticTraining's recipe; see docs/distillation.md)",
     )
     add_dataclass_options(parser, DistillSettings)
     parser.add_argument(
@@ -100,7 +100,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     given = given_values(args, DistillSettings)
-    settings = with_folder_rank(settings_for(args.model, args.recipe, **given), "lora_rank" in given)
+    recipe = chosen_recipe(args)
+    settings = with_folder_rank(settings_for(args.model, recipe, **given), "lora_rank" in given)
     if args.plan:
         request = PlanRequest(
             args.world_size,
@@ -138,6 +139,20 @@ def run(args) -> int:
         if args.json:
             write_json(args.json, result.summary)
     return 0
+
+
+def chosen_recipe(args) -> str:
+    """--recipe, or the recipe for the model's size; the run's first line says which and why."""
+    if args.recipe is not None:
+        return args.recipe
+    recipe, why = default_recipe(model_parameters(args.model))
+    if launched_as_main():
+        print(
+            f"swiftkv distill: recipe {recipe} ({why}; --recipe NAME picks another)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return recipe
 
 
 def is_main_process() -> bool:

@@ -107,6 +107,13 @@ def plan_config(source: SourceLike, num_key_value_layers: int | None, key_value_
     return swiftkv_config(config, n, key_value_group_size or 1)
 
 
+def model_parameters(source: SourceLike) -> int:
+    """The parameters of SRC's model (a converted folder, or a plain HF config as `plan_config` reads it),
+    counted on the meta device from its config alone: no weights are read."""
+    model = sharded_start.meta_model(plan_config(source, None, None))
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
 def meta_model(config, trainable_set: str, lora_rank: int | None):
     """The SwiftKV model of `config` on the meta device, with the run's trainable set installed."""
     model = sharded_start.meta_model(config)

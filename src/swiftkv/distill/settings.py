@@ -466,6 +466,10 @@ RECIPES: dict[str, dict] = {
     },
 }
 DEFAULT_RECIPE = "swiftkv"
+# Without --recipe a run takes the recipe made for its model's size: the default recipe's lr (2e-3) and
+# 512-token blocks were tuned on the 135M model, and Snowflake's 8B config is the only one tried at 1B+.
+LARGE_RECIPE = "reference-large"
+LARGE_MODEL_PARAMETERS = 1_000_000_000
 # Recipes whose lr follows the global batch: given --batch-size B and no --lr, lr x sqrt(B / B_ref) with
 # B_ref the recipe's own batch (the square-root rule for Adam-type optimizers: the gradient noise of a
 # batch falls as 1 / sqrt(B)). The other recipes keep their lr at any batch (it was tuned at their step).
@@ -484,6 +488,15 @@ def settings_for(source: str, recipe: str = DEFAULT_RECIPE, **given) -> DistillS
     if recipe in LR_FOLLOWS_BATCH and "batch_size" in chosen and "lr" not in chosen:
         values["lr"] = scaled_lr(RECIPES[recipe]["lr"], chosen["batch_size"], RECIPES[recipe]["batch_size"])
     return DistillSettings(source=source, recipe=recipe, **values)
+
+
+def default_recipe(parameters: int) -> tuple[str, str]:
+    """The recipe a run of a model with `parameters` takes without --recipe, and why, in words."""
+    size = f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:.1f}M"
+    size += " parameters"
+    if parameters >= LARGE_MODEL_PARAMETERS:
+        return LARGE_RECIPE, f"the model has {size}, at least {LARGE_MODEL_PARAMETERS / 1e9:g}B"
+    return DEFAULT_RECIPE, f"the model has {size}, under {LARGE_MODEL_PARAMETERS / 1e9:g}B"
 
 
 def scaled_lr(lr: float, batch_size: int, reference_batch: int) -> float:

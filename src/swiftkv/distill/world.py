@@ -63,6 +63,11 @@ def launched_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def launched_as_main() -> bool:
+    """Whether this is torchrun's first process (RANK 0) or no torchrun at all, known before any group."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def close_world(world: World) -> None:
     """Leave the one-process group `init_world` made (a torchrun group is torchrun's to end)."""
     if world.owns_group and torch.distributed.is_initialized():

@@ -66,13 +66,16 @@ def engine_core_in_process(environ: MutableMapping[str, str] | None = None) -> I
 # through other code than the V1 runner the plugin was written against (the CPU engine has only V1; what
 # was read of V2 is in docs/serving.md). Until a GPU check covers it, a SwiftKV engine on CUDA runs V1:
 # never a silent fallback to every row through the later layers, nor logits on rows the plugin did not pick.
+# From 0.34 on V1 is gone and vLLM refuses RUNNER_ENV=0, so on such a vLLM (run only with the version
+# override) the variable is left alone.
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def choose_model_runner(environ: MutableMapping[str, str], on_cuda: bool) -> bool:
+def choose_model_runner(environ: MutableMapping[str, str], on_cuda: bool, has_v1_runner: bool) -> bool:
     """On CUDA, make the engine run vLLM's V1 model runner (RUNNER_ENV=0); returns whether this call chose
-    it. A V2 runner asked for explicitly is refused. Nothing to do on a CPU (V1 only)."""
-    if not on_cuda:
+    it. A V2 runner asked for explicitly is refused. Nothing to do on a CPU before 0.34 (V1 only), nor on a
+    vLLM that has no V1 runner (`versions.has_v1_runner`): V2 is then the only runner."""
+    if not on_cuda or not has_v1_runner:
         return False
     asked = environ.get(RUNNER_ENV, "").strip().lower()
     if asked in ("1", "true"):

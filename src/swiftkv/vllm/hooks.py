@@ -12,6 +12,7 @@ from ..model.families import SUPPORTED_MODEL_TYPES, check_vllm_serves, family_of
 from .env import RUNNER_ENV, choose_model_runner
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_method
+from .versions import has_v1_runner
 
 logger = init_logger("vllm.plugins.swiftkv")
 
@@ -41,9 +42,10 @@ def check_neighbours(vllm_config) -> None:
     engine config, before the engine starts, so `vllm.LLM(...)` gets the same one error as `swiftkv serve`."""
     # Resolved at call time: importing `current_platform` while plugins load would fix the platform
     # before vLLM has loaded any platform plugin.
+    from vllm import __version__
     from vllm.platforms import current_platform
 
-    if choose_model_runner(os.environ, current_platform.is_cuda()):
+    if choose_model_runner(os.environ, current_platform.is_cuda(), has_v1_runner(__version__)):
         logger.info(
             "SwiftKV: vLLM's V1 model runner (%s=0), the fast-prefill path the plugin is verified on",
             RUNNER_ENV,

@@ -21,7 +21,7 @@ from .engine import kv_cache_bytes
 from .env import choose_model_runner, configure_cpu_env
 from .kv_dtype import check_kv_cache_dtype
 from .speculative import check_speculative_options
-from .versions import check_installed_vllm
+from .versions import check_installed_vllm, has_v1_runner, installed_vllm_version
 
 # Added to `vllm serve` unless the user passes the same option: the dtype (the hardware's choice,
 # `default_dtype`) and, on vLLM's CPU build only, the KV memory (`engine.kv_cache_bytes`) unless the user
@@ -118,7 +118,7 @@ def serve(model: str, vllm_args: list[str]) -> NoReturn:
     check_installed_vllm()
     check_neighbour_options(folder, vllm_args)
     check_weights_present(folder)  # after the options, which a config alone answers
-    choose_model_runner(os.environ, torch.cuda.is_available())
+    choose_model_runner(os.environ, torch.cuda.is_available(), has_v1_runner(installed_vllm_version()))
     configure_cpu_env(ranks=tensor_parallel_size(vllm_args))
     print(f"swiftkv serve: {describe_dtype(vllm_args)}", file=sys.stderr)
     command = serve_command(str(folder), model, vllm_args)

@@ -1,4 +1,4 @@
-"""Speculative decoding beside SwiftKV: which of vLLM 0.32's methods can run with SwiftKV's prefill
+"""Speculative decoding beside SwiftKV: which of vLLM's methods can run with SwiftKV's prefill
 skip, checked before the engine starts (importable without vLLM).
 
 `swiftkv serve` checks the user's `--speculative-config` (and `--spec-method` / `--spec-model`) with
@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
-# The methods of vLLM 0.32's SpeculativeMethod (config/speculative.py), kept in step with it by a test.
+# The methods of vLLM's SpeculativeMethod (config/speculative.py) in 0.32 and 0.33: 0.33 added step5_mtp and
+# dropped medusa and mlp_speculator. A test checks that the installed vLLM's are among them.
 MTP_METHODS = (
     "deepseek_mtp",
     "dots3_note_mtp",
@@ -42,6 +43,7 @@ MTP_METHODS = (
     "kimi_k3_mtp",
     "pangu_ultra_moe_mtp",
     "step3p5_mtp",
+    "step5_mtp",
     "hy_v3_mtp",
     "hy_v4_mtp",
     "gemma4_mtp",
@@ -130,7 +132,7 @@ def check_speculative_method(method: str | None, with_suffix: bool | None = None
             f"speculative method 'suffix' cannot run with SwiftKV here: {SUFFIX_UNAVAILABLE}. {works}"
         )
     if method not in VLLM_METHODS:
-        raise ValueError(f"speculative method {method!r} is not one vLLM 0.32 knows. {works}")
+        raise ValueError(f"speculative method {method!r} is not one vLLM knows. {works}")
     raise ValueError(f"speculative method {method!r} cannot run with SwiftKV: {reason_for(method)}. {works}")
 
 
@@ -143,7 +145,7 @@ def is_custom_proposer_path(model: str) -> bool:
 
 
 def resolve_method(config: dict) -> str:
-    """The method vLLM 0.32 will run for a speculative config dict, as far as it can be known before a
+    """The method vLLM will run for a speculative config dict, as far as it can be known before a
     draft model is opened: an explicit method, else inferred from `model` as vLLM does. A `model` that
     is a checkpoint becomes 'draft_model' (vLLM may then see an EAGLE, Medusa or MLP head in it; every
     one of those is refused too)."""
