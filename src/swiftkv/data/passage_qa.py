@@ -19,6 +19,7 @@ import json
 import random
 import re
 import string
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,6 +117,20 @@ def contains_answer(answer: str, gold: str) -> bool:
     """The normalised gold appears in the normalised answer as whole words ("4471" is not in "44712")."""
     gold = normalize_answer(gold)
     return bool(gold) and f" {gold} " in f" {normalize_answer(answer)} "
+
+
+def answer_f1(answer: str, golds: Sequence[str]) -> float:
+    """SQuAD's F1: the overlap of normalised words between the answer and a gold (precision and recall
+    harmonised), the best over the accepted golds."""
+    words = normalize_answer(answer).split()
+    best = 0.0
+    for gold in golds:
+        gold_words = normalize_answer(gold).split()
+        common = sum((Counter(words) & Counter(gold_words)).values())
+        if common:
+            precision, recall = common / len(words), common / len(gold_words)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def qa_messages(passages: Sequence[str], question: str) -> Messages:

@@ -6,6 +6,7 @@ both models answer greedily in a few tokens. Scored per item:
   correct      the normalised gold (SQuAD normalisation: lowercase, no punctuation, no a/an/the, collapsed
                whitespace) appears in the normalised answer as whole words; an item may accept several golds;
   exact_match  the normalised answer equals a normalised gold;
+  f1           SQuAD's F1: the overlap of normalised words with the best gold (`passage_qa.answer_f1`);
   identical    the two models' answers are the same tokens.
 Correctness is paired against the teacher (difference, paired standard error, McNemar's p) and so is its
 agreement (both right or both wrong). Answers are cached per model like the other greedy measures.
@@ -21,11 +22,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.passage_qa import SHIPPED_SETS_DIR, contains_answer, normalize_answer, qa_messages
+from ..data.passage_qa import SHIPPED_SETS_DIR, answer_f1, contains_answer, normalize_answer, qa_messages
 from ..data.tokens import prompt_ids
 from .chat import greedy_answers
 from .pair import STUDENT, TEACHER, ModelPair
-from .stats import paired_comparison, paired_mean, same_per_item
+from .stats import paired_comparison, paired_hits, paired_mean, same_per_item
 from .store import ResultStore
 
 DEFAULT_SETS_DIR = SHIPPED_SETS_DIR
@@ -143,12 +144,16 @@ def long_qa_agreement(
     }
     correct = {role: [c for c, _ in scores[role]] for role in scores}
     exact = {role: [e for _, e in scores[role]] for role in scores}
+    f1 = {
+        role: [answer_f1(t, item.answers) for t, item in zip(texts[role], items, strict=True)]
+        for role in texts
+    }
     identical = same_per_item(tokens[TEACHER], tokens[STUDENT])
-    return summarize(items, ids, new_tokens, texts, correct, exact, identical)
+    return summarize(items, ids, new_tokens, texts, correct, exact, identical, f1)
 
 
 def summarize(
-    items, ids, new_tokens: int, texts: dict, correct: dict, exact: dict, identical: list[int]
+    items, ids, new_tokens: int, texts: dict, correct: dict, exact: dict, identical: list[int], f1: dict
 ) -> dict:
     """The paired numbers of one set from its per-item records (kept beside them)."""
     teacher, student = correct[TEACHER], correct[STUDENT]
@@ -162,6 +167,7 @@ def summarize(
             # "agreement" of a correctness comparison: both right or both wrong
             "correct": paired_comparison(teacher, student, teacher, student),
             "exact_match": paired_comparison(exact[TEACHER], exact[STUDENT], exact[TEACHER], exact[STUDENT]),
+            "f1": paired_hits(f1[TEACHER], f1[STUDENT]),  # its McNemar p: the sign test on per-item F1
         },
         "agreement_stderr": paired_mean(agree)[1],
         "both_right": sum(t and s for t, s in zip(teacher, student, strict=True)),
@@ -172,5 +178,6 @@ def summarize(
         "answers": texts,
         "correct": correct,
         "exact_match": exact,
+        "f1": f1,
         "identical": identical,
     }

@@ -14,6 +14,7 @@ from ..files import atomic_file, write_atomic
 from ..model.config import is_swiftkv
 from ..plots import figure
 from ..results import EvalResults, FloorResult, LongQA, StudentResult
+from .instructions import MEASURES
 from .pair import STUDENT, TEACHER
 from .stats import check_same_items, paired_divergences, paired_hits, same_per_item
 
@@ -67,6 +68,7 @@ def markdown(results: EvalResults | dict) -> str:
     if students and students[0].tasks:
         lines += ["", *task_table(results)]
     lines += ["", *chat_tables(students), *long_prompt_table(results), *long_qa_table(results)]
+    lines += instruction_table(results)
     return "\n".join(lines) + "\n"
 
 
@@ -245,23 +247,59 @@ def long_qa_table(results: EvalResults) -> list[str]:
         "## Long-prompt QA (passages + a question, greedy short answers)",
         "",
         f"Correct: {rows[0][2].match}, after SQuAD normalisation (lowercase, punctuation and a/an/the "
-        "removed, whitespace collapsed); exact: the normalised answer equals a gold answer. Each cell: "
+        "removed, whitespace collapsed); exact: the normalised answer equals a gold answer; F1: SQuAD's word "
+        "overlap with the best gold (its p: the sign test). Each cell: "
         "teacher → model (difference ± paired s.e.; McNemar p). Verdicts: both right / both wrong / only the "
         "teacher / only the model right, and the share of items with the same verdict ± s.e. Identical: the "
         "same answer tokens. The floor is the teacher against itself at another dtype.",
         "",
-        "| set | model | items | prompt tokens | correct | exact | verdicts (same ± s.e.) | identical |",
-        "|---|---|---|---|---|---|---|---|",
+        "| set | model | items | prompt tokens | correct | exact | F1 | verdicts (same ± s.e.) | identical |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     order = list(dict.fromkeys(set_name for _, set_name, _ in rows))  # sets as run; floor, S1, ... within
     for name, set_name, qa in sorted(rows, key=lambda row: order.index(row[1])):
         correct, exact = qa.paired["correct"], qa.paired["exact_match"]
+        f1 = paired_cell(qa.paired["f1"]) if "f1" in qa.paired else "–"  # runs before F1 was kept
         lines.append(
             f"| {set_name} | {name} | {qa.items} | {qa.prompt_tokens_mean:.0f} | {paired_cell(correct)} | "
-            f"{paired_cell(exact)} | {qa.both_right} / {qa.both_wrong} / {correct.teacher_only_correct} / "
+            f"{paired_cell(exact)} | {f1} | {qa.both_right} / {qa.both_wrong} / {correct.teacher_only_correct} / "
             f"{correct.student_only_correct} ({correct.agreement:.3f} ± {qa.agreement_stderr:.3f}) | "
             f"{qa.identical_fraction:.3f} ± {qa.identical_stderr:.3f} |"
         )
+    return [*lines, ""]
+
+
+def instruction_table(results: EvalResults) -> list[str]:
+    """The instruction set, the floor and each student: strict and loose prompt- and instruction-level
+    accuracy, each paired against the teacher."""
+    results = EvalResults.of(results)
+    models = [(f"S{i + 1}", s.instruction_following) for i, s in enumerate(results.students)]
+    if results.floor:
+        models.insert(0, ("floor", results.floor.instruction_following))
+    rows = [(name, run) for name, run in models if run]
+    if not rows:
+        return []
+    first = rows[0][1]
+    left_out = (
+        f"; {first.left_out} prompts left out (their checkers need NLTK data no pip package carries)"
+        if first.left_out
+        else ""
+    )
+    lines = [
+        "## Instruction following (greedy replies checked by the benchmark's checkers)",
+        "",
+        f"Set `{first.name}`: {first.items} prompts, {first.instructions} instructions{left_out}; "
+        f"replies of up to {first.new_tokens} tokens. Prompt level: the reply follows every instruction of its "
+        "prompt; instruction level: each instruction on its own. Strict checks the reply as it is; loose also "
+        "accepts it without its first or last line or its asterisks. Each cell: teacher → model (difference ± "
+        "paired s.e.; McNemar p). The floor is the teacher against itself at another dtype.",
+        "",
+        "| model | prompts | prompt strict | prompt loose | instruction strict | instruction loose |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, run in rows:
+        cells = " | ".join(paired_cell(run.paired[measure]) for measure in MEASURES)
+        lines.append(f"| {name} | {run.items} | {cells} |")
     return [*lines, ""]
 
 

@@ -17,6 +17,7 @@ from ..results import EvalResults, LongQA, TaskResult
 from ..sources import Source, check_supported, open_source
 from .chat import generation_agreement, teacher_forced_agreement
 from .harness import run_task
+from .instructions import check_instruction_context, instruction_following
 from .loglikelihood import LoglikelihoodScorer
 from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_agreement
 from .long_qa import check_qa_context, long_qa_agreement
@@ -32,7 +33,11 @@ def evaluate_student(
     pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
     if settings.long_prompts:
         check_long_context(pair.max_length, settings.gen_tokens)
-    check_qa_context(pair.tokenizer, settings.qa_sets, pair.max_length, settings.long_qa_tokens)
+    check_qa_context(pair.tokenizer, settings.long_qa_sets, pair.max_length, settings.long_qa_tokens)
+    if settings.instructions:
+        check_instruction_context(
+            pair.tokenizer, settings.instructions, pair.max_length, settings.instruction_tokens
+        )
     scorer = LoglikelihoodScorer(pair, store, settings.batch_tokens, settings.progress)
     tasks = {}
     for name in settings.tasks:
@@ -67,11 +72,15 @@ def agreement(pair, settings: EvalSettings, store: ResultStore) -> dict:
         result["long_prompt"] = long_prompt_agreement(
             pair, store, prompts, settings.gen_tokens, settings.progress
         )
-    if settings.qa_sets:
+    if settings.long_qa_sets:
         result["long_qa"] = {
             name: long_qa_agreement(pair, store, name, items, settings.long_qa_tokens, settings.progress)
-            for name, items in settings.qa_sets.items()
+            for name, items in settings.long_qa_sets.items()
         }
+    if settings.instructions:
+        result["instruction_following"] = instruction_following(
+            pair, store, settings.instructions, settings.instruction_tokens, settings.progress
+        )
     return result
 
 
@@ -166,6 +175,12 @@ def evaluate_models(settings: EvalSettings) -> EvalResults:
                 "long_qa": settings.long_qa,
                 "long_qa_items": settings.long_qa_items,
                 "long_qa_tokens": settings.long_qa_tokens,
+                "long_prompt_formats": settings.long_prompt_formats,
+                "long_prompt_format_tokens": settings.long_prompt_format_tokens,
+                "long_prompt_format_items": settings.long_prompt_format_items,
+                "instruction_following": settings.instruction_following,
+                "instruction_items": settings.instruction_items,
+                "instruction_tokens": settings.instruction_tokens,
                 "threads": torch.get_num_threads(),
                 **settings.extra,
             },

