@@ -58,6 +58,9 @@ def markdown(results: EvalResults | dict) -> str:
         f"Teacher: `{results.teacher}`; weights in {results.dtype}; wall time {results.wall_time_s:.0f} s.",
         "",
     ]
+    if results.engines:
+        scored = "; ".join(f"{measure}: {engine}" for measure, engine in results.engines.items())
+        lines += [f"Scored by {scored}.", ""]
     for i, student in enumerate(students):
         lines.append(
             f"- S{i + 1}: `{student_label(student)}`, {student.pair.mode} pass, {student.seconds:.0f} s"

@@ -9,6 +9,7 @@ from ..settings import setting
 from ..sources import Source
 from .harness import MAIN_TASKS, parse_limits, parse_tasks
 from .long_qa import qa_sets
+from .processes import DEVICE_CHOICES
 
 
 def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
@@ -77,6 +78,12 @@ class EvalSettings:
         "auto",
         "inference dtype: auto = bf16 where the hardware has it natively, else fp32",
         choices=DTYPE_CHOICES,
+    )
+    device: str = setting(
+        "auto",
+        "where the models run: cpu, cuda (under torchrun or accelerate launch, each process's own GPU) "
+        "or auto = cuda when there is one",
+        choices=DEVICE_CHOICES,
     )
     batch_tokens: int = setting(4096, "padded tokens per scoring batch")
     progress: bool = setting(True, "progress bars", cli=False)
