@@ -3,6 +3,7 @@ two torchrun processes (gloo) write the same results.json as one process, and a 
 is refused before any model loads."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -119,7 +120,10 @@ def test_two_processes_write_what_one_process_writes(models, tmp_path):
     long_qa.write_text("".join(json.dumps(item) + "\n" for item in items))
     one, two = tmp_path / "one", tmp_path / "two"
     assert main(eval_args(models, one, long_qa)) == 0
-    torchrun(2, eval_args(models, two, long_qa))
+    run = torchrun(2, eval_args(models, two, long_qa))
+    for rank in (0, 1):  # each process computed a share
+        units = re.search(rf"process {rank} of 2: (\d+) units of work", run.stderr)
+        assert units and int(units[1]) > 0, run.stderr[-2000:]
     results = {run: json.loads((run / "results.json").read_text()) for run in (one, two)}
     assert results[two]["settings"]["processes"] == 2 and results[one]["settings"]["processes"] == 1
     assert comparable(results[two]) == comparable(results[one])

@@ -72,6 +72,11 @@ def run(args) -> int:
         paths = run_sweep(settings, sweep)
     else:
         results = evaluate_models(settings, processes)
+        if processes.size > 1:
+            print(
+                f"process {processes.rank} of {processes.size}: {processes.units} units of work",
+                file=sys.stderr,
+            )
         if not processes.is_main:  # every process holds the same results; the first one writes them
             return 0
         paths = write_report(results, Path(settings.out))

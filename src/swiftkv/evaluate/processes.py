@@ -47,6 +47,7 @@ class Processes:
     rank: int = 0
     size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    units: int = 0  # units of work (batches, conversations, prompts) this process computed
 
     @property
     def is_main(self) -> bool:
@@ -73,7 +74,10 @@ class Processes:
         i % size, one round of `size` items at a time (so a crash loses at most a round)."""
         for start in range(0, len(items), self.size):
             round_items = items[start : start + self.size]
-            mine = compute(round_items[self.rank]) if self.rank < len(round_items) else None
+            mine = None
+            if self.rank < len(round_items):
+                mine = compute(round_items[self.rank])
+                self.units += 1
             yield from zip(round_items, self.all_gather(mine)[: len(round_items)], strict=True)
 
 
