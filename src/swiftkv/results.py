@@ -243,6 +243,7 @@ class EvalResults(Record):
     engines: dict[str, str] | None = None  # measure -> what computed it (library, device, how)
     students: list[StudentResult] | None = None
     floor: FloorResult | None = None
+    recipe: dict[str, Any] | None = None  # --tasks snowflake: its tasks, engine and each model's metrics
     wall_time_s: float | None = None
 
 

@@ -22,6 +22,7 @@ from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_a
 from .long_qa import check_qa_context, long_qa_agreement
 from .pair import describe, load_floor_pair, load_pair
 from .processes import Processes, SharedStore, eval_device
+from .recipe import check_recipe_data, evaluate_recipe
 from .settings import EvalSettings
 from .store import ResultStore
 
@@ -164,6 +165,8 @@ def evaluate_models(settings: EvalSettings, processes: Processes | None = None) 
     started = time.time()
     processes = processes or Processes(device=eval_device(settings.device))
     dtype = resolve_dtype(settings.dtype, processes.device)
+    if settings.recipe:
+        check_recipe_data()
     students = [open_source(student) for student in settings.students]
     teacher = None if settings.teacher is None else open_source(settings.teacher)
     if settings.floor:
@@ -174,6 +177,9 @@ def evaluate_models(settings: EvalSettings, processes: Processes | None = None) 
         floor = evaluate_floor(teacher, settings, store, processes) if settings.floor else None
     finally:
         store.close()
+    recipe = None
+    if settings.recipe:
+        recipe = evaluate_recipe(students, teacher, dtype, processes, settings.limits)
     return EvalResults.from_json(
         {
             "teacher": str(teacher or f"{students[0]} (swiftkv off)"),
@@ -197,6 +203,7 @@ def evaluate_models(settings: EvalSettings, processes: Processes | None = None) 
             },
             "students": results,
             "floor": floor,
+            "recipe": recipe,
             "wall_time_s": time.time() - started,
         }
     )

@@ -10,6 +10,7 @@ from ..sources import Source
 from .harness import MAIN_TASKS, parse_limits, parse_tasks
 from .long_qa import qa_sets
 from .processes import DEVICE_CHOICES
+from .recipe import PRESET, recipe_tasks
 
 
 def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
@@ -35,7 +36,9 @@ class EvalSettings:
     tasks: str | tuple[str, ...] = setting(
         ",".join(MAIN_TASKS),
         "comma-separated lm-eval tasks (also "
-        "mmlu_<subject>; none: only the held-out chat and greedy prompts)",
+        "mmlu_<subject>; none: only the held-out chat and greedy prompts; snowflake: Snowflake's lm-eval "
+        "recipe, truthfulqa_mc2, winogrande, hellaswag and the Llama-3.1-instruct arc_challenge, gsm8k and "
+        "mmlu, with its shots and chat template, data from the Hugging Face hub)",
     )
     limit: str | None = setting(
         None,
@@ -64,6 +67,7 @@ class EvalSettings:
     long_qa_items: int = setting(0, "items per long-QA set (0: all)")
     long_qa_tokens: int = setting(24, "tokens of a long-QA answer")
     qa_sets: dict = field(default_factory=dict, metadata={"cli": False})  # read from long_qa, checked
+    recipe: bool = field(default=False, metadata={"cli": False})  # --tasks snowflake
     floor: bool = setting(
         False,
         "also score the teacher against itself at --floor-dtype on the agreement measures "
@@ -101,13 +105,15 @@ class EvalSettings:
         non_negative("--long-qa-tokens", self.long_qa_tokens, allow_zero=False)
         if self.long_qa and not self.qa_sets:  # a bad file fails now, before any model loads
             self.qa_sets = qa_sets(self.long_qa, self.long_qa_items)
+        if isinstance(self.tasks, str) and self.tasks.strip().lower() == PRESET:
+            self.recipe, self.tasks = True, ()
         if isinstance(self.tasks, str):
             self.tasks = tuple(parse_tasks(self.tasks))
         self.limits  # noqa: B018 - a bad --limit fails now, before any model loads
 
     @property
     def limits(self) -> dict[str, int | None]:
-        return parse_limits(self.limit, list(self.tasks))
+        return parse_limits(self.limit, list(self.tasks) or (list(recipe_tasks()) if self.recipe else []))
 
 
 @dataclass
