@@ -2,6 +2,7 @@
 offline without the hub's datasets it is one error naming each of them, before any model loads."""
 
 import pytest
+import torch
 
 from swiftkv.cli import main
 from swiftkv.evaluate.recipe import RECIPE, recipe_tasks
@@ -53,3 +54,23 @@ def test_the_recipe_table_shows_each_models_headline_metric():
     assert "| teacher | - | - | 0.5000 | - | - | - |" in lines
     assert "| student | - | - | - | - | - | - |" in lines
     assert any("hellaswag (10-shot)" in line and "gsm8k_llama (8-shot, chat)" in line for line in lines)
+
+
+@pytest.mark.slow  # lm-eval's HFLM on real (shipped, offline) task data
+def test_a_recipe_task_is_scored_by_lm_evals_model_on_either_path(tmp_path):
+    from swiftkv.evaluate.harness import task_manager
+    from swiftkv.evaluate.processes import Processes
+    from swiftkv.evaluate.recipe import RecipeTask, score_model
+    from tests.test_evaluate import save_models
+    from tests.tiny import byte_tokenizer
+
+    folder = str(save_models(tmp_path, byte_tokenizer())["student"])
+    task = RecipeTask(
+        "arc_easy", 2, "acc,none", (), chat=True, multiturn=True
+    )  # shipped data, Snowflake's way
+    scores = {
+        path: score_model(folder, path, torch.float32, Processes(), {"arc_easy": 6}, (task,), task_manager())
+        for path in (False, True)
+    }
+    for score in scores.values():
+        assert 0 <= score["arc_easy"]["acc,none"] <= 1 and "acc_norm,none" in score["arc_easy"]

@@ -24,6 +24,7 @@ from .processes import Processes
 PRESET = "snowflake"
 MAX_LENGTH = 4096
 MAX_GEN_TOKENS = 1024
+CPU_BATCH = 8  # lm-eval's "auto" batch size searches for the largest that fits a GPU's memory
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,16 @@ def check_recipe_data() -> None:
 
 
 def score_model(
-    folder: str, swiftkv: bool | None, dtype: torch.dtype, processes: Processes, limits: dict
+    folder: str,
+    swiftkv: bool | None,
+    dtype: torch.dtype,
+    processes: Processes,
+    limits: dict,
+    tasks: tuple[RecipeTask, ...] = RECIPE,
+    task_manager=None,
 ) -> dict:
-    """Every recipe task for one model; lm-eval's metrics per task (process 0; the others get {})."""
+    """Each of `tasks` for one model (lm-eval's default task registry unless `task_manager`); lm-eval's
+    metrics per task, in process 0 (the others get {}: lm-eval gathers the results there)."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
@@ -108,13 +116,13 @@ def score_model(
         pretrained=folder,
         dtype=dtype_name(dtype),
         device=str(processes.device),
-        batch_size="auto",
+        batch_size="auto" if processes.device.type == "cuda" else CPU_BATCH,  # auto probes memory
         max_length=MAX_LENGTH,
     )
     if is_swiftkv(lm.model.config) and swiftkv is not None:
         lm.model.set_swiftkv(swiftkv)  # the student's path, or its own teacher's
     scores = {}
-    for task in RECIPE:
+    for task in tasks:
         run = lm_eval.simple_evaluate(
             model=lm,
             tasks=[task.name],
@@ -123,6 +131,7 @@ def score_model(
             fewshot_as_multiturn=task.multiturn,
             gen_kwargs={"max_gen_toks": MAX_GEN_TOKENS},
             limit=limits.get(task.name),
+            task_manager=task_manager,
             verbosity="ERROR",
         )
         if run is not None:  # lm-eval returns the gathered results in process 0 only
@@ -157,7 +166,7 @@ def evaluate_recipe(students: list, teacher, dtype: torch.dtype, processes: Proc
     return {
         "name": PRESET,
         "engine": f"lm-eval's transformers model (HFLM; {processes.device.type}, {dtype_name(dtype)}, "
-        "batch size auto)",
+        f"{processes.size} process(es))",
         "tasks": {
             task.name: {
                 "shots": task.shots,
