@@ -11,6 +11,7 @@ same cache, so all agree on what is left to compute.
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -95,7 +96,11 @@ def start_processes(device: str = "auto") -> Processes:
     if place.type == "cuda":
         torch.cuda.set_device(place)
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if place.type == "cuda" else "gloo")
+        # lm-eval (the snowflake recipe) gathers only at the end of a task, after answers of uneven
+        # lengths in each process: a long wait is expected there, not a hang (lm-eval allows a year).
+        torch.distributed.init_process_group(
+            "nccl" if place.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=12)
+        )
     return Processes(torch.distributed.get_rank(), torch.distributed.get_world_size(), place)
 
 
