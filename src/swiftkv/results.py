@@ -259,8 +259,10 @@ class EvalResults(Record):
     tasks: list[str] | None = None
     limits: dict[str, int] | None = None
     settings: dict[str, Any] | None = None
+    engines: dict[str, str] | None = None  # measure -> what computed it (library, device, how)
     students: list[StudentResult] | None = None
     floor: FloorResult | None = None
+    recipe: dict[str, Any] | None = None  # --tasks snowflake: its tasks, engine and each model's metrics
     wall_time_s: float | None = None
 
 

@@ -10,6 +10,7 @@ import torch
 from transformers.utils import logging as hf_logging
 
 from ..dtypes import describe_choice
+from ..evaluate.processes import launched_processes, start_processes
 from ..evaluate.report import write_report
 from ..evaluate.run import evaluate_models
 from ..evaluate.settings import EvalSettings, SweepSettings, non_negative
@@ -57,11 +58,27 @@ def run(args) -> int:
         torch.set_num_threads(non_negative("--threads", args.threads, allow_zero=False))
     if settings.teacher is None and len(args.models) > 1 and not sweep.sweep:
         raise ValueError("several MODELs need --teacher (the model they were all converted from)")
-    print(f"swiftkv eval: {describe_choice(settings.dtype)}", file=sys.stderr)
+    if sweep.sweep and launched_processes() > 1:
+        raise ValueError("--sweep runs in one process; run it without torchrun / accelerate launch")
+    processes = start_processes(settings.device)
+    if processes.is_main:
+        print(
+            f"swiftkv eval: {processes.size} process(es) on {processes.device.type}, "
+            f"{describe_choice(settings.dtype, processes.device)}",
+            file=sys.stderr,
+        )
     started = time.time()
     if sweep.sweep:
         paths = run_sweep(settings, sweep)
     else:
-        paths = write_report(evaluate_models(settings), Path(settings.out))
+        results = evaluate_models(settings, processes)
+        if processes.size > 1:
+            print(
+                f"process {processes.rank} of {processes.size}: {processes.units} units of work",
+                file=sys.stderr,
+            )
+        if not processes.is_main:  # every process holds the same results; the first one writes them
+            return 0
+        paths = write_report(results, Path(settings.out))
     print(f"wrote {', '.join(map(str, paths))} ({time.time() - started:.0f} s)")
     return 0

@@ -53,7 +53,7 @@ def conversation_stats(pair: ModelPair, ids: list[int], mask: list[bool]) -> dic
     rows = torch.tensor(positions)
     hidden = pair.final_hidden(torch.tensor([ids]), rows, (TEACHER, STUDENT))
     logits = {role: pair.lm_head(role)(hidden[role][0]).float() for role in (TEACHER, STUDENT)}
-    targets = torch.tensor([ids[t + 1] for t in positions])
+    targets = torch.tensor([ids[t + 1] for t in positions], device=pair.device)
     nll = {
         role: -torch.log_softmax(x, -1).gather(-1, targets[:, None]).sum().item()
         for role, x in logits.items()
@@ -78,18 +78,26 @@ def teacher_forced_agreement(
     pair_key = f"{pair.cache_keys[STUDENT]}|{pair.cache_keys[TEACHER]}"
     keys = [request_key("teacher-forced", str(max_tokens), repr(messages)) for messages in conversations]
     done = store.get_many(pair_key, keys)
-    for key, messages in tqdm(
-        list(zip(keys, conversations, strict=True)),
-        desc="chat (teacher-forced)",
-        unit="conv",
-        disable=not progress,
-    ):
-        if key in done:
-            continue
-        encoded = assistant_token_mask(pair.tokenizer, messages, max_tokens)
-        done[key] = conversation_stats(pair, *encoded) if encoded else {"tokens": 0, "skipped": True}
-        store.put_many(pair_key, {key: done[key]})
+    missing = [(key, messages) for key, messages in zip(keys, conversations, strict=True) if key not in done]
+
+    def stats(item):
+        encoded = assistant_token_mask(pair.tokenizer, item[1], max_tokens)
+        return conversation_stats(pair, *encoded) if encoded else {"tokens": 0, "skipped": True}
+
+    bar = progress_bar(pair, progress, len(keys), len(keys) - len(missing), "chat (teacher-forced)", "conv")
+    for (key, _), result in pair.processes.computed(missing, stats):
+        done[key] = result
+        store.put_many(pair_key, {key: result})
+        bar.update()
+    bar.close()
     return summarize_teacher_forced([done[key] for key in keys])
+
+
+def progress_bar(pair: ModelPair, progress: bool, total: int, done: int, desc: str, unit: str) -> tqdm:
+    """A bar drawn by the first process only (the others compute their share in silence)."""
+    return tqdm(
+        total=total, initial=done, desc=desc, unit=unit, disable=not (progress and pair.processes.is_main)
+    )
 
 
 def summarize_teacher_forced(stats: list[dict]) -> dict:
@@ -117,7 +125,7 @@ def greedy_tokens(pair: ModelPair, role: str, prompt_ids: list[int], new_tokens:
     model = pair.model_of(role)
     # In shared mode the same model plays the teacher: the path is chosen per call, nothing is flipped.
     path = {"swiftkv": role == STUDENT} if is_swiftkv(model) else {}
-    input_ids = torch.tensor([prompt_ids])
+    input_ids = torch.tensor([prompt_ids], device=pair.device)
     out = model.generate(
         input_ids,
         attention_mask=torch.ones_like(input_ids),
@@ -147,15 +155,20 @@ def greedy_answers(
 ) -> dict[str, list[list[int]]]:
     """Each role's greedy answer to each prompt, cached per model: a teacher's answers serve every
     student compared with it."""
-    answers = {TEACHER: [], STUDENT: []}
-    for ids in tqdm(prompt_ids, desc=desc, unit="prompt", disable=not progress):
-        key = request_key("greedy", str(new_tokens), repr(ids))
-        for role in (TEACHER, STUDENT):
-            cached = store.get_many(pair.cache_keys[role], [key])
-            if key not in cached:
-                cached[key] = greedy_tokens(pair, role, ids, new_tokens)
-                store.put_many(pair.cache_keys[role], cached)
-            answers[role].append(cached[key])
+    keys = [request_key("greedy", str(new_tokens), repr(ids)) for ids in prompt_ids]
+    answers = {}
+    for role in (TEACHER, STUDENT):
+        done = store.get_many(pair.cache_keys[role], keys)
+        missing = [(key, ids) for key, ids in zip(keys, prompt_ids, strict=True) if key not in done]
+        bar = progress_bar(pair, progress, len(keys), len(keys) - len(missing), f"{desc}, {role}", "prompt")
+        for (key, _), answer in pair.processes.computed(
+            missing, lambda item, role=role: greedy_tokens(pair, role, item[1], new_tokens)
+        ):
+            done[key] = answer
+            store.put_many(pair.cache_keys[role], {key: answer})
+            bar.update()
+        bar.close()
+        answers[role] = [done[key] for key in keys]
     return answers
 
 

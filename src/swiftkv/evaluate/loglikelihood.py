@@ -50,7 +50,7 @@ def encode_request(tokenizer, context: str, continuation: str, max_length: int) 
 def score_rows(logits: torch.Tensor, targets: tuple[int, ...]) -> tuple[float, bool]:
     """Sum of log p(target) over the continuation and whether greedy decoding would produce it."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    target = torch.tensor(targets)
+    target = torch.tensor(targets, device=logits.device)
     total = logprobs.gather(-1, target[:, None]).sum().item()
     return total, bool((logprobs.argmax(-1) == target).all())
 
@@ -107,15 +107,21 @@ class LoglikelihoodScorer:
             by_input[enc.inputs].append(key)
         results = {r: {} for r in cached}
         self.computed += len(todo)
-        bar = tqdm(total=len(todo), desc="scoring", unit="req", disable=not self.progress)
-        for batch in batches(list(by_input), self.batch_tokens):
+        processes = self.pair.processes
+        bar = tqdm(
+            total=len(todo), desc="scoring", unit="req", disable=not (self.progress and processes.is_main)
+        )
+
+        def score(batch):  # the batches are formed before they are dealt out: the same at any process count
             keys = [key for inputs in batch for key in by_input[inputs]]
             roles = [r for r in cached if any(key not in cached[r] for key in keys)]
-            batch_results = self.score_batch(batch, by_input, encoded, roles)
+            return self.score_batch(batch, by_input, encoded, roles)
+
+        for batch, batch_results in processes.computed(batches(list(by_input), self.batch_tokens), score):
             for r, items in batch_results.items():
                 self.store.put_many(self.keys[r], items)
                 results[r].update(items)
-            bar.update(len(keys))
+            bar.update(sum(len(by_input[inputs]) for inputs in batch))
         bar.close()
         return results
 

@@ -7,12 +7,10 @@ agreement at each answer position. Cached like the chat measures."""
 
 from __future__ import annotations
 
-from tqdm import tqdm
-
 from ..data.heldout import heldout_conversations
 from ..data.long_prompts import LONG_PROMPT_TOKENS, long_prompts, text_counter
 from ..data.tokens import prompt_ids
-from .chat import conversation_stats, divergences, greedy_answers
+from .chat import conversation_stats, divergences, greedy_answers, progress_bar
 from .pair import STUDENT, TEACHER, ModelPair
 from .store import ResultStore, request_key
 
@@ -40,15 +38,7 @@ def long_prompt_agreement(
         pair, store, ids, new_tokens, desc="long prompts (generation)", progress=progress
     )
     divergence = divergences(answers, new_tokens, pair.tokenizer.eos_token_id)
-    forced = [
-        along_teacher_answer(pair, store, prompt, answer)
-        for prompt, answer in tqdm(
-            list(zip(ids, answers[TEACHER], strict=True)),
-            unit="prompt",
-            desc="long prompts (teacher-forced)",
-            disable=not progress,
-        )
-    ]
+    forced = along_teacher_answers(pair, store, list(zip(ids, answers[TEACHER], strict=True)), progress)
     tokens = sum(f["tokens"] for f in forced)
     return {
         "prompts": len(prompts),
@@ -62,14 +52,25 @@ def long_prompt_agreement(
     }
 
 
-def along_teacher_answer(pair: ModelPair, store: ResultStore, prompt: list[int], answer: list[int]) -> dict:
-    """KL / top-1 sums at the positions that predict the teacher's answer tokens."""
+def along_teacher_answers(
+    pair: ModelPair, store: ResultStore, prompts: list[tuple[list[int], list[int]]], progress: bool
+) -> list[dict]:
+    """KL / top-1 sums at the positions that predict the teacher's answer tokens, per (prompt, answer)."""
     pair_key = f"{pair.cache_keys[STUDENT]}|{pair.cache_keys[TEACHER]}"
-    key = request_key("long-teacher-forced", repr(prompt), repr(answer))
-    cached = store.get_many(pair_key, [key])
-    if key not in cached:
-        ids = prompt + answer
-        mask = [False] * len(prompt) + [True] * len(answer)
-        cached[key] = conversation_stats(pair, ids, mask)
-        store.put_many(pair_key, cached)
-    return cached[key]
+    keys = [request_key("long-teacher-forced", repr(prompt), repr(answer)) for prompt, answer in prompts]
+    done = store.get_many(pair_key, keys)
+    missing = [(key, item) for key, item in zip(keys, prompts, strict=True) if key not in done]
+
+    def stats(item):
+        prompt, answer = item[1]
+        return conversation_stats(pair, prompt + answer, [False] * len(prompt) + [True] * len(answer))
+
+    bar = progress_bar(
+        pair, progress, len(keys), len(keys) - len(missing), "long prompts (teacher-forced)", "prompt"
+    )
+    for (key, _), result in pair.processes.computed(missing, stats):
+        done[key] = result
+        store.put_many(pair_key, {key: result})
+        bar.update()
+    bar.close()
+    return [done[key] for key in keys]

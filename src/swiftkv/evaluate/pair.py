@@ -9,7 +9,7 @@ memory, layers < N computed once). Otherwise the two models run separately ("sep
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from ..files import folder_fingerprint
 from ..model.config import is_swiftkv
 from ..model.surgery import teacher_difference, tokenizer_differences
 from ..sources import SourceLike, check_supported, check_weights_present, open_source
+from .processes import Processes
 
 STUDENT, TEACHER = "student", "teacher"
 ROLES = (TEACHER, STUDENT)
@@ -31,6 +32,11 @@ class ModelPair:
     names: dict[str, str]  # role -> what the user passed (alias or folder)
     cache_keys: dict[str, str]  # role -> fingerprint of the weights + dtype (results-cache key)
     dtype: torch.dtype
+    processes: Processes = field(default_factory=Processes)  # the device, and the share of the work
+
+    @property
+    def device(self) -> torch.device:
+        return self.processes.device
 
     @property
     def mode(self) -> str:
@@ -51,9 +57,11 @@ class ModelPair:
         positions (None: all). lm_head is left to the caller, so it only runs on the rows scored. In
         shared mode one `forward_pair` serves both roles (layers < N once)."""
         batch, seq = input_ids.shape
+        input_ids = input_ids.to(self.device)
         positions = torch.arange(seq) if keep_rows is None else torch.as_tensor(keep_rows)
+        positions = positions.to(self.device)
         if self.teacher is None:
-            rows = (torch.arange(batch)[:, None] * seq + positions[None]).reshape(-1)
+            rows = (torch.arange(batch, device=self.device)[:, None] * seq + positions[None]).reshape(-1)
             pair = self.student.model.forward_pair(input_ids, rows=rows)
             both = {TEACHER: pair.teacher, STUDENT: pair.student}
             return {role: both[role].view(batch, len(positions), -1) for role in roles}
@@ -99,9 +107,12 @@ def load_pair(
     teacher_src: SourceLike | None,
     dtype: torch.dtype = torch.bfloat16,
     share_early: bool = True,
+    processes: Processes | None = None,
 ) -> ModelPair:
-    """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring.
+    """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring, on
+    `processes.device` (default: one process on the CPU).
     `share_early=False` keeps two models even when they could share layers < N (for speed comparisons)."""
+    processes = processes or Processes()
     sources = {STUDENT: open_source(student_src)}  # an opened Source is not resolved again
     if teacher_src is not None:
         sources[TEACHER] = open_source(teacher_src)
@@ -136,15 +147,24 @@ def load_pair(
         student.set_swiftkv(True)  # `generate` and plain forwards of the student run the SwiftKV path
     dtype_name = str(dtype).removeprefix("torch.")
     keys = {role: f"{key}-{dtype_name}" for role, key in keys.items()}
+    place = {"device": processes.device, "dtype": dtype}
     return ModelPair(
-        student.to(dtype), teacher.to(dtype) if teacher is not None else None, tokenizer, names, keys, dtype
+        student.to(**place),
+        teacher.to(**place) if teacher is not None else None,
+        tokenizer,
+        names,
+        keys,
+        dtype,
+        processes,
     )
 
 
-def load_floor_pair(teacher_src: SourceLike, dtype: torch.dtype, floor_dtype: torch.dtype) -> ModelPair:
+def load_floor_pair(
+    teacher_src: SourceLike, dtype: torch.dtype, floor_dtype: torch.dtype, processes: Processes | None = None
+) -> ModelPair:
     """The teacher (in `dtype`) paired with itself in `floor_dtype` as the "student": how far the
     teacher moves from itself with precision alone, the floor of every agreement measure."""
-    pair = load_pair(teacher_src, teacher_src, dtype)
+    pair = load_pair(teacher_src, teacher_src, dtype, processes=processes)
     pair.student = pair.student.to(floor_dtype)
     floor_name = str(floor_dtype).removeprefix("torch.")
     pair.cache_keys[STUDENT] = pair.cache_keys[STUDENT].rsplit("-", 1)[0] + f"-{floor_name}"

@@ -59,6 +59,9 @@ def markdown(results: EvalResults | dict) -> str:
         f"Teacher: `{results.teacher}`; weights in {results.dtype}; wall time {results.wall_time_s:.0f} s.",
         "",
     ]
+    if results.engines:
+        scored = "; ".join(f"{measure}: {engine}" for measure, engine in results.engines.items())
+        lines += [f"Scored by {scored}.", ""]
     for i, student in enumerate(students):
         lines.append(
             f"- S{i + 1}: `{student_label(student)}`, {student.pair.mode} pass, {student.seconds:.0f} s"
@@ -69,7 +72,32 @@ def markdown(results: EvalResults | dict) -> str:
         lines += ["", *task_table(results)]
     lines += ["", *chat_tables(students), *long_prompt_table(results), *long_qa_table(results)]
     lines += instruction_table(results)
+    lines += recipe_table(results.recipe)
     return "\n".join(lines) + "\n"
+
+
+def recipe_table(recipe: dict | None) -> list[str]:
+    """`--tasks snowflake`: one row per model, one column per task (its headline metric)."""
+    if not recipe:
+        return []
+    tasks = recipe["tasks"]
+    header = [
+        f"{name} ({task['shots']}-shot{', chat' if task['chat'] else ''})" for name, task in tasks.items()
+    ]
+    lines = [
+        f"## The {recipe['name']} recipe",
+        "",
+        f"Scored by {recipe['engine']}. Metric per task: "
+        + ", ".join(f"{name} `{task['metric']}`" for name, task in tasks.items())
+        + ".",
+        "",
+        "| model | " + " | ".join(header) + " |",
+        "|---" * (len(tasks) + 1) + "|",
+    ]
+    for model, scores in recipe["models"].items():
+        cells = [scores.get(name, {}).get(task["metric"]) for name, task in tasks.items()]
+        lines.append(f"| {model} | " + " | ".join("-" if c is None else f"{c:.4f}" for c in cells) + " |")
+    return [*lines, ""]
 
 
 def summary_table(results: EvalResults) -> list[str]:

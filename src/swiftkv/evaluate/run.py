@@ -22,15 +22,17 @@ from .loglikelihood import LoglikelihoodScorer
 from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_agreement
 from .long_qa import check_qa_context, long_qa_agreement
 from .pair import describe, load_floor_pair, load_pair
+from .processes import Processes, SharedStore, eval_device
+from .recipe import check_recipe_data, evaluate_recipe
 from .settings import EvalSettings
 from .store import ResultStore
 
 
 def evaluate_student(
-    student: Source, teacher: Source | None, settings: EvalSettings, store: ResultStore
+    student: Source, teacher: Source | None, settings: EvalSettings, store, processes: Processes
 ) -> dict:
     started = time.time()
-    pair = load_pair(student, teacher, resolve_dtype(settings.dtype))
+    pair = load_pair(student, teacher, resolve_dtype(settings.dtype, processes.device), processes=processes)
     if settings.long_prompts:
         check_long_context(pair.max_length, settings.gen_tokens)
     check_qa_context(pair.tokenizer, settings.long_qa_sets, pair.max_length, settings.long_qa_tokens)
@@ -42,10 +44,12 @@ def evaluate_student(
     tasks = {}
     for name in settings.tasks:
         tasks[name] = run_task(name, scorer, settings.limits.get(name))
-        print_task_line(student, name, tasks[name])
+        if processes.is_main:
+            print_task_line(student, name, tasks[name])
     result = {"pair": describe(pair), "tasks": tasks, **agreement(pair, settings, store)}
     for name, qa in result.get("long_qa", {}).items():
-        print_long_qa_line(student, name, qa)
+        if processes.is_main:
+            print_long_qa_line(student, name, qa)
     result["prefill_compute_saving"] = prefill_compute_saving(pair.student.config)
     result["seconds"] = time.time() - started
     return result
@@ -84,16 +88,17 @@ def agreement(pair, settings: EvalSettings, store: ResultStore) -> dict:
     return result
 
 
-def floor_dtype(settings: EvalSettings) -> torch.dtype:
+def floor_dtype(settings: EvalSettings, dtype: torch.dtype) -> torch.dtype:
     if settings.floor_dtype != "other":
         return getattr(torch, settings.floor_dtype)
-    return torch.bfloat16 if resolve_dtype(settings.dtype) == torch.float32 else torch.float32
+    return torch.bfloat16 if dtype == torch.float32 else torch.float32
 
 
-def evaluate_floor(teacher: Source, settings: EvalSettings, store: ResultStore) -> dict:
+def evaluate_floor(teacher: Source, settings: EvalSettings, store, processes: Processes) -> dict:
     """The teacher against itself at another dtype, on the agreement measures only."""
     started = time.time()
-    pair = load_floor_pair(teacher, resolve_dtype(settings.dtype), floor_dtype(settings))
+    dtype = resolve_dtype(settings.dtype, processes.device)
+    pair = load_floor_pair(teacher, dtype, floor_dtype(settings, dtype), processes)
     return {"pair": describe(pair), **agreement(pair, settings, store), "seconds": time.time() - started}
 
 
@@ -145,24 +150,50 @@ def print_long_qa_line(student: str, name: str, result: dict) -> None:
     )
 
 
-def evaluate_models(settings: EvalSettings) -> EvalResults:
+def open_store(settings: EvalSettings, processes: Processes):
+    """The results cache; with several processes, the first one's, shared with the others."""
+    if processes.size == 1:
+        return ResultStore(Path(settings.cache) if settings.cache else None)
+    own = ResultStore(Path(settings.cache) if settings.cache else None) if processes.is_main else None
+    return SharedStore(own, processes)
+
+
+def engines(processes: Processes, dtype: torch.dtype) -> dict[str, str]:
+    """What computed each measure, for the report."""
+    where = f"{processes.device.type}, {dtype_name(dtype)}"
+    return {
+        "log-likelihoods and teacher-forced agreement": f"transformers ({where}, batched forwards)",
+        "greedy generation": f"transformers ({where}, one prompt at a time)",
+    }
+
+
+def evaluate_models(settings: EvalSettings, processes: Processes | None = None) -> EvalResults:
     """Each of `settings.students` scored against `settings.teacher` (`write_report` writes the results
-    into `settings.out`). The sources are opened once, here."""
+    into `settings.out`). The sources are opened once, here. With several `processes` (torchrun), each
+    computes its share and every process returns the same results."""
     started = time.time()
+    processes = processes or Processes(device=eval_device(settings.device))
+    dtype = resolve_dtype(settings.dtype, processes.device)
+    if settings.recipe:
+        check_recipe_data()
     students = [open_source(student, settings.revision) for student in settings.students]
     teacher = None if settings.teacher is None else open_source(settings.teacher, settings.teacher_revision)
     if settings.floor:
         check_floor(students, teacher)
-    store = ResultStore(Path(settings.cache) if settings.cache else None)
+    store = open_store(settings, processes)
     try:
-        results = [evaluate_student(student, teacher, settings, store) for student in students]
-        floor = evaluate_floor(teacher, settings, store) if settings.floor else None
+        results = [evaluate_student(student, teacher, settings, store, processes) for student in students]
+        floor = evaluate_floor(teacher, settings, store, processes) if settings.floor else None
     finally:
         store.close()
+    recipe = None
+    if settings.recipe:
+        recipe = evaluate_recipe(students, teacher, dtype, processes, settings.limits)
     return EvalResults.from_json(
         {
             "teacher": str(teacher or f"{students[0]} (swiftkv off)"),
-            "dtype": dtype_name(resolve_dtype(settings.dtype)),
+            "dtype": dtype_name(dtype),
+            "engines": engines(processes, dtype),
             "tasks": list(settings.tasks),
             "limits": settings.limits,
             "settings": {
@@ -182,10 +213,12 @@ def evaluate_models(settings: EvalSettings) -> EvalResults:
                 "instruction_items": settings.instruction_items,
                 "instruction_tokens": settings.instruction_tokens,
                 "threads": torch.get_num_threads(),
+                "processes": processes.size,
                 **settings.extra,
             },
             "students": results,
             "floor": floor,
+            "recipe": recipe,
             "wall_time_s": time.time() - started,
         }
     )

@@ -11,6 +11,8 @@ from .harness import MAIN_TASKS, parse_limits, parse_tasks
 from .instructions import instruction_set
 from .long_formats import format_sets
 from .long_qa import qa_sets
+from .processes import DEVICE_CHOICES
+from .recipe import PRESET, recipe_tasks
 
 
 def non_negative(name: str, value: int, allow_zero: bool = True) -> int:
@@ -44,7 +46,9 @@ class EvalSettings:
     tasks: str | tuple[str, ...] = setting(
         ",".join(MAIN_TASKS),
         "comma-separated lm-eval tasks (also "
-        "mmlu_<subject>; none: only the held-out chat and greedy prompts)",
+        "mmlu_<subject>; none: only the held-out chat and greedy prompts; snowflake: Snowflake's lm-eval "
+        "recipe, truthfulqa_mc2, winogrande, hellaswag and the Llama-3.1-instruct arc_challenge, gsm8k and "
+        "mmlu, with its shots and chat template, data from the Hugging Face hub)",
     )
     limit: str | None = setting(
         None,
@@ -91,6 +95,7 @@ class EvalSettings:
     instruction_items: int = setting(0, "prompts of the instruction set (0: all)")
     instruction_tokens: int = setting(512, "tokens of an instruction-following reply")
     instructions: object = field(default=None, metadata={"cli": False})  # read from instruction_following
+    recipe: bool = field(default=False, metadata={"cli": False})  # --tasks snowflake
     floor: bool = setting(
         False,
         "also score the teacher against itself at --floor-dtype on the agreement measures "
@@ -105,6 +110,12 @@ class EvalSettings:
         "auto",
         "inference dtype: auto = bf16 where the hardware has it natively, else fp32",
         choices=DTYPE_CHOICES,
+    )
+    device: str = setting(
+        "auto",
+        "where the models run: cpu, cuda (under torchrun or accelerate launch, each process's own GPU) "
+        "or auto = cuda when there is one",
+        choices=DEVICE_CHOICES,
     )
     batch_tokens: int = setting(4096, "padded tokens per scoring batch")
     progress: bool = setting(True, "progress bars", cli=False)
@@ -131,6 +142,8 @@ class EvalSettings:
             )
         if self.instruction_following and self.instructions is None:
             self.instructions = instruction_set(self.instruction_following, self.instruction_items)
+        if isinstance(self.tasks, str) and self.tasks.strip().lower() == PRESET:
+            self.recipe, self.tasks = True, ()
         if isinstance(self.tasks, str):
             self.tasks = tuple(parse_tasks(self.tasks))
         self.limits  # noqa: B018 - a bad --limit fails now, before any model loads
@@ -142,7 +155,7 @@ class EvalSettings:
 
     @property
     def limits(self) -> dict[str, int | None]:
-        return parse_limits(self.limit, list(self.tasks))
+        return parse_limits(self.limit, list(self.tasks) or (list(recipe_tasks()) if self.recipe else []))
 
 
 @dataclass
