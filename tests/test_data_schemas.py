@@ -150,3 +150,18 @@ def test_repeated_data_options_become_a_tuple_setting(tmp_path):
         "a:5",
         "b:all",
     ]
+
+
+def test_the_data_command_writes_the_sample_as_chat_jsonl(tmp_path, capsys):
+    source = saved_dataset(
+        tmp_path / "orca",
+        [LAYOUT_CASES["openorca"][0]] * 9 + [{"system_prompt": "", "question": "q", "response": "r"}],
+    )
+    out = tmp_path / "openorca.jsonl"
+    assert main(["data", "--data", f"{source}:4", "--seed", "2", "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["messages"] for r in written] == list(read_data(f"{source}:4", seed=2))
+    assert list(read_data(str(out))) == list(read_data(f"{source}:4", seed=2))
+    assert main(["data", "--data", f"{source}:11", "--out", str(tmp_path / "no.jsonl")]) == 2
+    assert not (tmp_path / "no.jsonl").exists()

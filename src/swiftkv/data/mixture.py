@@ -18,12 +18,14 @@ counted, so a name that cannot be loaded or a count too large fails first.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import atomic_file
 from ..settings import parse_count
 from . import chat, sharegpt
 from .schemas import Example, record_to_example
@@ -195,3 +197,17 @@ def loaded_by_name(name: str, split: str, option: str):
             "dataset already in the datasets cache loads: load it once online, or save_to_disk it and pass "
             f"the folder"
         ) from error
+
+
+def write_examples(spec: DataSpec, out: Path, seed: int = 0) -> int:
+    """The examples of `spec` as a JSONL file of `{"messages": [...]}` / `{"text": ...}` records (those
+    with nothing to learn from left out), written to a temp file and renamed; returns how many."""
+    check_data(spec)
+    written = 0
+    with atomic_file(out) as tmp, tmp.open("w", encoding="utf-8") as lines:
+        for example in read_data(spec, seed):
+            if example is not None:
+                record = {"text": example} if isinstance(example, str) else {"messages": example}
+                lines.write(json.dumps(record, ensure_ascii=False) + "\n")
+                written += 1
+    return written
