@@ -165,3 +165,12 @@ def test_the_data_command_writes_the_sample_as_chat_jsonl(tmp_path, capsys):
     assert list(read_data(str(out))) == list(read_data(f"{source}:4", seed=2))
     assert main(["data", "--data", f"{source}:11", "--out", str(tmp_path / "no.jsonl")]) == 2
     assert not (tmp_path / "no.jsonl").exists()
+
+
+def test_a_dataset_name_without_split_reads_data_split(tmp_path, capsys):
+    """--data-split reaches datasets.load_dataset: the refusal of a name names the split it asked for."""
+    for split in ("train", "test"):
+        with pytest.raises(ValueError, match=f"nobody/none@{split}: .*split='{split}'.*HF_HUB_OFFLINE"):
+            check_data("nobody/none", split=split)
+    with pytest.raises(ValueError, match="nobody/none@dev"):
+        check_data("nobody/none@dev", split="test")  # NAME@SPLIT wins

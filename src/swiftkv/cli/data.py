@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data.mixture import DATA_HELP, write_examples
+from ..data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, write_examples
 
 
 def register(subparsers) -> None:
@@ -16,12 +16,13 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--data", action="append", required=True, metavar="SOURCE[:COUNT]", help=DATA_HELP)
     parser.add_argument("--seed", type=int, default=0, help="the seed of the sampled counts (default 0)")
+    parser.add_argument("--data-split", default=DEFAULT_SPLIT, help=SPLIT_HELP)
     parser.add_argument("--out", required=True, help="the JSONL file to write (atomically)")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     spec = args.data[0] if len(args.data) == 1 else tuple(args.data)
-    written = write_examples(spec, Path(args.out), args.seed)
+    written = write_examples(spec, Path(args.out), args.seed, args.data_split)
     print(f"wrote {args.out}: {written:,} examples")
     return 0

@@ -24,7 +24,10 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     given = given_values(args, RepliesSettings)
-    check_data(given.get("data", RepliesSettings.data))  # first: opening the data is cheaper than the model
+    # first: opening the data is cheaper than the model
+    check_data(
+        given.get("data", RepliesSettings.data), split=given.get("data_split", RepliesSettings.data_split)
+    )
     source = open_source(args.src)  # resolved once: the stage's loaders take it as it is
     check_weights_present(source.folder)  # before its tokenizer: a folder holding only a config has none
     cache = write_replies(RepliesSettings(source=source, **given))

@@ -2,7 +2,8 @@
 
   --data SOURCE[:COUNT|:all]      given once or several times
   SOURCE   `sharegpt`, a JSONL / JSON / text file or folder, a `datasets.save_to_disk` folder (`chat`), or
-           a dataset name that `datasets.load_dataset` finds (NAME, or NAME@SPLIT; default split train)
+           a dataset name that `datasets.load_dataset` finds (NAME, or NAME@SPLIT; default --data-split,
+           train)
   COUNT    that many records (500000, 500k), drawn without replacement with the run's seed; asking
            for more than the source holds is an error naming both numbers. Without a count, or with
            `:all`, every record is read.
@@ -35,6 +36,7 @@ ALL = "all"
 DEFAULT_SPLIT = "train"
 COUNT_PATTERN = re.compile(r"\d+(\.\d+)?[kKmM]?")
 PATH_SUFFIXES = (".jsonl", ".json", *chat.TEXT_SUFFIXES)  # a missing file, not a dataset name
+SPLIT_HELP = "the split of a --data dataset name given without @SPLIT"
 DATA_HELP = (
     f"{chat.DATA_HELP}, or a dataset name that datasets.load_dataset finds (NAME or NAME@SPLIT); "
     "each optionally :COUNT (records sampled with the run's seed) or :all, and --data repeated to mix sources"
@@ -81,7 +83,7 @@ def parts_of(spec: DataSpec, option: str = "--data") -> list[Part] | None:
     return [parse_part(value, option) for value in values]
 
 
-def check_data(spec: DataSpec, option: str = "--data") -> None:
+def check_data(spec: DataSpec, option: str = "--data", split: str = DEFAULT_SPLIT) -> None:
     """Open and count every source of `spec`, so a missing file, a dataset that cannot be loaded or a
     count over a source's size fails before any model loads."""
     parts = parts_of(spec, option)
@@ -89,7 +91,7 @@ def check_data(spec: DataSpec, option: str = "--data") -> None:
         chat.check_source(spec, option)
         return
     for part in parts:
-        records = open_records(part.source, option)
+        records = open_records(part.source, option, split)
         if part.count is not None:
             check_count(part, records.size(), option)
 
@@ -102,16 +104,19 @@ def check_count(part: Part, size: int, option: str) -> None:
         )
 
 
-def read_data(spec: DataSpec, seed: int = 0, option: str = "--data") -> Iterator[Example | None]:
-    """The examples of a --data setting (None marks an example to skip, kept so seeded orders hold)."""
+def read_data(
+    spec: DataSpec, seed: int = 0, option: str = "--data", split: str = DEFAULT_SPLIT
+) -> Iterator[Example | None]:
+    """The examples of a --data setting (None marks an example to skip, kept so seeded orders hold);
+    `split`: the split of a dataset name given without @SPLIT (--data-split)."""
     parts = parts_of(spec, option)
     if parts is None:
         yield from chat.read_source(spec, option)
         return
-    check_data(spec, option)
+    check_data(spec, option, split)
     streams, weights = [], []
     for part in parts:
-        records = open_records(part.source, option)
+        records = open_records(part.source, option, split)
         indices = None if part.count is None else sampled(part, records.size(), seed)
         streams.append(records.examples(indices))
         weights.append(len(indices) if indices is not None else (records.size() if len(parts) > 1 else 1))
@@ -144,7 +149,7 @@ def picked(examples: Iterable, indices: list[int] | None) -> Iterator:
 # --------------------------------------------------------------------------------------------------
 
 
-def open_records(source: str, option: str = "--data") -> Records:
+def open_records(source: str, option: str = "--data", split: str = DEFAULT_SPLIT) -> Records:
     path = Path(source)
     if source == chat.SHAREGPT_ALIAS:
         sharegpt.sharegpt_file()
@@ -158,8 +163,8 @@ def open_records(source: str, option: str = "--data") -> Records:
         )
     if path.suffix in PATH_SUFFIXES or source.startswith((".", "/", "~")):
         chat.check_source(source, option)  # a missing file: its own error
-    name, _, split = source.partition("@")
-    return dataset_records(loaded_by_name(name, split or DEFAULT_SPLIT, option), source)
+    name, _, named_split = source.partition("@")
+    return dataset_records(loaded_by_name(name, named_split or split, option), source)
 
 
 def local_size(path: Path) -> int:
@@ -199,13 +204,13 @@ def loaded_by_name(name: str, split: str, option: str):
         ) from error
 
 
-def write_examples(spec: DataSpec, out: Path, seed: int = 0) -> int:
+def write_examples(spec: DataSpec, out: Path, seed: int = 0, split: str = DEFAULT_SPLIT) -> int:
     """The examples of `spec` as a JSONL file of `{"messages": [...]}` / `{"text": ...}` records (those
     with nothing to learn from left out), written to a temp file and renamed; returns how many."""
-    check_data(spec)
+    check_data(spec, split=split)
     written = 0
     with atomic_file(out) as tmp, tmp.open("w", encoding="utf-8") as lines:
-        for example in read_data(spec, seed):
+        for example in read_data(spec, seed, split=split):
             if example is not None:
                 record = {"text": example} if isinstance(example, str) else {"messages": example}
                 lines.write(json.dumps(record, ensure_ascii=False) + "\n")

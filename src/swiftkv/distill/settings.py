@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..data.long_prompts import LONG_PROMPT_TOKENS
-from ..data.mixture import DATA_HELP, DataSpec
+from ..data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, DataSpec
 from ..data.split import LONG_KINDS, written_tokens
 from ..dtypes import DTYPE_CHOICES
 from ..replies import ENGINES as REPLY_ENGINES
@@ -81,6 +81,7 @@ class DistillSettings:
     )
     out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
     data: DataSpec = setting("sharegpt", DATA_HELP, repeat=True)
+    data_split: str = setting(DEFAULT_SPLIT, SPLIT_HELP)
     teacher: str | Source | None = setting(
         None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
     )
@@ -379,6 +380,7 @@ class DistillSettings:
             out=self.teacher_data,
             writer=self.reply_writer,
             data=self.data,
+            data_split=self.data_split,
             tokens=written_tokens(self.data_tokens, HUMAN_SHARE[self.targets]),
             heldout_tokens=self.heldout_tokens,
             skip_tokens=self.skip_tokens,

@@ -86,7 +86,7 @@ def check_values(settings: DistillSettings, writes_output: bool) -> None:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     settings.check_parallelism()
     settings.check_skip()
-    check_data(settings.data)
+    check_data(settings.data, split=settings.data_split)
     if writes_output:
         check_new_output(settings.out, settings.force)
     if settings.passes < 1:

@@ -328,6 +328,7 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
         every_turn=written.every_turn,
         passes=settings.passes,
         skip_tokens=settings.skip_tokens,
+        split=settings.data_split,
     )
 
 
