@@ -216,6 +216,7 @@ def test_the_command_line_lists_only_what_users_run():
         "export",
         "generate",
         "demo",
+        "data",
         "replies",
         "distill",
         "eval",

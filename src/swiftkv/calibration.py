@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from .data.chat import read_source
+from .data.mixture import read_data
 from .data.tokens import tokenize
 from .metrics import agreement_stats
 from .model.mla import SwiftKVLatentAttentionMixin
@@ -65,7 +65,7 @@ def token_blocks(
     the `--calib-data` source (read in order, no shuffle)."""
     wanted = -(-fit_tokens // block_len) + -(-eval_tokens // block_len)
     blocks, buffer = [], []
-    for example in read_source(source, option="--calib-data"):
+    for example in read_data(source, option="--calib-data"):
         document = tokenize(tokenizer, example)
         if document is None:
             continue

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoConfig
 
 from . import calibration
-from .data.chat import check_source
+from .data.mixture import check_data
 from .dtypes import DTYPE_CHOICES, autocast, compute_device, parse_dtype, resolve_dtype
 from .files import check_new_output
 from .model.config import num_key_value_layers_for
@@ -225,12 +225,10 @@ def why_unmeasured(folder, settings: ConvertSettings) -> str:
     elif not has_tokenizer(folder):
         reason = f"the source {folder} has no tokenizer"
     elif settings.init == "lstsq":
-        check_source(
-            settings.calib_data, "--calib-data"
-        )  # its own error names the option and what it expects
+        check_data(settings.calib_data, "--calib-data")  # its own error names the option and what it expects
     else:
         try:
-            check_source(settings.calib_data, "--calib-data")
+            check_data(settings.calib_data, "--calib-data")
         except FileNotFoundError as error:
             reason = str(error)
     if reason and settings.init == "lstsq":

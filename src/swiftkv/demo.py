@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .convert import ConvertSettings, convert
-from .data.chat import read_source
+from .data.mixture import read_data
 from .dtypes import describe_choice, dtype_name, resolve_dtype
 from .files import write_atomic
 from .generation import chat_input_ids, generate_text, kv_cache_bytes, median_prefill_seconds, prefill
@@ -20,7 +20,7 @@ DISTILLED_ALIAS = f"{SMOLLM2_ALIAS}-swiftkv50"
 def long_prompt_ids(tokenizer, tokens: int) -> torch.Tensor:
     """A chat prompt of about `tokens` tokens: a long document followed by a question about it."""
     text = ""
-    for messages in filter(None, read_source("sharegpt")):
+    for messages in filter(None, read_data("sharegpt")):
         text += "\n\n".join(m["content"] for m in messages) + "\n\n"
         if len(tokenizer(text)["input_ids"]) > tokens:
             break

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from .data.chat import read_source
+from .data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, DataSpec, check_data, read_data
 from .data.split import LONG_KINDS, LongMix, split_documents
 from .data.tokens import MAX_PROMPT_TOKENS, Reply, prompt_key
 from .dtypes import DTYPE_CHOICES, dtype_name, resolve_dtype
@@ -78,11 +78,10 @@ class RepliesSettings:
         "SRC is a SwiftKV folder) or the student (SRC, a SwiftKV folder, as it is)",
         choices=WRITERS,
     )
-    data: str = setting(
-        "sharegpt",
-        "'sharegpt', a .json/.jsonl chat file, a text folder, a datasets.save_to_disk folder, or several "
-        "of them interleaved by weight (A,B:2,C): the first user turn of each train chat is a prompt",
+    data: DataSpec = setting(
+        "sharegpt", f"{DATA_HELP}: the first user turn of each train chat is a prompt", repeat=True
     )
+    data_split: str = setting(DEFAULT_SPLIT, SPLIT_HELP)
     tokens: int = setting(
         1_000_000,
         "prompt + reply tokens to write (distill: its train tokens, half with --targets mixed)",
@@ -182,11 +181,12 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
     settings.check_engine()
     settings.check_long_mix()
+    check_data(settings.data, split=settings.data_split)
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:
         split_documents(
-            read_source(settings.data),
+            read_data(settings.data, settings.seed, split=settings.data_split),
             tokenizer,
             settings.seed,
             settings.heldout_tokens,

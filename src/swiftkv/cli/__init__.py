@@ -18,6 +18,7 @@ COMMAND_MODULES = tuple(
         "export",
         "generate",
         "demo",
+        "data",
         "replies",
         "distill",
         "eval",

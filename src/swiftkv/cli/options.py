@@ -2,7 +2,8 @@
 name, type, default and help live on the dataclass field; argparse only reads them.
 
 A field's metadata may carry `help`, `flag` (a different option name), `choices`, `parse` (a
-converter, e.g. token counts like `1M`) and `cli=False` (not an option). A bool setting is a switch:
+converter, e.g. token counts like `1M`), `repeat=True` (the option may be given several times; the
+setting holds a tuple of the values) and `cli=False` (not an option). A bool setting is a switch:
 `--NAME` when it defaults to False, `--no-NAME` when it defaults to True. Options default to None on
 the command line so that "not given" stays distinguishable from "given the default": presets
 (e.g. distillation recipes) fill what the user left out.
@@ -60,6 +61,7 @@ def add_dataclass_options(
             option_name(field),
             dest=dest_prefix + field.name,
             default=None,
+            action="append" if field.metadata.get("repeat") else "store",
             type=field.metadata.get("parse", kind),
             choices=field.metadata.get("choices"),
             help=help_text.replace("%", "%%"),
@@ -70,7 +72,15 @@ def given_values(args: argparse.Namespace, settings_class: type, dest_prefix: st
     """The settings the user gave on the command line (options left out are absent), by field name."""
     names = {f.name for f in dataclasses.fields(settings_class) if f.metadata.get("cli", True)}
     values = {k.removeprefix(dest_prefix): v for k, v in vars(args).items() if k.startswith(dest_prefix)}
-    return {k: v for k, v in values.items() if k in names and v is not None}
+    return {k: repeated(v) for k, v in values.items() if k in names and v is not None}
+
+
+def repeated(value):
+    """A repeatable option's values (a list) as the setting holds them: one value as itself, several as a
+    tuple; any other option's value unchanged."""
+    if not isinstance(value, list):
+        return value
+    return value[0] if len(value) == 1 else tuple(value)
 
 
 def source_help() -> str:

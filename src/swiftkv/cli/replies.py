@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..data.mixture import check_data
 from ..replies import RepliesSettings, write_replies
 from ..sources import check_weights_present, open_source
 from .options import add_dataclass_options, add_revision_option, given_values, source_help
@@ -23,8 +24,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    given = given_values(args, RepliesSettings)
+    # first: opening the data is cheaper than the model
+    check_data(
+        given.get("data", RepliesSettings.data), split=given.get("data_split", RepliesSettings.data_split)
+    )
     source = open_source(args.src, args.revision)  # resolved once: the stage's loaders take it as it is
     check_weights_present(source.folder)  # before its tokenizer: a folder holding only a config has none
-    cache = write_replies(RepliesSettings(source=source, **given_values(args, RepliesSettings)))
+    cache = write_replies(RepliesSettings(source=source, **given))
     print(f"wrote {cache.path}: {len(cache.replies)} replies ({cache.generated} generated now)")
     return 0

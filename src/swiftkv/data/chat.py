@@ -4,7 +4,8 @@ plain text (str).
 
   sharegpt        the offline ShareGPT wheel, training part (the held-out records are never read
                   as data; they stay in the stream as None so seeded shuffles keep their order)
-  FILE.jsonl      one record per line: {"messages": [...]}, {"conversations": [...]} (ShareGPT) or {"text": ...}
+  FILE.jsonl      one record per line, of any layout of `schemas.LAYOUTS` (chat messages, ShareGPT, OpenOrca,
+                  Alpaca, prompt/response, ..., or {"text": ...})
   FILE.json       a JSON array of such records
   FILE.txt/.md/.rst, or a FOLDER of them   plain text, one example per file
   FOLDER          a `datasets.save_to_disk` folder of such records
@@ -18,30 +19,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from . import sharegpt
+from .schemas import Example, Messages, record_to_example
 
 SHAREGPT_ALIAS = "sharegpt"
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
-CHAT_ROLES = ("system", "user", "assistant")
 DATA_HELP = (
     "'sharegpt', a .jsonl/.json chat or text file, a .txt/.md/.rst file or folder, a datasets.save_to_disk "
     "folder, or several of them interleaved by weight (A,B:2,C)"
 )
-
-Messages = list[dict]
-Example = Messages | str
-
-
-def chat_message(message, where: str, index: int) -> dict:
-    """One `messages` entry, checked: a role the chat template knows and text content."""
-    if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-        role = message.get("role") if isinstance(message, dict) else None
-        raise ValueError(f"{where}: messages[{index}] has role {role!r}; expected one of {list(CHAT_ROLES)}")
-    if not isinstance(message.get("content"), str):
-        raise ValueError(
-            f"{where}: messages[{index}] ({message['role']}) has content "
-            f"{message.get('content')!r}; expected a string"
-        )
-    return {"role": message["role"], "content": message["content"]}
 
 
 def first_user_index(messages: Messages) -> int | None:
@@ -62,20 +47,6 @@ def first_user_prompt(messages: Messages) -> Messages | None:
     if first is None or not messages[first]["content"].strip():
         return None
     return messages[: first + 1]
-
-
-def record_to_example(record, where: str) -> Example | None:
-    """A chat (`messages` or ShareGPT `conversations`) or a text (`text`) record."""
-    if isinstance(record, dict):
-        if isinstance(record.get("messages"), list):
-            return [chat_message(m, where, i) for i, m in enumerate(record["messages"])]
-        if isinstance(record.get("conversations"), list):
-            return sharegpt.messages_of(record)
-        if isinstance(record.get("text"), str):
-            return record["text"]
-    raise ValueError(
-        f"{where}: expected a record with 'messages' (chat), 'conversations' (ShareGPT) or 'text'"
-    )
 
 
 def read_jsonl(path: Path) -> Iterator[Example | None]:
@@ -123,13 +94,22 @@ def read_text_files(path: Path) -> Iterator[str]:
         yield file.read_text(encoding="utf-8", errors="replace")
 
 
-def read_hf_dataset(folder: Path) -> Iterator[Example | None]:
+def is_dataset_folder(path: Path) -> bool:
+    return (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def loaded_dataset_folder(folder: Path):
+    """A `save_to_disk` folder's dataset (of a DatasetDict, its train split, else its first)."""
     import datasets
 
     dataset = datasets.load_from_disk(str(folder))
     if isinstance(dataset, datasets.DatasetDict):
         dataset = dataset["train"] if "train" in dataset else next(iter(dataset.values()))
-    for index, record in enumerate(dataset):
+    return dataset
+
+
+def read_hf_dataset(folder: Path) -> Iterator[Example | None]:
+    for index, record in enumerate(loaded_dataset_folder(folder)):
         yield record_to_example(record, f"{folder}[{index}]")
 
 
@@ -223,8 +203,7 @@ def read_source(spec: str, option: str = "--data") -> Iterator[Example | None]:
         return
     path = Path(spec)
     if path.is_dir():
-        is_dataset = (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()
-        yield from read_hf_dataset(path) if is_dataset else read_text_files(path)
+        yield from read_hf_dataset(path) if is_dataset_folder(path) else read_text_files(path)
     elif path.suffix in (".jsonl", ".json"):
         records = read_jsonl(path) if path.suffix == ".jsonl" else read_json_array(path)
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .chat import read_source
+from .mixture import DEFAULT_SPLIT, DataSpec, read_data
 from .split import LongMix, split_documents
 from .tokens import Document
 
@@ -143,7 +143,7 @@ def shifted_loss_mask(is_target: torch.Tensor, position_ids: torch.Tensor) -> to
 
 
 def load_blocks(
-    spec: str,
+    spec: DataSpec,
     tokenizer,
     seq_len: int,
     train_tokens: int,
@@ -155,11 +155,13 @@ def load_blocks(
     every_turn: bool = False,
     passes: int = 1,
     skip_tokens: int = 0,
+    split: str = DEFAULT_SPLIT,
 ) -> tuple[Blocks, Blocks]:
     """(train, held-out) packed blocks from `--data`: `passes` over the train blocks of `train_tokens`,
-    each in its own seeded order (`in_passes`), after the `skip_tokens` an earlier stage trained on."""
+    each in its own seeded order (`in_passes`), after the `skip_tokens` an earlier stage trained on;
+    `split`: the split of a dataset name given without @SPLIT."""
     heldout_docs, train_docs = split_documents(
-        read_source(spec),
+        read_data(spec, seed, split=split),
         tokenizer,
         seed,
         heldout_tokens,

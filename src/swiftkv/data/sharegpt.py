@@ -65,11 +65,13 @@ def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[dict]:
 
 def messages_of(record: dict) -> list[dict] | None:
     """A ShareGPT record as chat `messages` (turns with an unknown speaker or no text dropped); None
-    when it has no assistant reply."""
+    when it has no assistant reply. Turns are `from`/`value` (the original) or `role`/`content` (as
+    several re-publications write them)."""
     messages = []
     for turn in record.get("conversations") or []:
-        role = ROLES.get(turn.get("from", "")) if isinstance(turn, dict) else None
-        text = turn.get("value") if role else None
+        speaker = (turn.get("from") or turn.get("role") or "") if isinstance(turn, dict) else ""
+        role = ROLES.get(speaker) if isinstance(speaker, str) else None
+        text = (turn.get("value") if "value" in turn else turn.get("content")) if role else None
         if isinstance(text, str) and text.strip():
             messages.append({"role": role, "content": text})
     return messages if any(m["role"] == "assistant" for m in messages) else None

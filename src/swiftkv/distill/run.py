@@ -144,7 +144,13 @@ def heldout_agreement(settings: DistillSettings) -> dict:
     settings = settings.opened()
     model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
     _, heldout = load_blocks(
-        settings.data, tokenizer, settings.seq_len, settings.seq_len, settings.heldout_tokens, settings.seed
+        settings.data,
+        tokenizer,
+        settings.seq_len,
+        settings.seq_len,
+        settings.heldout_tokens,
+        settings.seed,
+        split=settings.data_split,
     )
     # Evaluation has no backward to size a micro-batch against: `auto` takes the CPU size on any device.
     micro = settings.micro_batch if settings.micro_batch != AUTO else CPU_MICRO_BATCH

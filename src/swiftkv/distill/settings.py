@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from ..data.long_prompts import LONG_PROMPT_TOKENS
+from ..data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, DataSpec
 from ..data.split import LONG_KINDS, written_tokens
 from ..dtypes import DTYPE_CHOICES
 from ..replies import ENGINES as REPLY_ENGINES
@@ -83,11 +84,8 @@ class DistillSettings:
         cli=False,
     )
     out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
-    data: str = setting(
-        "sharegpt",
-        "'sharegpt', a .json/.jsonl chat file, a text folder, a datasets.save_to_disk folder, or several "
-        "of them interleaved by weight (A,B:2,C: two of B's examples for each of A's and C's)",
-    )
+    data: DataSpec = setting("sharegpt", DATA_HELP, repeat=True)
+    data_split: str = setting(DEFAULT_SPLIT, SPLIT_HELP)
     teacher: str | Source | None = setting(
         None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
     )
@@ -286,7 +284,11 @@ class DistillSettings:
 
     def as_json(self) -> dict:
         """The settings as JSON values (a source by the name it was given)."""
-        return {**asdict(self), "source": source_name(self.source), "teacher": source_name(self.teacher)}
+        names = {"source": source_name(self.source), "teacher": source_name(self.teacher)}
+        data = (
+            self.data if isinstance(self.data, str) else list(self.data)
+        )  # as a checkpoint's JSON reads back
+        return {**asdict(self), **names, "data": data}
 
     def fingerprint(self) -> dict:
         return {k: v for k, v in self.as_json().items() if k not in RUN_ONLY_SETTINGS}
@@ -386,6 +388,7 @@ class DistillSettings:
             out=self.teacher_data,
             writer=self.reply_writer,
             data=self.data,
+            data_split=self.data_split,
             tokens=written_tokens(self.data_tokens, HUMAN_SHARE[self.targets]),
             heldout_tokens=self.heldout_tokens,
             skip_tokens=self.skip_tokens,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.mixture import check_data
 from ..files import check_new_output
 from ..sources import Source, read_config_dict, source_name
 from .from_weights import folder_spec, weights_folder
@@ -85,6 +86,7 @@ def check_values(settings: DistillSettings, writes_output: bool) -> None:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     settings.check_parallelism()
     settings.check_skip()
+    check_data(settings.data, split=settings.data_split)
     if writes_output:
         check_new_output(settings.out, settings.force)
     if settings.passes < 1:

@@ -18,6 +18,7 @@ import math
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,7 @@ from .compiled import CompiledLayers
 from .loss import BatchSizes, LossTerms, distill_loss
 from .profile import StepProfiler
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
+from .shared_blocks import shared_blocks
 from .snapshot import SnapshotClock
 from .start import Start, check_model_start, decide_start
 from .world import World, all_reduce, log
@@ -326,6 +328,7 @@ def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple
         every_turn=written.every_turn,
         passes=settings.passes,
         skip_tokens=settings.skip_tokens,
+        split=settings.data_split,
     )
 
 
@@ -334,7 +337,10 @@ def run_blocks(
 ) -> tuple[Blocks, Blocks]:
     """(train, held-out) blocks of this run: the data's steps after the `continued_steps` that the runs it
     continues (--continue-from) trained."""
-    train, heldout = training_blocks(settings, tokenizer, replies)
+    near = (
+        Path(settings.out).resolve().parent if settings.out else None
+    )  # room for the blocks beside the output
+    train, heldout = shared_blocks(lambda: training_blocks(settings, tokenizer, replies), world, near)
     steps = len(train) // settings.batch_size
     if steps == 0:
         raise ValueError(
