@@ -111,7 +111,9 @@ def load_pair(
 ) -> ModelPair:
     """Load MODEL and TEACHER (None: the student's own teacher path) for paired scoring, on
     `processes.device` (default: one process on the CPU).
-    `share_early=False` keeps two models even when they could share layers < N (for speed comparisons)."""
+    `share_early=False` keeps two models even when they could share layers < N (for speed comparisons).
+    The weights are read in `dtype` (an 8B model in bf16 never passes through 32 GB of fp32 in each
+    process; reading in fp32 and casting gives the same values)."""
     processes = processes or Processes()
     sources = {STUDENT: open_source(student_src)}  # an opened Source is not resolved again
     if teacher_src is not None:
@@ -123,7 +125,7 @@ def load_pair(
     tokenizer = sources[STUDENT].load_tokenizer()
     if teacher_src is not None:  # before any weights are read: a wrong pair fails fast
         check_same_tokenizer(tokenizer, sources[TEACHER].load_tokenizer(), names)
-    student = sources[STUDENT].load_model(torch.float32)
+    student = sources[STUDENT].load_model(dtype)
     keys = {STUDENT: folder_fingerprint(sources[STUDENT].folder)}
     teacher = None
     if teacher_src is None:
@@ -135,7 +137,7 @@ def load_pair(
             )
         keys[TEACHER] = keys[STUDENT] + "-teacher-path"
     else:
-        teacher = sources[TEACHER].load_model(torch.float32)
+        teacher = sources[TEACHER].load_model(dtype)
         keys[TEACHER] = folder_fingerprint(sources[TEACHER].folder)
         if (
             share_early
