@@ -21,8 +21,9 @@ import importlib.util
 import json
 import lzma
 import os
+import shlex
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from .data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, DataSpec, check_
 from .data.split import LONG_KINDS, LongMix, split_documents
 from .data.tokens import MAX_PROMPT_TOKENS, Reply, prompt_key
 from .dtypes import DTYPE_CHOICES, dtype_name, resolve_dtype
-from .files import cache_root, cached_folder, folder_fingerprint
+from .files import cache_root, cached_folder, folder_fingerprint, write_atomic
 from .model.config import add_legacy_rope_keys, is_swiftkv
 from .model.surgery import plain_teacher, write_model_folder
 from .settings import parse_count, setting
@@ -198,7 +199,49 @@ def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
         )
     finally:
         getattr(cache.generate, "close", lambda: None)()
+    write_atomic(completion_path(cache.path), json.dumps(written_content(settings), indent=2) + "\n")
     return cache
+
+
+# What decides a replies file's lines beside its writer: not where it goes (--out), nor how it was computed
+# (the engine, its dtype and parallelism: each writes the same greedy replies up to its numerics). The
+# writer is in the file's name by default (`replies_path`: its weights' fingerprint); a file named with
+# --out is the user's to match to its writer, as its resume already is.
+HOW_WRITTEN = ("source", "out", "engine", "dtype", "tensor_parallel_size")
+
+
+def written_content(settings: RepliesSettings) -> dict:
+    """The settings that decide what a replies file of one writer holds."""
+    content = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name not in HOW_WRITTEN}
+    content["data"] = list(content["data"]) if isinstance(content["data"], tuple) else content["data"]
+    return content
+
+
+def completion_path(path: Path) -> Path:
+    """Where `write_replies` records that every reply of a file was written, and for which settings."""
+    return path.with_name(path.name + ".complete.json")
+
+
+def replies_complete(settings: RepliesSettings) -> bool:
+    """Whether a finished `write_replies` of these settings (or of more --tokens) wrote their file."""
+    record = completion_path(replies_path(settings))
+    if not record.is_file():
+        return False
+    written, wanted = json.loads(record.read_text()), written_content(settings)
+    more = written.pop("tokens", 0) >= wanted.pop("tokens")
+    return more and written == wanted
+
+
+def replies_command(settings: RepliesSettings) -> str:
+    """The `swiftkv replies` command line that writes the replies of `settings` to the file a run reads."""
+    words = ["swiftkv", "replies", str(settings.source), "--out", str(replies_path(settings))]
+    for field in fields(settings):
+        value = getattr(settings, field.name)
+        if field.name in ("source", "out") or field.default is MISSING or value == field.default:
+            continue
+        for one in value if isinstance(value, tuple) else (value,):  # a repeated option: each value
+            words += ["--" + field.name.replace("_", "-"), str(one)]
+    return shlex.join(words)
 
 
 def reply_cache(settings: RepliesSettings, tokenizer, may_generate: bool = True) -> ReplyCache:

@@ -15,7 +15,7 @@ from ..data.packing import load_blocks
 from ..hostmemory import peak_mib, reset_peak
 from ..model.modeling import swiftkv_parameters
 from ..model.surgery import generation_config, write_model_folder
-from ..replies import reply_cache, write_replies
+from ..replies import replies_command, replies_complete, reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
 from ..tensorfiles import FolderTensors, copy_weights
@@ -44,6 +44,8 @@ def run_distillation(settings: DistillSettings) -> DistillResult:
     settings.check_batch_split(launched_world_size())  # before the source opens: a number alone answers it
     settings = settings.opened()  # a missing source is reported here, as such, before any work
     start = decide_start(settings)
+    if launched_world_size() > 1:
+        check_replies_written(settings)
     world = init_world(settings.fsdp)
     try:
         return train_and_write(settings, world, start)
@@ -85,19 +87,34 @@ def speed_line(summary: dict) -> str:
     )
 
 
+def check_replies_written(settings: DistillSettings) -> None:
+    """Under torchrun no process writes replies: the others would wait for them in a collective, which
+    NCCL ends after 10 minutes, and one process would generate on one GPU while the rest idle. A run of
+    `--targets teacher|mixed` needs them written first by `swiftkv replies` (every GPU, no group)."""
+    if settings.targets == "human":
+        return
+    replies = settings.replies_settings()
+    if not replies_complete(replies):
+        raise ValueError(
+            f"--targets {settings.targets} under torchrun reads the {settings.reply_writer}'s replies, and "
+            f"they are not all written yet (distill writes none inside a process group); write them first "
+            f"with `{replies_command(replies)}`, then run this command again"
+        )
+
+
 def written_replies(settings: DistillSettings, tokenizer, world: World):
-    """The replies of `--targets teacher|mixed` (None for human targets): the main process writes the
-    missing ones through the replies stage (then frees its engine), the others wait and read them."""
+    """The replies of `--targets teacher|mixed` (None for human targets). One process writes the missing
+    ones through the replies stage (then frees its engine); under torchrun they were written before the
+    group started (`check_replies_written`), so every process only reads them."""
     if settings.targets == "human":
         return None
-    if world.is_main:
+    if world.size == 1:
         cache = write_replies(settings.replies_settings(), tokenizer)
         log(
             world,
             f"{settings.reply_writer} replies: {len(cache.replies)} in {cache.path} "
             f"({cache.generated} generated now)",
         )
-    barrier(world)
     return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
 
 
