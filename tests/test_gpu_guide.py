@@ -37,12 +37,21 @@ NAMES = {
     "llama8b-n16": "n2",
     "llama8b-swiftkv": "distilled",
     "openorca.jsonl": "openorca.jsonl",
-    "acemath": "acemath",
+    "acemath.jsonl": "acemath.jsonl",
     "lmsys-chat.jsonl": "lmsys-chat.jsonl",
     "replies.jsonl": "replies.jsonl",
     "eval-8b": "eval",
     "bench-8b": "bench",
 }
+# The guide's datasets (read through `datasets.load_dataset` where the hub is reachable) -> local sources of the
+# same layouts (`write_inputs`): OpenOrca's columns, AceMath's messages + answer (a save_to_disk folder),
+# lmsys-chat's conversation.
+DATASETS = {
+    "Open-Orca/OpenOrca": "openorca-source.jsonl",
+    "nvidia/AceMath-Instruct-Training-Data@general_sft_stage2": "acemath-source",
+    "lmsys/lmsys-chat-1m": "lmsys-source.jsonl",
+}
+DATA_COUNT = 40  # the guide's 500,000 chats of each dataset
 # The 8B sizes -> the tiny model's (4 layers, N = 2; 2 processes / ranks where the guide has 8 GPUs).
 SIZES = {
     "--num-key-value-layers 16": "--num-key-value-layers 2",
@@ -52,6 +61,7 @@ SIZES = {
     "--tokens 500M": "--tokens 6000",
     "--reply-tokens 512": "--reply-tokens 8",
     "--limit 500": "--limit 4",
+    ":500000": f":{DATA_COUNT}",
 }
 # Added to a command for the tiny model only: blocks within its 1,024 positions, a held-out part its small
 # data can spare, fp32 (so greedy ids compare exactly), eager vLLM engines with small KV caches, a short
@@ -87,7 +97,11 @@ INSTALL = [
     "--no-index",
     "--no-build-isolation",
 ]
-SOURCE_TAGS = {"openorca.jsonl": "w1", "acemath": "w2", "lmsys-chat.jsonl": "w3"}  # each chat's first word
+SOURCE_TAGS = {
+    "openorca.jsonl": "w1",
+    "acemath.jsonl": "w2",
+    "lmsys-chat.jsonl": "w3",
+}  # each chat's first word
 
 
 def guide_commands(text: str) -> list[str]:
@@ -119,10 +133,7 @@ def tiny_argv(command: str, folder: Path, port: int) -> tuple[str, list[str]]:
     command = command.replace("8000", str(port))
     argv = shlex.split(command)
     step = kind(argv)
-    argv = [
-        ",".join(str(folder / NAMES[part]) if part in NAMES else part for part in arg.split(","))
-        for arg in argv
-    ]
+    argv = [",".join(local_name(part, folder) for part in arg.split(",")) for arg in argv]
     argv = [arg.replace('"llama8b-swiftkv"', json.dumps(str(folder / "distilled"))) for arg in argv]
     if step == "pip":
         return step, [*INSTALL, *(a.replace("swiftkv[", ".[") for a in argv[2:])]
@@ -132,6 +143,16 @@ def tiny_argv(command: str, folder: Path, port: int) -> tuple[str, list[str]]:
     if step in ("serve", "bench"):
         extra = [*extra, str(KV_BYTES)]
     return step, [*PROGRAMS[argv[0]], *argv[1:], *extra]
+
+
+def local_name(part: str, folder: Path) -> str:
+    """A guide's name (a folder, a file, or a dataset with its `:COUNT`) as the test's own path."""
+    if part in NAMES:
+        return str(folder / NAMES[part])
+    name, colon, count = part.rpartition(":")
+    if name in DATASETS:
+        return f"{folder / DATASETS[name]}{colon}{count}"
+    return part
 
 
 def chats_of(tag: str, count: int, seed: int) -> list[dict]:
@@ -180,12 +201,28 @@ def write_inputs(folder: Path) -> None:
                 param.normal_(0.0, 0.5 if "embed" in name else 0.15)
     model.save_pretrained(folder / "teacher")
     tokenizer.save_pretrained(folder / "teacher")
-    for seed, (name, tag) in enumerate(SOURCE_TAGS.items()):
-        chats = chats_of(tag, 60, seed)
-        if name.endswith(".jsonl"):
-            write_jsonl(folder / name, chats)
-        else:
-            datasets.Dataset.from_list(chats).save_to_disk(str(folder / name))
+    openorca, acemath, lmsys = (chats_of(tag, 60, seed) for seed, tag in enumerate(SOURCE_TAGS.values()))
+    write_jsonl(
+        folder / DATASETS["Open-Orca/OpenOrca"],
+        [
+            {"id": str(i), "system_prompt": "", "question": user, "response": reply}
+            for i, (user, reply) in enumerate(map(turns, openorca))
+        ],
+    )
+    acemath_records = [{"messages": chat["messages"][:1], "answer": turns(chat)[1]} for chat in acemath]
+    datasets.Dataset.from_list(acemath_records).save_to_disk(
+        str(folder / DATASETS["nvidia/AceMath-Instruct-Training-Data@general_sft_stage2"])
+    )
+    write_jsonl(
+        folder / DATASETS["lmsys/lmsys-chat-1m"],
+        [{"conversation_id": str(i), "conversation": chat["messages"]} for i, chat in enumerate(lmsys)],
+    )
+
+
+def turns(chat: dict) -> tuple[str, str]:
+    """The user turn and the reply of a one-exchange chat."""
+    user, reply = chat["messages"]
+    return user["content"], reply["content"]
 
 
 def free_port() -> int:
@@ -267,8 +304,22 @@ def guide(tmp_path_factory) -> tuple[Path, dict[str, str], list[str]]:
 
 def test_the_guide_runs_every_step_in_order(guide):
     _, outputs, kinds = guide
-    assert kinds == ["pip", "convert", "plan", "replies", "distill", "eval", "serve", "curl", "bench"]
+    assert kinds == [
+        "pip", "data", "data", "data", "convert", "plan", "replies", "distill", "eval", "serve", "curl", "bench",
+    ]  # fmt: skip
     assert "Would install swiftkv" in outputs["pip"]
+
+
+def test_the_data_step_draws_the_count_of_each_dataset_as_chats(guide):
+    """Each dataset's own layout (OpenOrca's columns, AceMath's messages + answer, lmsys's conversation)
+    becomes the same chat records, exactly the asked count, each traceable to its source."""
+    folder, *_ = guide
+    for name, tag in SOURCE_TAGS.items():
+        records = [json.loads(line) for line in (folder / name).read_text().splitlines()]
+        assert len(records) == DATA_COUNT
+        for record in records:
+            roles = [turn["role"] for turn in record["messages"]]
+            assert roles[-2:] == ["user", "assistant"] and record["messages"][-2]["content"].startswith(tag)
 
 
 def test_convert_wrote_the_swiftkv_folder_in_bf16(guide):
