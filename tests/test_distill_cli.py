@@ -331,9 +331,8 @@ def test_under_torchrun_replies_are_written_first_by_the_command_the_refusal_giv
         r"write them first with `(swiftkv replies [^`]+)`, then run this command again", refused.stderr
     )
     assert command, refused.stderr[-3000:]
-    assert (
-        refused.stderr.count("swiftkv distill: error: --targets teacher under torchrun") == 2
-    )  # each process
+    # the first process to stop has torchrun end the other, whose own error may not be printed
+    assert "swiftkv distill: error: --targets teacher under torchrun" in refused.stderr
     assert main(shlex.split(command[1])[1:]) == 0  # the command as printed, in this process
     torchrun_distill(
         2, distill_args(folder, data, tmp_path / "two", *teacher, "--json", str(tmp_path / "two.json"))
