@@ -577,13 +577,23 @@ def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
 
 def test_only_vllm_splits_a_writer_over_ranks(tmp_path, capsys):
     from swiftkv.replies import RepliesSettings
+    from swiftkv.reply_engines import available_devices
 
     for engine in ("hf", "static"):
-        with pytest.raises(ValueError, match=f"only the vllm engine .* writes with {engine}"):
-            RepliesSettings(source="m", engine=engine, tensor_parallel_size=2).check_engine()
-    RepliesSettings(source="m", engine="vllm", tensor_parallel_size=8).check_engine()
+        for option in ("tensor_parallel_size", "data_parallel_size"):
+            with pytest.raises(ValueError, match=f"only the vllm engine .* writes with {engine}"):
+                RepliesSettings(source="m", engine=engine, **{option: 2}).check_engine()
+    devices, kind = available_devices(torch.cuda.is_available())
+    RepliesSettings(source="m", engine="vllm", tensor_parallel_size=devices).check_engine()
+    RepliesSettings(source="m", engine="vllm", data_parallel_size=devices).check_engine()
+    # More engine ranks than devices: one error with both numbers, before anything starts.
+    wanted = f"--data-parallel-size {devices + 1} x --tensor-parallel-size 1 needs {devices + 1} {kind}"
+    with pytest.raises(ValueError, match=re.escape(f"{wanted}, one per rank; this machine has {devices}")):
+        RepliesSettings(source="m", engine="vllm", data_parallel_size=devices + 1).check_engine()
     with pytest.raises(ValueError, match="--tensor-parallel-size 0: expected 1 or more"):
         RepliesSettings(source="m", engine="vllm", tensor_parallel_size=0).check_engine()
+    with pytest.raises(ValueError, match="--data-parallel-size 0: expected 1 or more"):
+        RepliesSettings(source="m", engine="vllm", data_parallel_size=0).check_engine()
     folder = save_tiny_teacher(tmp_path / "teacher")
     data = write_jsonl(tmp_path / "chats.jsonl", random_chats(4))
     out = tmp_path / "replies.jsonl"

@@ -4,7 +4,7 @@ generation of the same plain teacher, and end with the end-of-turn token when th
 import pytest
 import torch
 
-from swiftkv.replies import vllm_generator
+from swiftkv.reply_engines import EngineSpec, EngineWriter
 from tests.tiny import save_tiny_teacher
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]
@@ -23,7 +23,7 @@ def test_vllm_replies_equal_hf_greedy(tmp_path):
     prompts = [[5, 9, 14, 3, 7], [11, 4, 4, 20]]
     eos = model.config.eos_token_id
     with in_process_engine():
-        generate = vllm_generator(folder, max_tokens=8, dtype="float32", eos_token_id=eos, enforce_eager=True)
+        generate = EngineWriter(EngineSpec(str(folder), 8, "float32", eos, enforce_eager=True))
         replies = generate(prompts)
         generate.close()
     for prompt, reply in zip(prompts, replies, strict=True):

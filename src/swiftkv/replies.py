@@ -7,26 +7,30 @@ teacher still scores every position in distill (an on-policy snapshot).
 The prompts are the ones distill's packing asks for: the same seeded split (`swiftkv.data.split`),
 the held-out part skipped, then prompts in order until `--tokens` of prompt + reply are written.
 Each line of the output is a chat record that `--data` reads (`messages`: the prompt and the reply),
-plus the exact token ids (`key`, `reply_ids`, `finished`) distill trains on. Replies are generated in
-batches with vLLM or with transformers' own generation (where vLLM is not installed, e.g. a GPU box
-with only torch and transformers), appended one complete record per line, fsync'd batch by batch. A
-killed run loses at most the batch in flight: on restart a truncated last line is cut off, records
-already there are reused (first one wins for a repeated key), and only the missing prompts are
-generated. `distill` calls `write_replies` first when replies are missing.
+plus the exact token ids (`key`, `reply_ids`, `finished`) distill trains on. vLLM is handed every
+pending prompt at once (on `--data-parallel-size` engines) and each reply is appended as it finishes,
+in the prompts' order, fsync'd every few seconds; where vLLM is not installed (e.g. a GPU box with only
+torch and transformers), transformers' generation writes batch by batch. A killed run loses only the
+replies not yet appended: on restart a truncated last line is cut off, records already there are reused
+(first one wins for a repeated key), and only the missing prompts are generated. `distill` calls
+`write_replies` first when replies are missing.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import lzma
 import os
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
 from .data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, DataSpec, check_data, read_data
@@ -36,13 +40,19 @@ from .dtypes import DTYPE_CHOICES, dtype_name, resolve_dtype
 from .files import cache_root, cached_folder, folder_fingerprint, write_atomic
 from .model.config import add_legacy_rope_keys, is_swiftkv
 from .model.surgery import plain_teacher, write_model_folder
+from .reply_engines import DataParallelWriter, EngineSpec, EngineWriter, Stream, check_devices
 from .settings import parse_count, setting
 from .sources import Source, load_model, load_tokenizer, open_source, read_config_dict
 from .static_greedy import in_length_order, left_padded, static_generator
-from .vllm.engine import engine_kwargs, kv_cache_bytes
-from .vllm.env import configure_cpu_env
 
-GENERATION_BATCH = 64  # prompts per vLLM call: one fsync'd append per batch
+# Prompts the split's walk takes at a time. It decides which examples the written prompts consume, and so
+# where --targets mixed takes its human chats from: the writing and the reading walk share it. vLLM is not
+# bound to it (it is handed every pending prompt at once); transformers' generation answers one at a time.
+WALK_BATCH = 64
+# The replies appended together as they finish, in the prompts' order: at least this many, or what is ready
+# after FLUSH_SECONDS. One fsync each.
+FLUSH_RECORDS = 1024
+FLUSH_SECONDS = 5.0
 # Prompts per static-engine call on a CPU: its 64-row batches are cut from this many sorted by length, so
 # each pads to near its own prompts' length (a random 64 pads to its longest: every-turn prompts average
 # ~456 tokens and reach 1,024). At most a few minutes of writing (1.4-1.6 replies/s on the AMX Xeon) is
@@ -110,6 +120,12 @@ class RepliesSettings:
         "ranks the vLLM engine splits the writer over (tensor parallelism): GPUs on CUDA (e.g. 8 for a 70B), "
         "CPU cores on vLLM's CPU build; vllm engine only",
     )
+    data_parallel_size: int = setting(
+        1,
+        "vLLM engines writing at once, each on --tensor-parallel-size devices of its own and given every K-th "
+        "prompt (e.g. 8 for an 8B writer on a node of 8 GPUs; on vLLM's CPU build, engines split the cores); "
+        "the same replies as one engine; vllm engine only",
+    )
     long_share: float = setting(
         0.0,
         "share of --tokens written as answers to long prompts (1-2k tokens of "
@@ -151,7 +167,7 @@ class RepliesSettings:
 
     def check_engine(self) -> None:
         """The static engine runs plain models: the teacher writes (a SwiftKV SRC's own teacher weights).
-        Only vLLM splits a writer over several devices."""
+        Only vLLM splits a writer over several devices, or runs several engines; their devices must be here."""
         if self.engine == "static" and self.writer == "student":
             raise ValueError(
                 "--reply-engine static writes with a plain model, and --reply-writer student is a "
@@ -159,13 +175,21 @@ class RepliesSettings:
             )
         if self.tensor_parallel_size < 1:
             raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size}: expected 1 or more ranks")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size {self.data_parallel_size}: expected 1 or more engines")
         engine = resolved_engine(self)
-        if self.tensor_parallel_size > 1 and engine != "vllm":
-            raise ValueError(
-                f"--tensor-parallel-size {self.tensor_parallel_size}: only the vllm engine splits a writer "
-                f"over ranks, and this run writes with {engine}; expected --engine vllm (installed) or "
-                "--tensor-parallel-size 1"
-            )
+        for option, value in (
+            ("tensor-parallel-size", self.tensor_parallel_size),
+            ("data-parallel-size", self.data_parallel_size),
+        ):
+            if value > 1 and engine != "vllm":
+                raise ValueError(
+                    f"--{option} {value}: only the vllm engine splits a writer over ranks or runs several "
+                    f"engines, and this run writes with {engine}; expected --engine vllm (installed) or "
+                    f"--{option} 1"
+                )
+        if engine == "vllm":
+            check_devices(self.data_parallel_size, self.tensor_parallel_size, torch.cuda.is_available())
 
     def max_prompt_tokens(self) -> int:
         """The longest prompt the writer answers: a first turn, or a long prompt."""
@@ -179,35 +203,91 @@ class RepliesSettings:
 
 def write_replies(settings: RepliesSettings, tokenizer=None) -> ReplyCache:
     """Write the missing replies of `settings` (all of them on a first run); returns the cache, whose
-    `generated` counts the new ones. `tokenizer` turns chats into prompt ids (default: SRC's)."""
+    `generated` counts the new ones.
+
+    Which prompts get replies depends on the replies: the walk takes prompts until prompt + reply tokens
+    reach --tokens. So the stage walks in rounds. A walk takes each unwritten reply as --reply-tokens long
+    (none is longer), so it stops no later than the finished walk and every prompt it asks for is one the
+    finished walk asks for too; they all go to the engine at once, and the next walk, with those replies
+    known, asks for the rest. The file holds exactly the prompts asked for, in the walk's order, whatever
+    the rounds, the engines or a kill in between."""
     settings.check_engine()
     settings.check_long_mix()
     check_data(settings.data, split=settings.data_split)
     tokenizer = tokenizer or load_tokenizer(settings.source)
     cache = reply_cache(settings, tokenizer)
     try:
-        split_documents(
-            read_data(settings.data, settings.seed, split=settings.data_split),
-            tokenizer,
-            settings.seed,
-            settings.heldout_tokens,
-            settings.tokens,
-            replies=cache,
-            long_mix=settings.long_mix(),
-            every_turn=settings.every_turn,
-            skip_tokens=settings.skip_tokens,
-        )
+        for walk in itertools.count(1):
+            pending = unwritten_prompts(settings, tokenizer, cache)
+            if not pending:
+                break
+            cache.write(pending, stream_of(cache.generate, cache.batch), f"replies, walk {walk}")
     finally:
         getattr(cache.generate, "close", lambda: None)()
     write_atomic(completion_path(cache.path), json.dumps(written_content(settings), indent=2) + "\n")
     return cache
 
 
+def unwritten_prompts(settings: RepliesSettings, tokenizer, cache: ReplyCache) -> dict[str, Prompt]:
+    """The prompts a walk of the split asks for whose replies are not written, in the walk's order."""
+    guessed = GuessedReplies(cache, settings.reply_tokens, tokenizer.eos_token_id)
+    split_documents(
+        read_data(settings.data, settings.seed, split=settings.data_split),
+        tokenizer,
+        settings.seed,
+        settings.heldout_tokens,
+        settings.tokens,
+        replies=guessed,
+        long_mix=settings.long_mix(),
+        every_turn=settings.every_turn,
+        skip_tokens=settings.skip_tokens,
+    )
+    return guessed.pending
+
+
+Prompt = tuple[list[int], list[dict] | None]  # a prompt's token ids and its chat (None: ids only)
+
+
+class GuessedReplies:
+    """What a walk is given for its prompts: the written replies, and for each unwritten one a guess as long
+    as a reply can be, its prompt noted as pending. `guessed` tells `split_documents` that the walk's later
+    prompts (the long ones, built from the examples after the written prompts end) would start in the wrong
+    place."""
+
+    def __init__(self, cache: ReplyCache, reply_tokens: int, eos_token_id: int):
+        self.written = cache.replies
+        self.batch = cache.batch
+        self.guess = Reply([eos_token_id] * reply_tokens, False)
+        self.pending: dict[str, Prompt] = {}
+
+    @property
+    def guessed(self) -> bool:
+        return bool(self.pending)
+
+    def get(self, prompts: list[list[int]], chats: list[list[dict]] | None = None) -> list[Reply]:
+        keys = note_unwritten(self.written, prompts, chats, self.pending)
+        return [self.written.get(key, self.guess) for key in keys]
+
+
+def note_unwritten(
+    written: dict[str, Reply],
+    prompts: list[list[int]],
+    chats: list[list[dict]] | None,
+    into: dict[str, Prompt],
+) -> list[str]:
+    """The keys of `prompts`; each prompt whose reply is not `written` is noted in `into` (once)."""
+    keys = [prompt_key(p) for p in prompts]
+    for k, key in enumerate(keys):
+        if key not in written:
+            into.setdefault(key, (prompts[k], chats[k] if chats else None))
+    return keys
+
+
 # What decides a replies file's lines beside its writer: not where it goes (--out), nor how it was computed
 # (the engine, its dtype and parallelism: each writes the same greedy replies up to its numerics). The
 # writer is in the file's name by default (`replies_path`: its weights' fingerprint); a file named with
 # --out is the user's to match to its writer, as its resume already is.
-HOW_WRITTEN = ("source", "out", "engine", "dtype", "tensor_parallel_size")
+HOW_WRITTEN = ("source", "out", "engine", "dtype", "tensor_parallel_size", "data_parallel_size")
 
 
 def written_content(settings: RepliesSettings) -> dict:
@@ -310,38 +390,65 @@ def save_plain_teacher(folder: Path, out: Path) -> None:
 
 
 def reply_generator(settings: RepliesSettings, eos_token_id: int) -> Generate:
-    """Greedy replies of the writer: vLLM where it is installed (or asked for), transformers'
-    generate otherwise. The writer's folder and the engine are set up on the first call only, so a run
-    whose replies are all cached builds neither."""
+    """Greedy replies of the writer: vLLM where it is installed (or asked for; its `stream` gives each reply
+    as it finishes), transformers' generate otherwise. The writer's folder and the engine are set up on the
+    first prompts only, so a run whose replies are all cached builds neither."""
     engine = resolved_engine(settings)
     device = "cuda" if engine in ("hf", "static") and torch.cuda.is_available() else "cpu"
     state = {}
 
-    def generate(prompts):
+    def writer():
         if "engine" not in state:
-            writer = writer_folder(settings)
+            folder = writer_folder(settings)
             dtype = resolve_dtype(settings.dtype, device)
             if engine == "vllm":
-                state["engine"] = vllm_generator(
-                    writer,
-                    settings.reply_tokens,
-                    dtype_name(dtype),
-                    eos_token_id,
-                    max_prompt_tokens=settings.max_prompt_tokens(),
-                    tensor_parallel_size=settings.tensor_parallel_size,
-                )
+                state["engine"] = vllm_writer(settings, folder, dtype_name(dtype), eos_token_id)
             elif engine == "static":
                 rows = HF_BATCH_CUDA if device == "cuda" else HF_BATCH
                 state["engine"] = static_generator(
-                    writer, settings.reply_tokens, dtype, eos_token_id, rows, device
+                    folder, settings.reply_tokens, dtype, eos_token_id, rows, device
                 )
             else:
-                state["engine"] = hf_generator(writer, settings.reply_tokens, dtype, eos_token_id, device)
-        return state["engine"](prompts)
+                state["engine"] = hf_generator(folder, settings.reply_tokens, dtype, eos_token_id, device)
+        return state["engine"]
 
+    def generate(prompts):
+        return writer()(prompts)
+
+    if engine == "vllm":
+        generate.stream = lambda prompts: writer().stream(prompts)
     generate.batch = generation_batch(settings)
     generate.close = lambda: getattr(state.pop("engine", None), "close", lambda: None)()
     return generate
+
+
+def vllm_writer(settings: RepliesSettings, folder: Path, dtype: str, eos_token_id: int):
+    """The writer on vLLM: one engine in this process, or --data-parallel-size engines in their own."""
+    spec = EngineSpec(
+        str(folder),
+        settings.reply_tokens,
+        dtype,
+        eos_token_id,
+        max_prompt_tokens=settings.max_prompt_tokens(),
+        tensor_parallel_size=settings.tensor_parallel_size,
+    )
+    return (
+        DataParallelWriter(spec, settings.data_parallel_size)
+        if settings.data_parallel_size > 1
+        else EngineWriter(spec)
+    )
+
+
+def stream_of(generate: Generate, batch: int) -> Stream:
+    """The replies of `generate` as they finish: its own stream (vLLM), or `batch` prompts per call."""
+    if hasattr(generate, "stream"):
+        return generate.stream
+
+    def batches(prompts):
+        for start in range(0, len(prompts), batch):
+            yield from enumerate(generate(prompts[start : start + batch]), start)
+
+    return batches
 
 
 def resolved_engine(settings: RepliesSettings) -> str:
@@ -358,7 +465,7 @@ def generation_batch(settings: RepliesSettings) -> int:
     engine = resolved_engine(settings)
     if engine in ("hf", "static") and torch.cuda.is_available():
         return HF_BATCH_CUDA
-    return STATIC_POOL_CPU if engine == "static" else GENERATION_BATCH
+    return STATIC_POOL_CPU if engine == "static" else WALK_BATCH
 
 
 # --------------------------------------------------------------------------------------------------
@@ -424,63 +531,76 @@ class ReplyCache:
         self.path = path
         self.generate = generate
         self.tokenizer = tokenizer  # decodes the replies into the chat records (None: ids only)
-        self.batch = getattr(generate, "batch", GENERATION_BATCH)  # prompts per generation call
+        self.batch = getattr(generate, "batch", WALK_BATCH)  # prompts per generation call
         self.replies = read_replies(path)
         self.generated = 0
 
     def get(self, prompts: list[list[int]], chats: list[list[dict]] | None = None) -> list[Reply]:
-        keys = [prompt_key(p) for p in prompts]
-        missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self.replies}
-        if missing and self.path.suffix == ".xz":
-            raise ValueError(
-                f"{self.path} lacks {len(missing)} of the replies asked for, and a .xz reply file is only read; "
-                "decompress it (xz -dk) and pass the .jsonl to write the rest into it"
-            )
+        missing: dict[str, Prompt] = {}
+        keys = note_unwritten(self.replies, prompts, chats, missing)
         if missing:
-            new = dict(zip(missing, self.generate(list(missing.values())), strict=True))
-            append_replies(
-                self.path, new, dict(zip(keys, chats, strict=True)) if chats else None, self.tokenizer
-            )
-            self.replies.update(new)
-            self.generated += len(new)
+            self.write(missing, stream_of(self.generate, self.batch))
         return [self.replies[k] for k in keys]
 
-
-# --------------------------------------------------------------------------------------------------
-# Generation with vLLM
-# --------------------------------------------------------------------------------------------------
-
-
-def vllm_generator(
-    folder: Path,
-    max_tokens: int,
-    dtype: str,
-    eos_token_id: int,
-    enforce_eager: bool = False,
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-    tensor_parallel_size: int = 1,
-) -> Generate:
-    """Greedy replies of the model in `folder` on vLLM (the engine starts on the first call), split over
-    `tensor_parallel_size` ranks. Token ids in, token ids out: the engine needs no tokenizer, and the
-    reply stops at the given end-of-turn id."""
-    state = {}
-
-    def generate(prompts: list[list[int]]) -> list[Reply]:
-        if "llm" not in state:
-            state["llm"] = start_engine(
-                folder, max_tokens, dtype, enforce_eager, max_prompt_tokens, tensor_parallel_size
+    def write(self, pending: dict[str, Prompt], stream: Stream, description: str | None = None) -> None:
+        """Generate the replies of `pending` (key -> prompt) all at once and append them in its order as
+        they finish: whatever is ready in order every FLUSH_RECORDS replies or FLUSH_SECONDS, fsync'd."""
+        if self.path.suffix == ".xz":
+            raise ValueError(
+                f"{self.path} lacks {len(pending)} of the replies asked for, and a .xz reply file is only read; "
+                "decompress it (xz -dk) and pass the .jsonl to write the rest into it"
             )
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
+        keys = list(pending)
+        finished: dict[int, Reply] = {}
+        written = ready = 0
+        flushed_at = time.monotonic()
+        progress = Progress(len(keys), description)
+        for index, reply in stream([pending[key][0] for key in keys]):
+            finished[index] = reply
+            progress.update(len(pending[keys[index]][0]), len(reply.ids))
+            while ready in finished:
+                ready += 1
+            if ready - written >= FLUSH_RECORDS or time.monotonic() - flushed_at >= FLUSH_SECONDS:
+                self.append({keys[i]: finished.pop(i) for i in range(written, ready)}, pending)
+                written, flushed_at = ready, time.monotonic()
+        progress.close()
+        if ready != len(keys):
+            raise RuntimeError(f"the engine gave {len(finished) + written} of {len(keys)} replies")
+        self.append({keys[i]: finished.pop(i) for i in range(written, ready)}, pending)
 
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=[eos_token_id])
-        outputs = state["llm"].generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+    def append(self, replies: dict[str, Reply], pending: dict[str, Prompt]) -> None:
+        chats = {key: pending[key][1] for key in replies if pending[key][1] is not None}
+        append_replies(self.path, replies, chats, self.tokenizer)
+        self.replies.update(replies)
+        self.generated += len(replies)
+
+
+class Progress:
+    """A bar over one walk's pending prompts: prompts/s and the time left (tqdm's), prompt and reply
+    tokens/s. None as the description: no bar (a walk's few prompts, or a test)."""
+
+    def __init__(self, total: int, description: str | None):
+        self.bar = tqdm(
+            total=total, desc=description, unit="prompt", disable=description is None, mininterval=2
         )
-        return [reply_of(out.outputs[0], eos_token_id) for out in outputs]
+        self.start = time.monotonic()
+        self.tokens = [0, 0]
 
-    generate.close = lambda: state.pop("llm", None)  # type: ignore[attr-defined]
-    return generate
+    def update(self, prompt_tokens: int, reply_tokens: int) -> None:
+        self.tokens[0] += prompt_tokens
+        self.tokens[1] += reply_tokens
+        seconds = max(time.monotonic() - self.start, 1e-9)
+        rates = f"prompt {self.tokens[0] / seconds:,.0f} tok/s, reply {self.tokens[1] / seconds:,.0f} tok/s"
+        self.bar.set_postfix_str(rates, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Generation with transformers
+# --------------------------------------------------------------------------------------------------
 
 
 def hf_generator(
@@ -518,45 +638,3 @@ def greedy_batch(model, prompts: list[list[int]], max_tokens: int, eos_token_id:
         )
     # generate pads a finished row with eos after its own
     return [Reply.of_row(row, eos_token_id) for row in out[:, width:].tolist()]
-
-
-def start_engine(
-    folder: Path,
-    max_tokens: int,
-    dtype: str,
-    enforce_eager: bool = False,
-    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
-    tensor_parallel_size: int = 1,
-):
-    """A vLLM engine for the writer: its KV cache sized by vLLM on CUDA, KV_CACHE_BYTES on the CPU build
-    (`engine.kv_cache_bytes`); tensor parallel ranks as worker processes (the CPU build's only way)."""
-    from vllm import LLM
-
-    configure_cpu_env(ranks=tensor_parallel_size)
-    window = read_config_dict(folder).get("max_position_embeddings", max_prompt_tokens + max_tokens)
-    kv_bytes = kv_cache_bytes(torch.cuda.is_available())
-    parallel = (
-        {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "mp"}
-        if tensor_parallel_size > 1
-        else {}
-    )
-    return LLM(
-        **engine_kwargs(
-            str(folder),
-            dtype=dtype,
-            max_model_len=min(window, max_prompt_tokens + max_tokens),
-            enable_prefix_caching=False,
-            skip_tokenizer_init=True,
-            enforce_eager=enforce_eager,
-            **({} if kv_bytes is None else {"kv_cache_memory_bytes": kv_bytes}),
-            **parallel,
-        )
-    )
-
-
-def reply_of(completion, eos_token_id: int) -> Reply:
-    ids = list(completion.token_ids)
-    finished = completion.finish_reason == "stop"
-    if finished and (not ids or ids[-1] != eos_token_id):
-        ids.append(eos_token_id)  # the student must learn where the teacher stops
-    return Reply(ids, finished)
