@@ -1,6 +1,6 @@
 """Every command of docs/gpu.md ("Llama-3.1-8B on 8 GPUs"), read from its ```bash blocks and run in order on
 a tiny model: the install (a dry run of this tree, offline), convert, the plan, the replies on vLLM's CPU
-build with 2 tensor-parallel ranks, the distillation under torchrun with 2 gloo processes and --fsdp, eval,
+build with 2 data-parallel engines, the distillation under torchrun with 2 gloo processes and --fsdp, eval,
 the server and the curl request against it, and the benchmark. No command is skipped; each is changed only by
 the fixed mapping below: the 8B guide's names become the tiny model's folders, its sizes the tiny model's,
 and a few options are added for a tiny model on a 2-core CPU (never one that changes what the command does).
@@ -57,7 +57,7 @@ SIZES = {
     "--num-key-value-layers 16": "--num-key-value-layers 2",
     "--world-size 8": "--world-size 2",
     "--nproc-per-node 8": "--nproc-per-node 2",
-    "--tensor-parallel-size 8": "--tensor-parallel-size 2",
+    "--data-parallel-size 8": "--data-parallel-size 2",
     "--tokens 500M": "--tokens 6000",
     "--reply-tokens 512": "--reply-tokens 8",
     "--limit 500": "--limit 4",

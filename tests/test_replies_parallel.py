@@ -135,3 +135,29 @@ def test_a_killed_run_resumes_to_the_same_file(tmp_path):
     again = replies_run(tmp_path, "killed.jsonl")
     assert again.wait(timeout=600) == 0, again.stderr.read()
     assert killed.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+
+
+def test_the_plan_gives_the_stages_work_and_time_at_the_runs_shape(tmp_path, capsys):
+    """`swiftkv replies --plan`: the prompts the tokens hold at the data's mean prompt length and full-length
+    replies, the writer's rates timed on this device, and the time they give, divided by the engines."""
+    from swiftkv.cli import main
+    from swiftkv.data.tokens import first_prompt
+    from swiftkv.distill.replies_time import plan_replies
+
+    save_tiny_teacher(tmp_path / "teacher")
+    settings = settings_for(tmp_path, "unused.jsonl", tokens=1_000_000, reply_tokens=64, engine="hf")
+    plan = plan_replies(settings)
+    chats = [record["messages"] for record in random_chats(400, seed=11)[:256]]
+    lengths = [len(first_prompt(tiny_tokenizer(), chat)[1]) for chat in chats]
+    assert plan.mean_prompt_tokens == pytest.approx(sum(lengths) / len(lengths))
+    assert plan.prompts == round(1_000_000 / (plan.mean_prompt_tokens + 64))
+    assert plan.reply_tokens == plan.prompts * 64
+    seconds = plan.prompt_tokens / plan.prefill_tokens_per_s + plan.reply_tokens / plan.decode_tokens_per_s
+    assert plan.device_hours == pytest.approx(seconds / 3600)
+    assert plan.prefill_tokens_per_s > plan.decode_tokens_per_s > 0  # a prefill's tokens share each step
+
+    args = ["replies", str(tmp_path / "teacher"), "--data", settings.data, "--tokens", "1M", "--plan"]
+    assert main([*args, "--reply-tokens", "64", "--engine", "hf"]) == 0
+    printed = capsys.readouterr().out
+    assert f"about {plan.prompts:,} prompts" in printed and "h on 1 engine(s)" in printed
+    assert not (tmp_path / "unused.jsonl").exists()

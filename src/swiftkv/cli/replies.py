@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..data.mixture import check_data
+from ..distill.replies_time import plan_replies
 from ..replies import RepliesSettings, write_replies
 from ..sources import check_weights_present, open_source
 from .options import add_dataclass_options, add_revision_option, given_values, source_help
@@ -20,6 +21,12 @@ def register(subparsers) -> None:
     parser.add_argument("src", help=source_help())
     add_revision_option(parser)
     add_dataclass_options(parser, RepliesSettings)
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="write nothing: print the stage's prompts and tokens at these settings and its time, the writer's "
+        "prefill and decode timed on random weights of its shape on this machine's device",
+    )
     parser.set_defaults(func=run)
 
 
@@ -30,7 +37,12 @@ def run(args) -> int:
         given.get("data", RepliesSettings.data), split=given.get("data_split", RepliesSettings.data_split)
     )
     source = open_source(args.src, args.revision)  # resolved once: the stage's loaders take it as it is
+    settings = RepliesSettings(source=source, **given)
+    if args.plan:
+        settings.check_engine()
+        print("\n".join(plan_replies(settings).lines(settings.data_parallel_size)))
+        return 0
     check_weights_present(source.folder)  # before its tokenizer: a folder holding only a config has none
-    cache = write_replies(RepliesSettings(source=source, **given))
+    cache = write_replies(settings)
     print(f"wrote {cache.path}: {len(cache.replies)} replies ({cache.generated} generated now)")
     return 0
