@@ -107,6 +107,9 @@ class EngineWriter:
         return in_order(self.stream, prompts)
 
     def close(self) -> None:
+        """Stop the engine's processes now: a multiprocessing child exits without the exit hooks that would."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
         self.llm = None
 
 
@@ -160,8 +163,8 @@ def engine_process(spec: EngineSpec, environ: dict[str, str], inbox, outbox, ran
     """One engine's process: for each shard of (index, prompt) pairs, its replies as they finish, then a
     None; an error is sent back as its traceback."""
     os.environ.update(environ)
+    writer = EngineWriter(spec)
     try:
-        writer = EngineWriter(spec)
         while (shard := inbox.get()) is not None:
             indices = [index for index, _ in shard]
             for k, reply in writer.stream([prompt for _, prompt in shard]):
@@ -170,6 +173,8 @@ def engine_process(spec: EngineSpec, environ: dict[str, str], inbox, outbox, ran
     except BaseException:
         outbox.put((rank, "error", traceback.format_exc(), None))
         raise
+    finally:
+        writer.close()
 
 
 class DataParallelWriter:
