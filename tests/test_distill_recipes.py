@@ -413,7 +413,7 @@ def test_static_engine_replies_equal_generates(tmp_path, arch):
     from transformers import AutoModelForCausalLM
 
     from swiftkv.replies import greedy_batch
-    from swiftkv.static_greedy import SharedCache, static_generator, static_greedy_batch
+    from swiftkv.replies.static_greedy import SharedCache, static_generator, static_greedy_batch
 
     folder = save_tiny_teacher(tmp_path / "teacher", arch)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -440,7 +440,7 @@ def test_static_engine_with_cudas_attention_paths_writes_the_same_replies(tmp_pa
 
     from swiftkv.model import attention
     from swiftkv.replies import greedy_batch
-    from swiftkv.static_greedy import static_generator
+    from swiftkv.replies.static_greedy import static_generator
 
     folder = save_tiny_teacher(tmp_path / "teacher", "llama")
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -577,7 +577,7 @@ def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
 
 def test_only_vllm_splits_a_writer_over_ranks(tmp_path, capsys):
     from swiftkv.replies import RepliesSettings
-    from swiftkv.reply_engines import available_devices
+    from swiftkv.replies.vllm_engines import available_devices
 
     for engine in ("hf", "static"):
         for option in ("tensor_parallel_size", "data_parallel_size"):

@@ -26,9 +26,8 @@ LAYERS = (
     ("cli",),  # one module per command, over everything below
     ("distill",),  # trains on the replies stage's output
     ("bench", "evaluate", "demo", "replies"),  # stages and measurements over convert, vLLM and the model
-    ("reply_engines",),  # the replies stage's vLLM engines: streamed, data-parallel
     ("convert", "vllm"),
-    ("calibration", "sources", "generation", "static_greedy"),
+    ("calibration", "sources", "generation"),
     ("metrics", "data", "dtypes"),
     ("model",),
     ("files", "settings", "results", "plots", "tensorfiles", "hostmemory", "hub"),

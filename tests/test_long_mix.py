@@ -95,7 +95,7 @@ def test_whole_documents_with_nothing_to_fill_their_room_get_filler():
 
 
 def test_the_replies_stage_writes_every_long_answer_distill_reads(tmp_path, monkeypatch):
-    monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: fake_writer([]))
+    monkeypatch.setattr("swiftkv.replies.stage.reply_generator", lambda settings, eos: fake_writer([]))
     data = str(write_jsonl(tmp_path / "chats.jsonl", long_chats(300, seed=2)))
     settings = RepliesSettings(
         source="unused",

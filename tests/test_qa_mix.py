@@ -165,7 +165,7 @@ def test_the_split_puts_qa_prompts_after_the_first_prompts_and_leaves_the_held_o
 
 
 def test_the_replies_stage_writes_every_qa_answer_distill_reads(tmp_path, monkeypatch):
-    monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: fake_writer([]))
+    monkeypatch.setattr("swiftkv.replies.stage.reply_generator", lambda settings, eos: fake_writer([]))
     records = [{"messages": chat(prose(f"r{k}"), question=f"w1 w2 w{k % 90}")} for k in range(1200)]
     data = str(write_jsonl(tmp_path / "chats.jsonl", records))
     settings = RepliesSettings(

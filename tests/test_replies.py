@@ -60,7 +60,9 @@ def test_the_split_is_unchanged(tmp_path, share, heldout, train, mask):
 
 def test_stage_resumes_without_duplicates_and_writes_chat_records(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: fake_writer(calls, batch=4))
+    monkeypatch.setattr(
+        "swiftkv.replies.stage.reply_generator", lambda settings, eos: fake_writer(calls, batch=4)
+    )
     data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(60, seed=3)))
     out = tmp_path / "replies.jsonl"
     settings = RepliesSettings(source="unused", out=str(out), data=data, tokens=200, heldout_tokens=64)
@@ -122,7 +124,7 @@ def test_distill_trains_on_the_replies_the_stage_wrote(tmp_path, monkeypatch, ca
     def refuse(prompts):
         raise AssertionError("distill generated replies the stage should have written")
 
-    monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: refuse)
+    monkeypatch.setattr("swiftkv.replies.stage.reply_generator", lambda settings, eos: refuse)
     args = [a if a != "human" else "teacher" for a in TRAIN_ARGS]
     assert (
         main(
@@ -152,7 +154,7 @@ def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, 
     from swiftkv.distill.settings import settings_for
     from swiftkv.distill.trainer import training_blocks
 
-    monkeypatch.setattr("swiftkv.replies.reply_generator", lambda settings, eos: fake_writer([]))
+    monkeypatch.setattr("swiftkv.replies.stage.reply_generator", lambda settings, eos: fake_writer([]))
     data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(80, seed=4, turns=3)))
     run = settings_for(
         "tiny",

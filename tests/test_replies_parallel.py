@@ -43,7 +43,7 @@ def test_walks_ask_only_for_prompts_the_finished_walk_needs(tmp_path, monkeypatc
         generate.batch = 8
         return generate
 
-    monkeypatch.setattr("swiftkv.replies.reply_generator", short_writer)
+    monkeypatch.setattr("swiftkv.replies.stage.reply_generator", short_writer)
     write_jsonl(tmp_path / "chats.jsonl", long_chats(300, seed=2))
     given = dict(tokens=12000, heldout_tokens=1600, long_share=0.5, long_prompt_tokens=1500)
     settings = settings_for(tmp_path, "walked.jsonl", **given)
@@ -81,7 +81,7 @@ def test_two_engines_write_what_one_engine_writes(tmp_path):
     Eager engines: compiling the CPU engine's graphs three times would take minutes."""
     import torch
 
-    from swiftkv.reply_engines import DataParallelWriter, EngineSpec, EngineWriter
+    from swiftkv.replies.vllm_engines import DataParallelWriter, EngineSpec, EngineWriter
 
     folder = save_tiny_teacher(
         tmp_path / "teacher", hidden_size=128, num_attention_heads=2, num_key_value_heads=1

@@ -4,7 +4,7 @@ generation of the same plain teacher, and end with the end-of-turn token when th
 import pytest
 import torch
 
-from swiftkv.reply_engines import EngineSpec, EngineWriter
+from swiftkv.replies.vllm_engines import EngineSpec, EngineWriter
 from tests.tiny import save_tiny_teacher
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1200)]

@@ -40,9 +40,9 @@ from swiftkv.dtypes import dtype_name, resolve_dtype
 from swiftkv.files import write_atomic
 from swiftkv.metrics import matmul_peak
 from swiftkv.replies import hf_generator
+from swiftkv.replies.static_greedy import static_generator
 from swiftkv.settings import parse_count, setting
 from swiftkv.sources import open_source
-from swiftkv.static_greedy import static_generator
 
 from . import module_command
 from .artifacts import bundle_artifacts

@@ -77,7 +77,7 @@ def split_documents(
             rest, tokenizer, written - long_tokens, replies, every_turn=every_turn, skip=skip_tokens
         )
         # The long prompts come from the examples after the written ones end, which guessed reply lengths
-        # (`swiftkv.replies.GuessedReplies`) move: they wait for a walk with every written reply known.
+        # (`swiftkv.replies.stage.GuessedReplies`) move: they wait for a walk with every written reply known.
         if long_tokens and not getattr(replies, "guessed", False):
             long = long_mix.documents(rest, tokenizer, long_tokens, replies)
             taught = spread(long, among=taught)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .data.tokens import MAX_PROMPT_TOKENS, Reply
-from .sources import read_config_dict
-from .vllm.engine import engine_kwargs, kv_cache_bytes
-from .vllm.env import configure_cpu_env, thread_binding
+from ..data.tokens import MAX_PROMPT_TOKENS, Reply
+from ..sources import read_config_dict
+from ..vllm.engine import engine_kwargs, kv_cache_bytes
+from ..vllm.env import configure_cpu_env, thread_binding
 
 Stream = Callable[[list[list[int]]], Iterator[tuple[int, Reply]]]  # prompts -> (index, reply), as they finish
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
-from .data.tokens import MAX_PROMPT_TOKENS, Reply
-from .model.attention import attention_for
-from .model.config import is_swiftkv
+from ..data.tokens import MAX_PROMPT_TOKENS, Reply
+from ..model.attention import attention_for
+from ..model.config import is_swiftkv
 
 Step = Callable[..., torch.Tensor]  # (model, ids, positions, cache, cache_position, mask) -> next ids
 
