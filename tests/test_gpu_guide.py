@@ -117,13 +117,14 @@ def guide_commands(text: str) -> list[str]:
 
 
 def kind(argv: list[str]) -> str:
-    """What a guide command is: pip, curl, the plan, or the swiftkv command it runs (directly or under
-    torchrun)."""
+    """What a guide command is: pip, curl, the swiftkv command it runs (directly or under torchrun), or a
+    plan: distill's (`plan`) or another command's (`replies-plan`)."""
     if argv[0] in ("pip", "curl"):
         return argv[0]
+    command = argv[argv.index("swiftkv.cli") + 1] if argv[0] == "torchrun" else argv[1]
     if "--plan" in argv:
-        return "plan"
-    return argv[argv.index("swiftkv.cli") + 1] if argv[0] == "torchrun" else argv[1]
+        return "plan" if command == "distill" else f"{command}-plan"
+    return command
 
 
 def tiny_argv(command: str, folder: Path, port: int) -> tuple[str, list[str]]:
@@ -139,7 +140,7 @@ def tiny_argv(command: str, folder: Path, port: int) -> tuple[str, list[str]]:
         return step, [*INSTALL, *(a.replace("swiftkv[", ".[") for a in argv[2:])]
     if step == "curl":
         return step, argv
-    extra = TINY_OPTIONS.get("distill" if step == "plan" else step, [])
+    extra = TINY_OPTIONS.get("distill" if step == "plan" else step.removesuffix("-plan"), [])
     if step in ("serve", "bench"):
         extra = [*extra, str(KV_BYTES)]
     return step, [*PROGRAMS[argv[0]], *argv[1:], *extra]
@@ -305,7 +306,8 @@ def guide(tmp_path_factory) -> tuple[Path, dict[str, str], list[str]]:
 def test_the_guide_runs_every_step_in_order(guide):
     _, outputs, kinds = guide
     assert kinds == [
-        "pip", "data", "data", "data", "convert", "plan", "replies", "distill", "eval", "serve", "curl", "bench",
+        "pip", "data", "data", "data", "convert", "plan", "replies-plan", "replies", "distill", "eval", "serve",
+        "curl", "bench",
     ]  # fmt: skip
     assert "Would install swiftkv" in outputs["pip"]
 
@@ -361,6 +363,13 @@ def test_the_plan_prints_memory_per_process_that_adds_up(guide):
     parts = dict(re.findall(r"(\w+) ([\d.]+)", line.group(1)))
     total = float(parts.pop("total"))
     assert abs(sum(map(float, parts.values())) - total) < 0.01 * len(parts)
+
+
+def test_the_replies_plan_counts_the_prompts_and_times_them_on_two_engines(guide):
+    _, outputs, _ = guide
+    prompts = re.search(r"replies: about ([\d,]+) prompts of (\d+) tokens", outputs["replies-plan"])
+    assert prompts and int(prompts.group(1).replace(",", "")) > 0, outputs["replies-plan"]
+    assert "h on 2 engine(s)" in outputs["replies-plan"]
 
 
 def test_the_distilled_folder_trained_only_the_swiftkv_parameters(guide):
