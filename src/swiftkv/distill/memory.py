@@ -9,41 +9,40 @@ holds what its allocator freed but kept (glibc keeps freed blocks of one micro-b
 from __future__ import annotations
 
 import weakref
-from pathlib import Path
 
 import torch
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .. import hostmemory
+
 
 def current_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**20
-    return status_kib("VmRSS") / 1024
+    return host_mib(hostmemory.status_mib("VmRSS"))
 
 
 def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size
-    except OSError:
-        pass  # not Linux, or not allowed: the peak then counts from the process's start
+    hostmemory.reset_peak()  # None where it cannot: the peak then counts from the process's start
 
 
 def peak_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return status_kib("VmHWM") / 1024
+    return host_mib(hostmemory.peak_mib())
 
 
-def status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1])
-    raise KeyError(f"/proc/self/status has no {key}")
+def host_mib(value: float | None) -> float:
+    if value is None:
+        raise RuntimeError(
+            "this process's host memory is read from /proc/self/status, which this system lacks"
+        )
+    return value
 
 
 class TensorBytes(TorchDispatchMode):

@@ -8,7 +8,6 @@ both alike; CPU seconds of this process are reported beside wall seconds for the
 from __future__ import annotations
 
 import contextlib
-import resource
 import time
 from dataclasses import dataclass, replace
 
@@ -20,7 +19,7 @@ from ..dtypes import dtype_name, resolve_dtype
 from ..metrics import nominal_peak
 from ..model.modeling import swiftkv_parameters
 from ..sources import source_name
-from . import trainable
+from . import memory, trainable
 from .bound import compute_bound, device_label, device_peak, step_flops_per_token
 from .compiled import CompiledLayers
 from .loss import BatchSizes
@@ -127,9 +126,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
 
 def peak_memory_mib(device: torch.device) -> float:
     """This process's peak: resident memory on a CPU (model, data and steps), allocated memory on a GPU."""
-    if device.type == "cuda":
-        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+    return round(memory.peak_mib(device), 1)
 
 
 # --------------------------------------------------------------------------------------------------
