@@ -113,7 +113,7 @@ class ReplyCache:
         self.path = path
         self.generate = generate
         self.tokenizer = tokenizer  # decodes the replies into the chat records (None: ids only)
-        self.batch = getattr(generate, "batch", WALK_BATCH)  # prompts per generation call
+        self.batch = getattr(generate, "batch", WALK_BATCH)  # prompts the walk takes at a time
         self.replies = read_replies(path)
         self.generated = 0
 
@@ -142,7 +142,8 @@ class ReplyCache:
             progress.update(len(pending[keys[index]][0]), len(reply.ids))
             while ready in finished:
                 ready += 1
-            if ready - written >= FLUSH_RECORDS or time.monotonic() - flushed_at >= FLUSH_SECONDS:
+            due = ready - written >= FLUSH_RECORDS or time.monotonic() - flushed_at >= FLUSH_SECONDS
+            if due and ready > written:
                 self.append({keys[i]: finished.pop(i) for i in range(written, ready)}, pending)
                 written, flushed_at = ready, time.monotonic()
         progress.close()
