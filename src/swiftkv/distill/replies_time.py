@@ -20,7 +20,6 @@ import torch
 from transformers import AutoConfig
 
 from ..data.mixture import read_data
-from ..data.split import written_tokens
 from ..data.tokens import first_prompt
 from ..dtypes import dtype_name, resolve_dtype
 from ..model.config import is_swiftkv
@@ -67,8 +66,7 @@ def plan_replies(settings: RepliesSettings) -> RepliesTime:
     """The replies stage's work at `settings` and its time on this machine's device."""
     folder = open_source(settings.source).folder  # a SwiftKV folder's teacher path is its teacher's shape
     mean_prompt = mean_prompt_tokens(settings, load_tokenizer(folder))
-    total = written_tokens(settings.tokens, 0.0)
-    prompts = max(1, round(total / (mean_prompt + settings.reply_tokens)))
+    prompts = max(1, round(settings.tokens / (mean_prompt + settings.reply_tokens)))
     device = training_device()
     dtype = resolve_dtype(settings.dtype, device.type)
     timed, prefill, decode = time_writer(folder, settings.writer == "student", dtype, device, mean_prompt)
@@ -108,14 +106,12 @@ def time_writer(folder: Path, student: bool, dtype, device: torch.device, prompt
     whole = whole_model_fits(model_parameters(folder) * dtype.itemsize / 2**30, device)
     if not whole:
         config = few_layer_config(config, None if device.type == "cuda" else CPU_VOCAB)
-    model = (
-        random_model(config, device, dtype).to(dtype).eval()
-    )  # its SwiftKV projections too: no trainer here
+    # In the compute dtype throughout, the SwiftKV projections too: no trainer keeps them in fp32 here.
+    model = random_model(config, device, dtype).to(dtype).eval()
     batch = BATCH_GPU if device.type == "cuda" else BATCH_CPU
     length = max(1, round(prompt_tokens if device.type == "cuda" else min(prompt_tokens, CPU_PROMPT_TOKENS)))
-    ids = torch.randint(3, config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0)).to(
-        device
-    )
+    seeded = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, config.vocab_size, (batch, length), generator=seeded).to(device)
 
     def forward(tokens, cache=None):
         out = model(tokens, past_key_values=cache, use_cache=True, **path)

@@ -187,9 +187,8 @@ class DataParallelWriter:
         self.processes = []
 
     def start(self) -> None:
-        context = multiprocessing.get_context(
-            "spawn"
-        )  # a fresh interpreter: its devices set before vLLM loads
+        # spawn: a fresh interpreter, whose devices are set before vLLM loads
+        context = multiprocessing.get_context("spawn")
         self.outbox = context.Queue()
         on_cuda = torch.cuda.is_available()
         for rank in range(self.engines):
