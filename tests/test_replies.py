@@ -218,3 +218,26 @@ def test_a_compressed_reply_file_is_read_and_never_appended_to(tmp_path):
     with pytest.raises(ValueError, match="lacks 1 of the replies asked for"):
         cache.get([[4, 5], [6]])
     assert calls == [] and read_replies(packed) == read_replies(tmp_path / "r.jsonl")
+
+
+def test_a_reply_file_is_read_line_by_line_into_packed_ids(tmp_path):
+    """A GPU-scale reply file (~10^9 tokens) has to fit one host when distill reads it: reading holds about
+    4 bytes a token (a Python int list takes ~36, and the file's whole text would come on top), and a torn
+    last line longer than one read-back chunk is still cut off."""
+    import tracemalloc
+
+    from swiftkv.replies import append_replies
+
+    replies = {f"k{i}": Reply(list(range(1000 + i, 1500 + i)), i % 2 == 0) for i in range(400)}
+    path = tmp_path / "r.jsonl"
+    append_replies(path, replies)
+    whole = path.stat().st_size
+    with path.open("ab") as handle:
+        handle.write(b'{"key": "torn", "reply_ids": [' + b"7, " * 30_000)  # ~90 KB: past one chunk
+    tracemalloc.start()
+    read = read_replies(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert read == replies and path.stat().st_size == whole
+    tokens = 400 * 500
+    assert peak < 10 * tokens, f"{peak / tokens:.1f} bytes a token"

@@ -8,7 +8,8 @@ import json
 import lzma
 import os
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from tqdm import tqdm
@@ -30,7 +31,7 @@ Prompt = tuple[list[int], list[dict] | None]  # a prompt's token ids and its cha
 
 
 def note_unwritten(
-    written: dict[str, Reply],
+    written: Mapping[str, Reply],
     prompts: list[list[int]],
     chats: list[list[dict]] | None,
     into: dict[str, Prompt],
@@ -55,29 +56,67 @@ def stream_of(generate: Generate, batch: int) -> Stream:
     return batches
 
 
-def read_replies(path: Path) -> dict[str, Reply]:
-    """Complete records of `path`; a torn last line (a kill mid-write) is cut off the file. A `.xz` file
-    (the records' ids as kept in the repository) is read as it is."""
+class Replies(Mapping[str, Reply]):
+    """Replies by prompt key, the first of a repeated key kept. Each reply's ids are held packed (int32,
+    4 bytes a token where a Python list takes ~36): a GPU-scale reply file holds ~10^9 tokens."""
+
+    def __init__(self):
+        self.packed: dict[str, tuple[array, bool]] = {}
+
+    def __getitem__(self, key: str) -> Reply:
+        ids, finished = self.packed[key]
+        return Reply(ids.tolist(), finished)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.packed
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.packed)
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def add(self, replies: Mapping[str, Reply]) -> None:
+        for key, reply in replies.items():
+            if key not in self.packed:
+                self.packed[key] = (array("i", reply.ids), reply.finished)
+
+
+def read_replies(path: Path) -> Replies:
+    """Complete records of `path`, read line by line; a torn last line (a kill mid-write) is cut off the
+    file. A `.xz` file (the records' ids as kept in the repository) is read as it is."""
     if not path.is_file():
-        return {}
-    if path.suffix == ".xz":
-        return reply_records(lzma.decompress(path.read_bytes()).decode("utf-8"), path)
-    data = path.read_bytes()
-    complete = data[: data.rfind(b"\n") + 1]
-    if len(complete) != len(data):
-        with path.open("r+b") as handle:
-            handle.truncate(len(complete))
-    return reply_records(complete.decode("utf-8"), path)
+        return Replies()
+    if path.suffix != ".xz":
+        cut_torn_line(path)
+    with lzma.open(path, "rb") if path.suffix == ".xz" else path.open("rb") as lines:
+        return reply_records(lines, path)
 
 
-def reply_records(text: str, path: Path) -> dict[str, Reply]:
+def cut_torn_line(path: Path, chunk: int = 1 << 16) -> None:
+    """Truncate `path` after its last newline, reading back from the end a chunk at a time."""
+    size = keep = path.stat().st_size
+    with path.open("rb") as handle:
+        while keep > 0:
+            start = max(0, keep - chunk)
+            handle.seek(start)
+            newline = handle.read(keep - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            keep = start
+    if keep != size:
+        os.truncate(path, keep)
+
+
+def reply_records(lines: Iterable[bytes], path: Path) -> Replies:
     """The replies of a reply file's lines, by prompt key (the first of a repeated key)."""
-    replies: dict[str, Reply] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    replies = Replies()
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-            replies.setdefault(record["key"], Reply(record["reply_ids"], record["finished"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            replies.add({record["key"]: Reply(record["reply_ids"], record["finished"])})
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
             raise ValueError(
                 f"{path}:{number}: not a teacher-reply record ({error}); delete the file to regenerate it"
             ) from error
@@ -154,7 +193,7 @@ class ReplyCache:
     def append(self, replies: dict[str, Reply], pending: dict[str, Prompt]) -> None:
         chats = {key: pending[key][1] for key in replies if pending[key][1] is not None}
         append_replies(self.path, replies, chats, self.tokenizer)
-        self.replies.update(replies)
+        self.replies.add(replies)
         self.generated += len(replies)
 
 
