@@ -11,7 +11,14 @@ from transformers import LlamaForCausalLM
 
 from swiftkv import LlamaSwiftKVForCausalLM
 from swiftkv.cli import main
-from swiftkv.evaluate.chat import assistant_token_mask, greedy_tokens
+from swiftkv.evaluate.chat import (
+    GENERATION_BATCH,
+    GENERATION_TOKENS,
+    assistant_token_mask,
+    cut_at_stop,
+    generation_batches,
+    greedy_tokens,
+)
 from swiftkv.evaluate.data import load_olmo_dataset
 from swiftkv.evaluate.harness import load_task
 from swiftkv.evaluate.loglikelihood import LoglikelihoodScorer, encode_request
@@ -139,19 +146,49 @@ def test_separate_mode_when_weights_differ(models, tokenizer, tmp_path):
 
 
 def test_greedy_generation_matches_transformers(models):
+    """Prompts of different lengths answered in one left-padded batch get, token for token, the answer each
+    gets alone: transformers' own generate for the teacher, full forwards without a KV cache for the
+    student."""
     pair = load_pair(str(models["student"]), str(models["teacher"]), dtype=torch.float32)
-    prompt = pair.tokenizer("Tell me about Paris.", add_special_tokens=False)["input_ids"]
+    texts = ["Tell me about Paris.", "Hi", "Write a long and careful letter to the city council about parks."]
+    prompts = [pair.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    assert len({len(p) for p in prompts}) == 3
     reference = LlamaForCausalLM.from_pretrained(models["teacher"], dtype=torch.float32).eval()
-    expected = reference.generate(
-        torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=pair.tokenizer.eos_token_id
-    )[0, len(prompt) :].tolist()
-    assert greedy_tokens(pair, TEACHER, prompt, 8) == expected
+    expected = [
+        reference.generate(
+            torch.tensor([p]), max_new_tokens=8, do_sample=False, pad_token_id=pair.tokenizer.eos_token_id
+        )[0, len(p) :].tolist()
+        for p in prompts
+    ]
+    assert greedy_tokens(pair, TEACHER, prompts, 8) == expected
     assert pair.student.config.swiftkv is True  # restored after playing the teacher
-    ids = list(prompt)  # the student's greedy answer, by full forwards without a KV cache
-    with torch.no_grad():
-        for _ in range(8):
-            ids.append(int(pair.student(torch.tensor([ids])).logits[0, -1].argmax()))
-    assert greedy_tokens(pair, STUDENT, prompt, 8) == ids[len(prompt) :]
+    alone = []
+    for prompt in prompts:  # the student's greedy answer, by full forwards without a KV cache
+        ids = list(prompt)
+        with torch.no_grad():
+            for _ in range(8):
+                ids.append(int(pair.student(torch.tensor([ids])).logits[0, -1].argmax()))
+        alone.append(ids[len(prompt) :])
+    assert greedy_tokens(pair, STUDENT, prompts, 8) == alone
+
+
+def test_a_batch_row_ends_at_its_stop_token():
+    """A row that stopped while others went on is padded by generate: cut after its first stop token."""
+    assert cut_at_stop([5, 9, 2, 2, 2], {2}) == [5, 9, 2]
+    assert cut_at_stop([5, 9, 7], {2, 3}) == [5, 9, 7]
+    assert cut_at_stop([3, 2], {2, 3}) == [3]
+
+
+def test_generation_batches_group_similar_lengths_within_the_limits():
+    prompts = [[1] * n for n in (900, 5, 40, 7, 30_000, 6)] + [[1] * 3] * 20
+    batches = generation_batches(prompts, 100)
+    assert sorted(i for b in batches for i in b) == list(range(len(prompts)))
+    for batch in batches:
+        assert len(batch) <= GENERATION_BATCH
+        lengths = [len(prompts[i]) for i in batch]
+        assert lengths == sorted(lengths)
+        assert len(batch) == 1 or (max(lengths) + 100) * len(batch) <= GENERATION_TOKENS
+    assert [4] in batches  # a prompt longer than the token limit goes alone
 
 
 def test_assistant_mask_covers_assistant_replies_only(tokenizer):

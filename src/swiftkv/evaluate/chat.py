@@ -120,21 +120,62 @@ def summarize_teacher_forced(stats: list[dict]) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
+# Prompts answered together: up to GENERATION_BATCH, of similar lengths (sorted), their padded prompts plus
+# the answer budget within GENERATION_TOKENS (the batch's KV cache and its prefill's attention). Decoding
+# one prompt at a time leaves a CPU's cores or a GPU idle between tiny steps; a batch of 16 writes
+# ~10x the tokens per second on either.
+GENERATION_BATCH = 16
+GENERATION_TOKENS = 32_768
+
+
+def generation_batches(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Indices of `prompts` in batches of similar lengths: shortest first, each batch within the limits."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches: list[list[int]] = []
+    for index in order:
+        batch = batches[-1] if batches else None
+        longest = len(prompts[index]) + new_tokens  # sorted: the newest prompt is the batch's longest
+        if batch is None or len(batch) == GENERATION_BATCH or longest * (len(batch) + 1) > GENERATION_TOKENS:
+            batches.append([index])
+        else:
+            batch.append(index)
+    return batches
+
+
 @torch.inference_mode()
-def greedy_tokens(pair: ModelPair, role: str, prompt_ids: list[int], new_tokens: int) -> list[int]:
+def greedy_tokens(pair: ModelPair, role: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Each prompt's greedy answer (its stop token kept), the prompts left-padded into one `generate`."""
     model = pair.model_of(role)
     # In shared mode the same model plays the teacher: the path is chosen per call, nothing is flipped.
     path = {"swiftkv": role == STUDENT} if is_swiftkv(model) else {}
-    input_ids = torch.tensor([prompt_ids], device=pair.device)
+    pad = pair.tokenizer.eos_token_id
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=pair.device)
+    attention_mask = torch.tensor(
+        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=pair.device
+    )
     out = model.generate(
         input_ids,
-        attention_mask=torch.ones_like(input_ids),
+        attention_mask=attention_mask,
         max_new_tokens=new_tokens,
         do_sample=False,
-        pad_token_id=pair.tokenizer.eos_token_id,
+        pad_token_id=pad,
         **path,
     )
-    return out[0, len(prompt_ids) :].tolist()
+    stops = stop_ids(model)
+    return [cut_at_stop(row, stops) for row in out[:, width:].tolist()]
+
+
+def stop_ids(model) -> set[int]:
+    """The tokens that end a greedy answer (the generation config's end-of-sequence ids)."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+def cut_at_stop(row: list[int], stops: set[int]) -> list[int]:
+    """A batch row's answer as one prompt alone gets it: up to its first stop token (kept), without the
+    padding `generate` appends once a row has stopped and others go on."""
+    return next((row[: i + 1] for i, token in enumerate(row) if token in stops), row)
 
 
 def first_divergence(a: list[int], b: list[int], window: int, eos: int | None) -> int:
@@ -161,12 +202,16 @@ def greedy_answers(
         done = store.get_many(pair.cache_keys[role], keys)
         missing = [(key, ids) for key, ids in zip(keys, prompt_ids, strict=True) if key not in done]
         bar = progress_bar(pair, progress, len(keys), len(keys) - len(missing), f"{desc}, {role}", "prompt")
-        for (key, _), answer in pair.processes.computed(
-            missing, lambda item, role=role: greedy_tokens(pair, role, item[1], new_tokens)
+        batches = [
+            [missing[i] for i in batch] for batch in generation_batches([m[1] for m in missing], new_tokens)
+        ]
+        for batch, batch_answers in pair.processes.computed(
+            batches, lambda batch, role=role: greedy_tokens(pair, role, [ids for _, ids in batch], new_tokens)
         ):
-            done[key] = answer
-            store.put_many(pair.cache_keys[role], {key: answer})
-            bar.update()
+            answered = {key: answer for (key, _), answer in zip(batch, batch_answers, strict=True)}
+            done.update(answered)
+            store.put_many(pair.cache_keys[role], answered)
+            bar.update(len(batch))
         bar.close()
         answers[role] = [done[key] for key in keys]
     return answers

@@ -15,7 +15,7 @@ from ..metrics import prefill_compute_saving
 from ..model.config import is_swiftkv
 from ..results import EvalResults, LongQA, TaskResult
 from ..sources import Source, check_supported, open_source
-from .chat import generation_agreement, teacher_forced_agreement
+from .chat import GENERATION_BATCH, generation_agreement, teacher_forced_agreement
 from .harness import run_task
 from .instructions import check_instruction_context, instruction_following
 from .loglikelihood import LoglikelihoodScorer
@@ -163,7 +163,7 @@ def engines(processes: Processes, dtype: torch.dtype) -> dict[str, str]:
     where = f"{processes.device.type}, {dtype_name(dtype)}"
     return {
         "log-likelihoods and teacher-forced agreement": f"transformers ({where}, batched forwards)",
-        "greedy generation": f"transformers ({where}, one prompt at a time)",
+        "greedy generation": f"transformers ({where}, batches of up to {GENERATION_BATCH} left-padded prompts)",
     }
 
 
