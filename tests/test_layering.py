@@ -30,7 +30,8 @@ LAYERS = (
     ("calibration", "sources", "generation"),
     ("metrics", "data", "dtypes"),
     ("model",),
-    ("files", "settings", "results", "plots", "tensorfiles", "hostmemory", "hub"),
+    ("files", "settings", "results", "plots", "hostmemory", "hub"),
+    ("tensorfiles",),  # safetensors read and written a tensor at a time (files reads model identities)
 )
 
 RULES = {

@@ -14,10 +14,11 @@ import json
 import os
 import re
 import shutil
-import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from .tensorfiles import stored_tensors
 
 TEMP_MARK = ".tmp-"
 _TEMP_PID = re.compile(r"\.tmp-(\d+)")
@@ -195,15 +196,7 @@ def model_identity(folder: Path) -> dict:
     identity = {key: config.get(key) for key in GEOMETRY_KEYS}
     digest = hashlib.sha256()
     for weights in sorted(folder.glob("*.safetensors")):
-        with weights.open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(size))
-        header.pop("__metadata__", None)
-        digest.update(
-            json.dumps(
-                {name: (t["dtype"], t["shape"]) for name, t in header.items()}, sort_keys=True
-            ).encode()
-        )
+        digest.update(json.dumps(stored_tensors(weights), sort_keys=True).encode())
     for weights in sorted(folder.glob("*.bin")):  # pickled: no header to read, the size stands in
         digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
     identity["weights"] = digest.hexdigest()[:20]
