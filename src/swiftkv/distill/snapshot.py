@@ -116,9 +116,12 @@ def install(
         teacher_model, progress["num_key_value_layers"], progress["key_value_group_size"]
     )
     merge_trained(model, {k: v.float() for k, v in tensors.items()}, progress["trainable"])
-    # "loan": the key earlier snapshots' installed folders carry their progress under (kept, so the
-    # folders a snapshot installs to stay as they were)
-    info = {"source": source.name, "init": "distilled", "trimmed": False, "loan": progress_summary(progress)}
+    info = {
+        "source": source.name,
+        "init": "distilled",
+        "trimmed": False,
+        "progress": progress_summary(progress),
+    }
     write_swiftkv_folder(model, source.load_tokenizer(), out, info, force=force)
     return Path(out)
 
