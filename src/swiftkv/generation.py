@@ -17,6 +17,16 @@ def chat_input_ids(tokenizer, prompt: str, raw: bool = False) -> torch.Tensor:
     return torch.tensor([prompt_ids(tokenizer, [{"role": "user", "content": prompt}])])
 
 
+def left_padded(
+    prompts: list[list[int]], width: int, pad_id: int, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of `prompts` left-padded to `width` with `pad_id`: a batch's replies then
+    start at the same column."""
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
 @torch.no_grad()
 def generate_text(
     model, tokenizer, input_ids: torch.Tensor, max_new_tokens: int, streamer=None, **model_kwargs

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from ..data.chat import from_first_user
 from ..data.tokens import prompt_ids, tokenize_chat
+from ..generation import left_padded
 from ..metrics import kl_per_row, top1_matches
 from ..model.config import is_swiftkv
 from .pair import STUDENT, TEACHER, ModelPair
@@ -121,10 +122,11 @@ def summarize_teacher_forced(stats: list[dict]) -> dict:
 
 
 # Prompts answered together: up to GENERATION_BATCH, of similar lengths (sorted), their padded prompts plus
-# the answer budget within GENERATION_TOKENS (the batch's KV cache and its prefill's attention). Decoding
-# one prompt at a time leaves a CPU's cores or a GPU idle between tiny steps; a batch of 16 writes
-# ~10x the tokens per second on either.
-GENERATION_BATCH = 16
+# the answer budget within GENERATION_TOKENS (the batch's KV cache and its prefill's attention). One prompt
+# at a time leaves a GPU idle between tiny decode steps; on 2 CPU cores a batch of 16 answered 16
+# instruction prompts (512 tokens) of SmolLM2-135M 1.5x (student) to 3.4x (teacher) faster, token for token
+# the same.
+GENERATION_BATCH = 64
 GENERATION_TOKENS = 32_768
 
 
@@ -150,10 +152,7 @@ def greedy_tokens(pair: ModelPair, role: str, prompts: list[list[int]], new_toke
     path = {"swiftkv": role == STUDENT} if is_swiftkv(model) else {}
     pad = pair.tokenizer.eos_token_id
     width = max(map(len, prompts))
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=pair.device)
-    attention_mask = torch.tensor(
-        [[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=pair.device
-    )
+    input_ids, attention_mask = left_padded(prompts, width, pad, pair.device)
     out = model.generate(
         input_ids,
         attention_mask=attention_mask,

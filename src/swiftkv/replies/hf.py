@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ..data.tokens import Reply
+from ..generation import left_padded
 from .file import Generate
-from .static_greedy import in_length_order, left_padded
+from .static_greedy import in_length_order
 
 
 def hf_generator(

@@ -28,6 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
 from ..data.tokens import MAX_PROMPT_TOKENS, Reply
+from ..generation import left_padded
 from ..model.attention import attention_for
 from ..model.config import is_swiftkv
 
@@ -105,16 +106,6 @@ def static_greedy_batch(
             last = last + 1
             token = step(model, token[:, None], last, cache, torch.tensor([width + t], device=device), mask)
     return [Reply.of_row(row, eos_token_id) for row in tokens.tolist()]
-
-
-def left_padded(
-    prompts: list[list[int]], width: int, pad_id: int, device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, attention mask) of `prompts` left-padded to `width` with `pad_id`: a batch's replies then
-    start at the same column."""
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    return ids, mask
 
 
 def in_length_order(prompts: list[list[int]], rows: int, write: Callable[[list[list[int]]], list[Reply]]):
