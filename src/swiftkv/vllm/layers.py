@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -99,23 +100,32 @@ class GroupHeadRMSNorm(nn.Module):
         return (normed.to(x.dtype) * self.weight[None, :, None, :]).view(x.shape)
 
 
+@dataclass(frozen=True)
+class LaterAttentionSpec:
+    """What every later layer's query-only attention is built from (each adds its prefix and holder)."""
+
+    config: object  # the model's HF config
+    heads: RankHeads
+    cache_config: object
+    quant_config: object
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool = False
+
+
 class SwiftKVLaterAttention(nn.Module):
     """Query-only attention of a later layer: q_proj_swiftkv (+ q_norm_swiftkv per head for Qwen3),
     RoPE, attention over the holder cache."""
 
-    def __init__(
-        self,
-        config,
-        heads: RankHeads,
-        cache_config,
-        quant_config,
-        prefix: str,
-        holder_attn_name: str,
-        qkv_bias: bool,
-        o_bias: bool,
-        qk_norm: bool = False,
-    ):
+    def __init__(self, spec: LaterAttentionSpec, prefix: str, holder_attn_name: str):
         super().__init__()
+        config, heads, cache_config, quant_config = (
+            spec.config,
+            spec.heads,
+            spec.cache_config,
+            spec.quant_config,
+        )
+        qkv_bias, o_bias, qk_norm = spec.qkv_bias, spec.o_bias, spec.qk_norm
         head_dim = head_dim_of(config)
         self.head_dim = head_dim
         self.q_norm_swiftkv = RMSNorm(head_dim, eps=config.rms_norm_eps) if qk_norm else None
@@ -212,31 +222,10 @@ class SwiftKVLaterLayer(nn.Module):
     from `make_mlp(i, prefix)` (`later_mlp_factory`), built after the attention, and is held under the
     checkpoint's name for it."""
 
-    def __init__(
-        self,
-        config,
-        heads: RankHeads,
-        cache_config,
-        quant_config,
-        prefix: str,
-        holder_attn_name: str,
-        qkv_bias: bool,
-        o_bias: bool,
-        make_mlp: MlpFactory,
-        qk_norm: bool = False,
-    ):
+    def __init__(self, spec: LaterAttentionSpec, prefix: str, holder_attn_name: str, make_mlp: MlpFactory):
         super().__init__()
-        self.self_attn = SwiftKVLaterAttention(
-            config,
-            heads,
-            cache_config,
-            quant_config,
-            f"{prefix}.self_attn",
-            holder_attn_name,
-            qkv_bias,
-            o_bias,
-            qk_norm,
-        )
+        config = spec.config
+        self.self_attn = SwiftKVLaterAttention(spec, f"{prefix}.self_attn", holder_attn_name)
         self.mlp_attribute, mlp = make_mlp(extract_layer_index(prefix), prefix)
         self.add_module(self.mlp_attribute, mlp)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)

@@ -39,6 +39,7 @@ from ..model.families import Family, family_of
 from .layers import (
     GroupHeadRMSNorm,
     KVHolder,
+    LaterAttentionSpec,
     MlpFactory,
     SwiftKVLaterLayer,
     holder_prefix,
@@ -198,18 +199,11 @@ class SwiftKVModel(nn.Module):
         )
         holder_name = {o: h.attn.layer_name for o, h in zip(owners, self.swiftkv_cache.values(), strict=True)}
 
+        later = LaterAttentionSpec(config, heads, cache, quant, bias["qkv_bias"], bias["o_bias"], qk_norm)
+
         def make_late_layer(i: int) -> nn.Module:
             return SwiftKVLaterLayer(
-                config,
-                heads,
-                cache,
-                quant,
-                f"{prefix}.layers.{i}",
-                holder_name[config.kv_owner(i)],
-                bias["qkv_bias"],
-                bias["o_bias"],
-                make_later_mlp,
-                qk_norm=qk_norm,
+                later, f"{prefix}.layers.{i}", holder_name[config.kv_owner(i)], make_later_mlp
             )
 
         with set_model_tag("swiftkv_early"):
