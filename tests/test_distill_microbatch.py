@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from swiftkv.distill import microbatch
-from swiftkv.distill.trainer import distill, swiftkv_parameters
+from swiftkv.distill.loop import distill
+from swiftkv.distill.trainer import swiftkv_parameters
 from tests.test_distill_train import run_settings
 from tests.tiny import tiny_student, tiny_tokenizer
 

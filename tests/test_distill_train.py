@@ -5,13 +5,13 @@ import torch
 
 from swiftkv.data.packing import pack
 from swiftkv.data.tokens import Document
+from swiftkv.distill.loop import distill
 from swiftkv.distill.loss import LossTerms, backward_logit_loss, logit_loss_sum
 from swiftkv.distill.settings import DistillSettings
 from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     accumulate_gradients,
-    distill,
     evaluate,
     freeze_all_but_swiftkv,
     lr_at,
@@ -204,16 +204,16 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
 
 def record_trained_blocks(monkeypatch) -> list[torch.Tensor]:
     """The input ids of every step's blocks, as the trainer takes them."""
-    from swiftkv.distill import trainer
+    from swiftkv.distill import loop
 
-    taken, take = [], trainer.rank_blocks
+    taken, take = [], loop.rank_blocks
 
     def recorded(train, step, batch_size, world):
         blocks = take(train, step, batch_size, world)
         taken.append(blocks.input_ids.clone())
         return blocks
 
-    monkeypatch.setattr(trainer, "rank_blocks", recorded)
+    monkeypatch.setattr(loop, "rank_blocks", recorded)
     return taken
 
 

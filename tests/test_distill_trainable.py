@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from swiftkv.distill.checkpoint import trained_parameters
+from swiftkv.distill.loop import distill
 from swiftkv.distill.run import run_distillation
 from swiftkv.distill.settings import DistillSettings, settings_for
 from swiftkv.distill.trainable import install, max_lora_rank, student_weights
@@ -17,7 +18,6 @@ from swiftkv.distill.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     cast_frozen,
-    distill,
     optimizer_for,
     train_step,
 )

@@ -21,13 +21,14 @@ from ..sources import source_name
 from ..tensorfiles import FolderTensors, copy_weights
 from .bound import bound_line
 from .checkpoint import RunState, inner_model, trained_parameters
+from .loop import run_training
 from .microbatch import AUTO, CPU_MICRO_BATCH
 from .settings import DistillSettings
 from .setup import load_student
 from .sharding import whole_tensor
 from .start import Start, decide_start
 from .trainable import mark_distilled, merged_student_weights
-from .trainer import evaluate, finished, run_summary, run_training
+from .trainer import evaluate, finished, run_summary
 from .world import World, barrier, close_world, init_world, launched_world_size, log
 
 

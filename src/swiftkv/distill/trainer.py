@@ -5,47 +5,37 @@ student, so one forward through them (no grad) feeds both the teacher's later la
 the student's (grad only into the SwiftKV projections). Only masked rows reach the vocabulary
 projection, in chunks. Runs on CPU or GPU, with bf16 autocast where bf16 is native; `torchrun` gives DDP (gloo on CPU, nccl on GPU).
 
-The loop is small functions: `lr_at`, `train_step`, `evaluate`, `save_checkpoint` / `load_checkpoint`,
-and `distill` wires them. A run is a pure function of its settings and step index (data order comes
+The loop's pieces are small functions: `lr_at`, `train_step`, `evaluate`, `prepare`; `loop.Trainer` runs
+them with `checkpoint`'s save and load. A run is a pure function of its settings and step index (data order comes
 from the seed, the schedule from the step), so resuming from a checkpoint replays exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..data.packing import Blocks, load_blocks
 from ..dtypes import autocast, dtype_name, resolve_dtype
-from ..hostmemory import peak_mib as host_peak_mib
 from ..metrics import agreement_stats
 from ..model.modeling import PairHidden, swiftkv_parameters
-from . import memory, microbatch, sharded_start, sharding, trainable
-from .bound import devices_bound, step_flops_per_token
+from . import microbatch, sharded_start, sharding, trainable
+from .bound import devices_bound
 from .checkpoint import (
     RunState,
-    load_checkpoint,
-    load_trained_from,
-    save_checkpoint,
     trained_parameters,
 )
 from .compiled import CompiledLayers
 from .loss import BatchSizes, LossTerms, distill_loss
-from .profile import StepProfiler
 from .settings import HUMAN_SHARE, DistillSettings, StepSettings
 from .shared_blocks import shared_blocks
-from .snapshot import SnapshotClock
-from .start import Start, check_model_start, decide_start
 from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
@@ -372,122 +362,6 @@ def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> No
             file=sys.stderr,
             flush=True,
         )
-
-
-def distill(
-    settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None, replies=None
-) -> RunState:
-    """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
-    state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
-    of `--targets teacher|mixed`. How it starts is decided from the settings (`start.decide_start`,
-    without the checks of a run's output folder)."""
-    return run_training(settings, model, tokenizer, world or World(), replies)[0]
-
-
-# The first steps of a run segment count their tensors (`memory.TensorBytes`): the first creates the
-# optimizer state, the second runs with it; a dispatch mode on every step would slow the run.
-TENSOR_COUNTED_STEPS = 2
-
-
-def run_training(
-    settings: DistillSettings,
-    model: nn.Module,
-    tokenizer,
-    world: World,
-    replies=None,
-    start: Start | None = None,
-) -> tuple[RunState, nn.Module]:
-    """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
-    in place, and the output is written through it (`run.write_output`). `start`: as `run_distillation`
-    decided it (else decided here)."""
-    settings.check_batch_split(world.size)
-    if start is None:
-        start = decide_start(settings, model.config.to_dict(), writes_output=False)
-    else:
-        check_model_start(start, settings, model.config.to_dict())
-    ckpt, before = start.checkpoint, start.continued_steps
-    train, heldout = run_blocks(settings, tokenizer, replies, world, before)
-    total_steps = len(train) // settings.batch_size
-    distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
-    if world.fsdp:  # what each process held to start: its shards (distill/sharded_start.py), not the model
-        print(
-            f"process {world.rank}: peak host memory {host_peak_mib():,.0f} MiB after the start", flush=True
-        )
-    model_mib = memory.current_mib(world.device)
-    memory.reset_peak(world.device)
-    identity = settings.identity()
-    state = load_checkpoint(start.load, distiller, optimizer, world) if start.resumes else RunState()
-    # A resumed run's tensors are its own checkpoint's; only a first start takes an earlier run's.
-    if start.kind in ("continue", "init"):
-        load_trained_from(start.load, distiller, world)
-    if start.kind != "fresh":
-        log(world, start.why)
-    state.continued_steps = before
-    state.total_steps = total_steps
-    state.flops_per_token = step_flops_per_token(model.config, settings, train, step_settings.micro_batch)
-    state.micro_batch = step_settings.micro_batch
-    if not state.history:
-        state.history.append(
-            {"step": 0, **compiled.run(evaluate, model, heldout, step_settings, world, distiller)}
-        )
-        log(world, f"held-out before: {json.dumps(state.history[-1])}")
-    last = total_steps if settings.stop_after is None else min(total_steps, settings.stop_after)
-    progress = tqdm(
-        range(state.step, last),
-        initial=state.step,
-        total=total_steps,
-        disable=not world.is_main,
-        desc="distill",
-        unit="step",
-        dynamic_ncols=True,
-    )
-    block_tokens = settings.batch_size * settings.seq_len
-    tensors, first = memory.TensorBytes(), state.step
-    # The segment's first step allocates (and compiles): profiled steps start after it where there are more.
-    say = progress.write if world.is_main else (lambda text: None)  # tqdm.write prints on every process
-    profiler = StepProfiler(settings.profile_steps, first + (last - first > 1), world.device, say)
-    clock = SnapshotClock(settings.snapshot_every)
-    for step in progress:
-        profiler.before(step)
-        started = time.perf_counter()
-        blocks = rank_blocks(train, step, settings.batch_size, world)
-        sizes = BatchSizes.of(
-            train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, total_steps, group["peak_lr"], settings.warmup)
-        with tensors if step - first < TENSOR_COUNTED_STEPS else contextlib.nullcontext():
-            loss = compiled.run(train_step, distiller, model, optimizer, blocks, sizes, step_settings, world)
-        loss = float(all_reduce(torch.tensor([loss], dtype=torch.float64), world))
-        profiler.after(step)
-        state.step, seconds = step + 1, time.perf_counter() - started
-        state.elapsed += seconds
-        lr = optimizer.param_groups[0]["lr"]
-        progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
-        state.history.append({"step": state.step, "loss": loss, "lr": lr})
-        if state.step % settings.eval_every == 0 or state.step == total_steps:
-            state.history.append(
-                {
-                    "step": state.step,
-                    **compiled.run(evaluate, model, heldout, step_settings, world, distiller),
-                }
-            )
-            if world.is_main:
-                progress.write(f"held-out at step {state.step}: {json.dumps(state.history[-1])}")
-        due = state.step % settings.checkpoint_every == 0 or state.step == last
-        if ckpt is not None and (clock.due(lambda late: agreed(late, world)) or due):
-            save_checkpoint(ckpt, distiller, optimizer, state, identity, world)
-            clock.saved()
-    profiler.close()
-    progress.close()
-    state.step_memory_mib = round(memory.peak_mib(world.device) - model_mib, 1)
-    state.step_tensor_mib = tensors.peak_mib if last > first else None
-    return state, distiller
-
-
-def agreed(flag: bool, world: World) -> bool:
-    """The main process's `flag`, on every process (a decision that leads to collective calls)."""
-    return bool(all_reduce(torch.tensor([float(flag and world.is_main)]), world)[0])
 
 
 class Prepared(NamedTuple):
