@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import swiftkv  # noqa: F401 - registers the Auto classes
-from swiftkv.calibration import ridge_fit
 from swiftkv.cli import main
 from swiftkv.convert import ConvertSettings, convert
+from swiftkv.convert.calibration import ridge_fit
 from tests.tiny import WORDS, save_tiny_teacher
 
 N, G = 2, 2

@@ -344,7 +344,7 @@ def test_lstsq_recovers_an_exactly_linear_latent(arch, bias):
     where attention_bias is set), so that the student's K/V of layer N are the teacher's; a fit of the
     post-norm latent, after RoPE, or of another layer would not. The later layers' latents are not linear in
     s: their fits are not their own projections."""
-    from swiftkv import calibration
+    from swiftkv.convert import calibration
     from swiftkv.model.surgery import copy_init_params, load_trained
 
     _, student = student_of(arch, "q_lora", 1, attention_bias=bias)
@@ -393,7 +393,7 @@ def test_bad_input_is_one_error_before_loading(tmp_path, capsys, monkeypatch):
         raise AssertionError("the model was loaded before the bad input was reported")
 
     monkeypatch.setattr("swiftkv.sources.load_folder_model", refuse)
-    monkeypatch.setattr("swiftkv.convert.load_folder_as_swiftkv", refuse)
+    monkeypatch.setattr("swiftkv.convert.run.load_folder_as_swiftkv", refuse)
     folder = save_tiny_teacher(tmp_path / "v2", "deepseek_v2")
     cases = [
         (

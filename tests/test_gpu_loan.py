@@ -386,8 +386,8 @@ def test_the_loans_lstsq_student_is_converts(tmp_path):
     1.1471 against convert's 1.1469, bf16)."""
     from loan.student import lstsq_student
 
-    from swiftkv.calibration import token_blocks
     from swiftkv.convert import ConvertSettings, convert
+    from swiftkv.convert.calibration import token_blocks
     from swiftkv.sources import open_source
     from tests.tiny import save_tiny_teacher
 

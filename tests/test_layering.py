@@ -27,7 +27,7 @@ LAYERS = (
     ("distill",),  # trains on the replies stage's output
     ("bench", "evaluate", "demo", "replies"),  # stages and measurements over convert, vLLM and the model
     ("convert", "vllm"),
-    ("calibration", "sources", "generation"),
+    ("sources", "generation"),
     ("metrics", "data", "dtypes"),
     ("model",),
     ("files", "settings", "results", "plots", "hostmemory", "hub"),

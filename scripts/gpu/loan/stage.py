@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swiftkv.calibration import token_blocks
 from swiftkv.convert import ConvertSettings
+from swiftkv.convert.calibration import token_blocks
 from swiftkv.data.chat import read_source
 from swiftkv.data.packing import pack
 from swiftkv.data.split import shuffled, take_documents

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from swiftkv.calibration import lstsq_params, teacher_stats
 from swiftkv.convert import ConvertSettings
+from swiftkv.convert.calibration import lstsq_params, teacher_stats
 from swiftkv.data.packing import Blocks, in_passes, pack
 from swiftkv.data.tokens import Document
 from swiftkv.distill.bound import device_peak, step_flops_per_token

@@ -8,7 +8,7 @@ Initialisations (norm_swiftkv <- input_layernorm of layer N in every case):
   mean  like copy, but k/v_proj_swiftkv <- mean of the group's k/v_proj (the reference init)
 Qwen3 in both: q_norm_swiftkv <- the layer's q_norm, k_norm_swiftkv <- the group's mean k_norm
 (ArcticTraining's qwen3 branch).
-(lstsq, fitted on calibration data, lives in `swiftkv.calibration`.)
+(lstsq, fitted on calibration data, lives in `swiftkv.convert.calibration`.)
 
 Trained-tensor files (what the project commits for its distilled aliases):
 `<folder>/swiftkv.safetensors` holds `model.layers.{i}.self_attn.{q,k,v}_proj_swiftkv.weight`

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from .data.mixture import read_data
-from .data.tokens import tokenize
-from .metrics import agreement_stats
-from .model.mla import SwiftKVLatentAttentionMixin
-from .model.modeling import swiftkv_parameters
-from .model.surgery import latent_init_tensors
+from ..data.mixture import read_data
+from ..data.tokens import tokenize
+from ..metrics import agreement_stats
+from ..model.mla import SwiftKVLatentAttentionMixin
+from ..model.modeling import swiftkv_parameters
+from ..model.surgery import latent_init_tensors
 
 BLOCK_LEN = 512
 

@@ -2,7 +2,7 @@
 Qwen3, the MoE families, DeepSeek-V2/V3) -> a SwiftKV checkpoint (Snowflake's format).
 
 The orchestration only: model surgery (`swiftkv.model.surgery`) derives the reference inits and writes
-the folder, calibration (`swiftkv.calibration`) fits lstsq and measures each init against the teacher on
+the folder, calibration (`convert/calibration.py`) fits lstsq and measures each init against the teacher on
 held-out tokens, and the result is written atomically as an HF folder: the source's tensors copied one
 at a time (`swiftkv.tensorfiles`) plus the new ones. Peak host memory is about the model once in its
 stored dtype plus the calibration's activations (lstsq), or a few tensors (copy/mean without it).
@@ -19,21 +19,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import AutoConfig
 
-from . import calibration
-from .data.mixture import check_data
-from .dtypes import DTYPE_CHOICES, autocast, compute_device, parse_dtype, resolve_dtype
-from .files import check_new_output
-from .model.config import num_key_value_layers_for
-from .model.families import family_of
-from .model.surgery import (
+from ..data.mixture import check_data
+from ..dtypes import DTYPE_CHOICES, autocast, compute_device, parse_dtype, resolve_dtype
+from ..files import check_new_output
+from ..model.config import num_key_value_layers_for
+from ..model.families import family_of
+from ..model.surgery import (
     copy_init_params,
     copy_init_tensors,
     load_trained,
     swiftkv_config,
     write_converted_folder,
 )
-from .settings import setting
-from .sources import (
+from ..settings import setting
+from ..sources import (
     Source,
     check_supported,
     check_weights_present,
@@ -41,7 +40,8 @@ from .sources import (
     load_folder_as_swiftkv,
     open_source,
 )
-from .tensorfiles import FolderTensors
+from ..tensorfiles import FolderTensors
+from . import calibration
 
 INITS = ("copy", "mean", "lstsq")
 
