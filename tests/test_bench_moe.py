@@ -12,7 +12,7 @@ from swiftkv.bench.online import OnlineSettings
 from swiftkv.cli import build_parser, main
 from swiftkv.cli.bench import MOE_DEST
 from swiftkv.cli.options import given_values
-from swiftkv.metrics import layer_linear_flops, prefill_flops_per_token
+from swiftkv.flops import layer_linear_flops, prefill_flops_per_token
 
 
 def test_the_default_shape_is_qwen3_30b_a3b_layer():

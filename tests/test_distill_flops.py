@@ -1,4 +1,4 @@
-"""The FLOP count of a distillation step (`metrics.distill_flops_per_token`, through `bound.step_flops_per_token`)
+"""The FLOP count of a distillation step (`flops.distill_flops_per_token`, through `bound.step_flops_per_token`)
 against torch's own op count (`torch.utils.flop_counter.FlopCounterMode`) around real steps of the trainer on
 tiny models: every recipe and path the count models, on the dense and the Mixture-of-Experts families. The count
 published before 2026-12-01 charged the student's later layers for every position; on blocks with few trained
@@ -23,8 +23,9 @@ from swiftkv.distill.loss import BatchSizes
 from swiftkv.distill.settings import settings_for
 from swiftkv.distill.trainer import prepare, rank_blocks, train_step
 from swiftkv.distill.world import World
-from swiftkv.metrics import attention_flops, distill_flops_per_token, layer_linear_flops, nominal_peak
+from swiftkv.flops import attention_flops, distill_flops_per_token, layer_linear_flops
 from swiftkv.model.modeling import student_selection
+from swiftkv.peaks import nominal_peak
 from tests.tiny import MLA_ARCHS, MOE_ARCHS, tiny_student
 
 aten = torch.ops.aten

@@ -236,7 +236,7 @@ def test_the_plans_mlp_activations_cover_what_autograd_keeps(arch):
     over-plans by at most that. An MoE block keeps the routed experts' activations, so the plan counts them by
     `mlp_token_width`; counted at `intermediate_size` it would plan less than autograd keeps."""
     from swiftkv.distill.plan import layer_saved_bytes
-    from swiftkv.metrics import mlp_token_width
+    from swiftkv.flops import mlp_token_width
 
     _, student = random_student(arch, 3, **ROUTED_SHAPES.get(arch, {}))
     config, layer, tokens = student.config, 5, 512  # a sparse layer in every MoE tiny shape

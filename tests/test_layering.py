@@ -28,7 +28,7 @@ LAYERS = (
     ("bench", "evaluate", "demo", "replies"),  # stages and measurements over convert, vLLM and the model
     ("convert", "vllm"),
     ("sources", "generation"),
-    ("metrics", "data", "dtypes"),
+    ("metrics", "flops", "peaks", "data", "dtypes"),
     ("model",),
     ("files", "settings", "results", "plots", "hostmemory", "hub"),
     ("tensorfiles",),  # safetensors read and written a tensor at a time (files reads model identities)

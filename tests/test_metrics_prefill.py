@@ -1,4 +1,4 @@
-"""The prefill FLOP count (`metrics.prefill_layers_flops`, behind `prefill_flops_per_token`, the bench's bound and
+"""The prefill FLOP count (`flops.prefill_layers_flops`, behind `prefill_flops_per_token`, the bench's bound and
 `prefill_compute_saving`) against torch's own op count around real prefills of tiny models: transformers' plain
 teacher, and the HF SwiftKV student with its prefill skip (`logits_to_keep=1`: the later layers run on the last
 row only). Dense and Mixture-of-Experts families, and DeepSeek's latent attention (both query layouts, a dense
@@ -12,7 +12,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from swiftkv.metrics import (
+from swiftkv.flops import (
     attention_flops,
     layer_linear_flops,
     prefill_compute_saving,

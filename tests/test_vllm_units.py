@@ -175,7 +175,7 @@ def test_cli_rejects_bad_kv_memory(capsys):
 def test_prefill_flops_per_token_of_smollm2_shape():
     from transformers import LlamaConfig
 
-    from swiftkv.metrics import prefill_flops_per_token
+    from swiftkv.flops import prefill_flops_per_token
 
     config = LlamaConfig(
         hidden_size=576,

@@ -303,7 +303,7 @@ class MoeEngineResult(Record):
     prefill_tok_s_runs: list[float] | None = None  # each timed prefill batch, in run order
     prefill_tok_s: float | None = None  # their median
     flops_per_token: float | None = (
-        None  # its own prefill FLOPs per prompt token (`metrics.prefill_flops_per_token`)
+        None  # its own prefill FLOPs per prompt token (`flops.prefill_flops_per_token`)
     )
     prefill_utilization: float | None = None  # prefill_tok_s x flops_per_token / peak_flops
 

@@ -26,9 +26,9 @@ from swiftkv.distill.speed import HOURS_PER_100M, peak_memory_mib, random_blocks
 from swiftkv.distill.trainer import prepare, train_step
 from swiftkv.distill.world import World
 from swiftkv.dtypes import dtype_name, resolve_dtype
-from swiftkv.metrics import matmul_peak
 from swiftkv.model.families import family_of
 from swiftkv.model.surgery import swiftkv_config
+from swiftkv.peaks import matmul_peak
 
 # Published shapes (the models' config.json values), and a tiny one for the CPU dry-run.
 SHAPES = {

@@ -38,7 +38,7 @@ from swiftkv.distill.microbatch import AUTO, parse_micro_batch
 from swiftkv.distill.snapshot import read_progress
 from swiftkv.dtypes import dtype_name, resolve_dtype
 from swiftkv.files import write_atomic
-from swiftkv.metrics import matmul_peak
+from swiftkv.peaks import matmul_peak
 from swiftkv.replies import hf_generator
 from swiftkv.replies.static_greedy import static_generator
 from swiftkv.settings import parse_count, setting

@@ -19,7 +19,7 @@ each, alternating the models and who goes first, so load from other processes hi
 their ratio are reported. By default both engines stay alive, as in `swiftkv bench`, and warm up once; with
 `--moe-one-at-a-time` only one is alive at a time (a shape whose two engines do not fit the host together): each
 timed batch starts its model's engine afresh, warms it up, and closes it. The FLOP bound
-of the ratio is the teacher's FLOPs per prompt token over the student's (`metrics.prefill_flops_per_token`:
+of the ratio is the teacher's FLOPs per prompt token over the student's (`flops.prefill_flops_per_token`:
 routers, routed experts and attention included), and each engine's prefill utilisation is its tok/s x its own
 FLOPs per token over the matmul peak measured in the run. Writes bench-moe.json and bench-moe.png."""
 
@@ -37,9 +37,10 @@ from transformers import Qwen3MoeConfig
 
 from ..dtypes import describe_choice, resolve_dtype
 from ..files import write_atomic
+from ..flops import prefill_flops_per_token
 from ..hostmemory import peak_mib
-from ..metrics import matmul_peak, prefill_flops_per_token
 from ..model.surgery import swiftkv_config, write_model_folder
+from ..peaks import matmul_peak
 from ..plots import figure
 from ..results import MoePrefillResults
 from ..settings import setting

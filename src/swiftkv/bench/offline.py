@@ -32,7 +32,8 @@ from transformers import AutoConfig
 
 from ..dtypes import AUTO, DTYPE_CHOICES, describe_choice, dtype_name, resolve_dtype
 from ..files import write_atomic
-from ..metrics import matmul_peak, prefill_flops_per_token
+from ..flops import prefill_flops_per_token
+from ..peaks import matmul_peak
 from ..plots import figure
 from ..results import BenchResults
 from ..settings import setting

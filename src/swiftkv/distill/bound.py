@@ -1,5 +1,5 @@
 """A distillation step's compute bound and MFU: its FLOPs per train token as executed
-(`metrics.distill_flops_per_token`, on the micro-batches the run cuts its own blocks into) over the device's
+(`flops.distill_flops_per_token`, on the micro-batches the run cuts its own blocks into) over the device's
 matmul peak in the compute dtype, measured, and over its nominal dense bf16 peak (MFU, as torchtitan and
 nanoGPT report it). The count depends on the data: the student's later layers run only on the positions a
 micro-batch trains, so teacher replies of at most 64 tokens after a whole conversation cost far fewer FLOPs per
@@ -11,7 +11,8 @@ import functools
 
 import torch
 
-from ..metrics import MicroBatch, StepPaths, distill_flops_per_token, matmul_peak, nominal_peak
+from ..flops import MicroBatch, StepPaths, distill_flops_per_token
+from ..peaks import matmul_peak, nominal_peak
 from .microbatch import AUTO
 from .trainable import DEFAULT_LORA_RANK
 
@@ -74,7 +75,7 @@ def bound_of(
 ) -> dict:
     """The tokens/s a perfectly matmul-bound step would reach, how close `tokens_per_s` came to the measured
     `peak` (None for a run that took no step), and its MFU against the `nominal` peak (None where the device
-    has none in `metrics.NOMINAL_BF16_PEAKS`: a CPU, an unlisted GPU)."""
+    has none in `peaks.NOMINAL_BF16_PEAKS`: a CPU, an unlisted GPU)."""
     achieved = tokens_per_s * flops_per_token if tokens_per_s else None
     return {
         "flops_per_token": round(flops_per_token),

@@ -39,8 +39,8 @@ from transformers import AutoConfig
 
 from ..dtypes import DTYPE_NAMES, resolve_dtype
 from ..files import write_atomic
+from ..flops import mlp_token_width
 from ..hub import CONFIG_FILES
-from ..metrics import mlp_token_width
 from ..model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
 from ..model.surgery import swiftkv_config
 from ..sources import Source, SourceLike, resolve_source

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM
 
 from ..data.packing import Blocks
 from ..dtypes import dtype_name, resolve_dtype
-from ..metrics import nominal_peak
 from ..model.modeling import swiftkv_parameters
+from ..peaks import nominal_peak
 from ..sources import source_name
 from . import memory, trainable
 from .bound import compute_bound, device_label, device_peak, step_flops_per_token

@@ -11,7 +11,7 @@ from ..data.chat import first_user_prompt
 from ..data.heldout import heldout_conversations
 from ..data.tokens import prompt_ids
 from ..dtypes import dtype_name, resolve_dtype
-from ..metrics import prefill_compute_saving
+from ..flops import prefill_compute_saving
 from ..model.config import is_swiftkv
 from ..results import EvalResults, LongQA, TaskResult
 from ..sources import Source, check_supported, open_source
