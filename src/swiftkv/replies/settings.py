@@ -21,8 +21,8 @@ from .vllm_engines import check_devices
 
 # Prompts per static-engine call on a CPU: its 64-row batches are cut from this many sorted by length, so
 # each pads to near its own prompts' length (a random 64 pads to its longest: every-turn prompts average
-# ~456 tokens and reach 1,024). At most a few minutes of writing (1.4-1.6 replies/s on the AMX Xeon) is
-# lost by a kill, since the replies are appended call by call.
+# ~456 tokens and reach 1,024). A kill loses at most one call's replies, since they are appended call by
+# call.
 STATIC_POOL_CPU = 512
 # Most tokens of a written reply, for this stage and distill alike: the cache file is named after it, so a
 # stage run with distill's defaults writes the file distill then reads.
