@@ -27,6 +27,22 @@ def left_padded(
     return ids, mask
 
 
+def length_batches(lengths: list[int], rows: int, tokens: int | None = None) -> list[list[int]]:
+    """Indices of items of `lengths` in batches of similar length, shortest first: at most `rows` a batch and,
+    with `tokens`, at most that many in a batch padded to its longest (an item longer alone goes alone)."""
+    batches: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        batch = batches[-1] if batches else None
+        padded = (
+            lengths[index] * (len(batch) + 1) if batch else 0
+        )  # sorted: the newest is the batch's longest
+        if batch is None or len(batch) == rows or (tokens is not None and padded > tokens):
+            batches.append([index])
+        else:
+            batch.append(index)
+    return batches
+
+
 @torch.no_grad()
 def generate_text(
     model, tokenizer, input_ids: torch.Tensor, max_new_tokens: int, streamer=None, **model_kwargs

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ..data.chat import from_first_user
 from ..data.tokens import prompt_ids, tokenize_chat
-from ..generation import left_padded
+from ..generation import left_padded, length_batches
 from ..metrics import kl_per_row, top1_matches
 from ..model.config import is_swiftkv
 from .pair import STUDENT, TEACHER, ModelPair
@@ -130,16 +130,7 @@ GENERATION_TOKENS = 32_768
 
 def generation_batches(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     """Indices of `prompts` in batches of similar lengths: shortest first, each batch within the limits."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    batches: list[list[int]] = []
-    for index in order:
-        batch = batches[-1] if batches else None
-        longest = len(prompts[index]) + new_tokens  # sorted: the newest prompt is the batch's longest
-        if batch is None or len(batch) == GENERATION_BATCH or longest * (len(batch) + 1) > GENERATION_TOKENS:
-            batches.append([index])
-        else:
-            batch.append(index)
-    return batches
+    return length_batches([len(p) + new_tokens for p in prompts], GENERATION_BATCH, GENERATION_TOKENS)
 
 
 @torch.inference_mode()

@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, StaticCache
 
 from ..data.tokens import MAX_PROMPT_TOKENS, Reply
-from ..generation import left_padded
+from ..generation import left_padded, length_batches
 from ..model.attention import attention_for
 from ..model.config import is_swiftkv
 
@@ -111,10 +111,8 @@ def static_greedy_batch(
 def in_length_order(prompts: list[list[int]], rows: int, write: Callable[[list[list[int]]], list[Reply]]):
     """`write` over batches of `rows` prompts sorted by length (so a batch pads little); the replies come
     back in the prompts' order."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     replies: dict[int, Reply] = {}
-    for start in range(0, len(order), rows):
-        chunk = order[start : start + rows]
+    for chunk in length_batches([len(p) for p in prompts], rows):
         replies.update(zip(chunk, write([prompts[i] for i in chunk]), strict=True))
     return [replies[i] for i in range(len(prompts))]
 
