@@ -57,9 +57,7 @@ class Trainer:
         self.distiller, self.optimizer, self.step_settings, self.compiled = prepare(
             settings, model, self.train, world
         )
-        if (
-            world.fsdp
-        ):  # what each process held to start: its shards (distill/sharded_start.py), not the model
+        if world.fsdp:  # what each process held to start: its shards (sharded_start.py), not the model
             print(
                 f"process {world.rank}: peak host memory {host_peak_mib():,.0f} MiB after the start",
                 flush=True,
