@@ -69,7 +69,8 @@ def profile_item(pair, prompt: list[int], answer: list[int], gold: str) -> dict:
     later = [str(i) for i in pair.student.config.later_layers] + ["final"]
     states = {role: residual_streams(pair, role, ids) for role in (TEACHER, STUDENT)}
     rows = slice(len(prompt) - 1, len(prompt) - 1 + len(answer))
-    top = states[STUDENT]["logits"][rows].argmax(-1).tolist()
+    with torch.inference_mode():  # the vocabulary only on the answer's rows
+        top = pair.model_of(STUDENT).lm_head(states[STUDENT]["final"][rows]).argmax(-1).tolist()
     divergence = next((j for j, (t, s) in enumerate(zip(answer, top, strict=True)) if t != s), None)
     last = len(prompt) - 1
     spans = {"last_prompt_token": slice(last, last + 1), "prompt_mean": slice(0, len(prompt))}
@@ -84,8 +85,8 @@ def profile_item(pair, prompt: list[int], answer: list[int], gold: str) -> dict:
 
 
 def residual_streams(pair, role: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The residual stream entering each decoder layer (by index), after the final norm ("final"), and the
-    logits, over every position of one sequence, on `role`'s path."""
+    """The residual stream entering each decoder layer (by index) and after the final norm ("final"), over
+    every position of one sequence, on `role`'s path (the decoder alone: no vocabulary projection)."""
     model = pair.model_of(role)
     streams: dict[str, torch.Tensor] = {}
 
@@ -102,7 +103,7 @@ def residual_streams(pair, role: str, ids: torch.Tensor) -> dict[str, torch.Tens
     )
     try:
         with torch.inference_mode():
-            streams["logits"] = model(ids, **path_of(model, role)).logits[0].float()
+            model.model(ids, **path_of(model, role))
     finally:
         for hook in hooks:
             hook.remove()
@@ -125,12 +126,13 @@ def gold_logprobs(pair, prompt: list[int], gold: str) -> dict[str, float]:
     frame = tokenizer(FRAME, add_special_tokens=False)["input_ids"]
     gold_ids = tokenizer(gold, add_special_tokens=False)["input_ids"]
     ids = torch.tensor([prompt + frame + gold_ids])
-    start = len(prompt) + len(frame)
     out = {}
     with torch.inference_mode():
         for role in (TEACHER, STUDENT):
             model = pair.model_of(role)
-            logits = model(ids, **path_of(model, role)).logits[0, start - 1 : -1]
+            # the vocabulary only on the rows that predict the gold tokens (the frame's last to the last but one)
+            kept = model(ids, logits_to_keep=len(gold_ids) + 1, **path_of(model, role)).logits
+            logits = kept[0, :-1]
             logprobs = logits.float().log_softmax(-1)
             out[role] = float(logprobs.gather(1, torch.tensor(gold_ids)[:, None]).mean())
     return out
