@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from swiftkv.distill.core.trainer import training_blocks
+from swiftkv.distill.parallel.shared_blocks import shared_blocks
+from swiftkv.distill.parallel.world import init_world
 from swiftkv.distill.settings import DistillSettings
-from swiftkv.distill.shared_blocks import shared_blocks
-from swiftkv.distill.trainer import training_blocks
-from swiftkv.distill.world import init_world
 from swiftkv.hostmemory import peak_mib, reset_peak
 from tests.tiny import byte_tokenizer
 

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-from swiftkv.distill.loop import distill
-from swiftkv.distill.run import run_distillation
+from swiftkv.distill.core.trainer import prepare, training_blocks
+from swiftkv.distill.parallel.world import World, init_world
+from swiftkv.distill.run import distill, run_distillation
 from swiftkv.distill.settings import DistillSettings
-from swiftkv.distill.setup import load_student
-from swiftkv.distill.trainer import prepare, training_blocks
-from swiftkv.distill.world import World, init_world
+from swiftkv.distill.start.setup import load_student
 
 
 def started(settings: DistillSettings, world: World, sharded: bool) -> dict:

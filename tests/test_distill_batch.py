@@ -5,7 +5,7 @@ micro-batch and the nearest batch that splits, raised before any model is loaded
 import pytest
 
 from swiftkv.cli import main
-from swiftkv.distill import microbatch
+from swiftkv.distill.core import microbatch
 from swiftkv.distill.settings import settings_for
 from tests.tiny import random_chats, save_tiny_folder, write_jsonl
 

@@ -1,4 +1,4 @@
-"""--compile (distill/compiled.py): compiled decoder layers train as the plain ones do, and a failing
+"""--compile (distill/core/compiled.py): compiled decoder layers train as the plain ones do, and a failing
 compile falls back to the plain layers, says why, and the run trains on. The CUDA backend itself runs
 only on a lent GPU; here `aot_eager` runs the same tracing (dynamo + AOTAutograd, dynamic shapes) without
 generating kernels, and a backend that raises stands in for a compiler that fails there."""
@@ -6,10 +6,10 @@ generating kernels, and a backend that raises stands in for a compiler that fail
 import torch
 from torch._dynamo.utils import counters
 
-from swiftkv.distill.compiled import CompiledLayers
-from swiftkv.distill.loss import BatchSizes
-from swiftkv.distill.trainer import prepare, train_step
-from swiftkv.distill.world import World
+from swiftkv.distill.core.compiled import CompiledLayers
+from swiftkv.distill.core.loss import BatchSizes
+from swiftkv.distill.core.trainer import prepare, train_step
+from swiftkv.distill.parallel.world import World
 from tests.test_distill_train import blocks_for, run_settings
 from tests.tiny import tiny_student
 

@@ -18,11 +18,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from swiftkv.data.packing import Blocks
-from swiftkv.distill.bound import micro_batches, step_flops_per_token, step_paths
-from swiftkv.distill.loss import BatchSizes
+from swiftkv.distill.core.loss import BatchSizes
+from swiftkv.distill.core.trainer import prepare, rank_blocks, train_step
+from swiftkv.distill.measure.bound import micro_batches, step_flops_per_token, step_paths
+from swiftkv.distill.parallel.world import World
 from swiftkv.distill.settings import settings_for
-from swiftkv.distill.trainer import prepare, rank_blocks, train_step
-from swiftkv.distill.world import World
 from swiftkv.flops import attention_flops, distill_flops_per_token, layer_linear_flops
 from swiftkv.model.modeling import student_selection
 from swiftkv.peaks import nominal_peak
@@ -227,7 +227,7 @@ def test_the_published_8b_shape_figure_restated():
     recorded 32,194,839,040 FLOPs per token (90.9%); as executed it is 62.0% of that peak and 47.3% MFU."""
     from transformers import LlamaConfig
 
-    from swiftkv.distill.bound import bound_line, bound_of, devices_bound
+    from swiftkv.distill.measure.bound import bound_line, bound_of, devices_bound
     from swiftkv.model.surgery import swiftkv_config
 
     shape = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32)

@@ -6,9 +6,9 @@ import argparse
 import pytest
 import torch
 
-from swiftkv.distill import microbatch
-from swiftkv.distill.loop import distill
-from swiftkv.distill.trainer import swiftkv_parameters
+from swiftkv.distill.core import microbatch
+from swiftkv.distill.core.trainer import swiftkv_parameters
+from swiftkv.distill.run import distill
 from tests.test_distill_train import run_settings
 from tests.tiny import tiny_student, tiny_tokenizer
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from swiftkv.cli import main
-from swiftkv.distill.bound import step_flops_per_token
+from swiftkv.distill.core.trainable import install
+from swiftkv.distill.measure.bound import step_flops_per_token
+from swiftkv.distill.measure.speed import HOURS_PER_100M, random_blocks
 from swiftkv.distill.settings import settings_for
-from swiftkv.distill.speed import HOURS_PER_100M, random_blocks
-from swiftkv.distill.trainable import install
 from swiftkv.model.surgery import swiftkv_config
 from swiftkv.sources import load_model
 from tests.tiny import random_chats, random_student, random_teacher, save_tiny_folder, write_jsonl
@@ -162,7 +162,7 @@ def test_a_config_only_folder_is_refused_in_one_line_anywhere_but_the_plan(tmp_p
 
 
 def test_tensor_bytes_counts_the_storages_made_inside_it_until_they_are_freed():
-    from swiftkv.distill.memory import TensorBytes
+    from swiftkv.distill.measure.memory import TensorBytes
 
     weight = torch.randn(1024, 1024, requires_grad=True)  # made before: not counted
     with TensorBytes() as counted:
@@ -235,7 +235,7 @@ def test_the_plans_mlp_activations_cover_what_autograd_keeps(arch):
     frozen MLP does (the down projection's input, which adapters on it keep): it covers what autograd keeps and
     over-plans by at most that. An MoE block keeps the routed experts' activations, so the plan counts them by
     `mlp_token_width`; counted at `intermediate_size` it would plan less than autograd keeps."""
-    from swiftkv.distill.plan import layer_saved_bytes
+    from swiftkv.distill.measure.plan import layer_saved_bytes
     from swiftkv.flops import mlp_token_width
 
     _, student = random_student(arch, 3, **ROUTED_SHAPES.get(arch, {}))

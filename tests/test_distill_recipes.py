@@ -20,16 +20,16 @@ from swiftkv.data.tokens import (
     teacher_documents,
     turn_prompts,
 )
-from swiftkv.distill.plan import model_parameters
-from swiftkv.distill.settings import DistillSettings, default_recipe, settings_for
-from swiftkv.distill.trainer import (
+from swiftkv.distill.core.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     freeze_all_but_swiftkv,
     probe_layer_of,
     train_step,
 )
-from swiftkv.distill.world import World
+from swiftkv.distill.measure.plan import model_parameters
+from swiftkv.distill.parallel.world import World
+from swiftkv.distill.settings import DistillSettings, default_recipe, settings_for
 from swiftkv.metrics import kl_sum
 from swiftkv.replies import ReplyCache, read_replies
 from tests.tiny import (
@@ -566,7 +566,7 @@ def test_student_written_replies_are_its_own_greedy_answers_and_cached_apart(tmp
     ],
 )
 def test_student_writer_refuses_runs_it_cannot_serve(tmp_path, given, expected):
-    from swiftkv.distill.setup import load_student
+    from swiftkv.distill.start.setup import load_student
 
     settings = settings_for(
         str(tmp_path / "nowhere"), reply_writer="student", out=str(tmp_path / "out"), **given

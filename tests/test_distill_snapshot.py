@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.distill.snapshot import read_progress, write_snapshot
+from swiftkv.distill.start.snapshot import read_progress, write_snapshot
 from swiftkv.model import swiftkv_parameters
 from tests.test_distill_cli import TRAIN_ARGS
 from tests.tiny import random_chats, save_tiny_folder, write_jsonl

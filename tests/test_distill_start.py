@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from swiftkv.distill.loop import distill
-from swiftkv.distill.start import KINDS, decide_start
+from swiftkv.distill.run import distill
+from swiftkv.distill.start.decide import KINDS, decide_start
 from tests.test_distill_train import run_settings
 from tests.tiny import tiny_student, tiny_tokenizer
 

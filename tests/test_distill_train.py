@@ -5,10 +5,8 @@ import torch
 
 from swiftkv.data.packing import pack
 from swiftkv.data.tokens import Document
-from swiftkv.distill.loop import distill
-from swiftkv.distill.loss import LossTerms, backward_logit_loss, logit_loss_sum
-from swiftkv.distill.settings import DistillSettings
-from swiftkv.distill.trainer import (
+from swiftkv.distill.core.loss import LossTerms, backward_logit_loss, logit_loss_sum
+from swiftkv.distill.core.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     accumulate_gradients,
@@ -18,7 +16,9 @@ from swiftkv.distill.trainer import (
     swiftkv_parameters,
     train_step,
 )
-from swiftkv.distill.world import World
+from swiftkv.distill.parallel.world import World
+from swiftkv.distill.run import distill
+from swiftkv.distill.settings import DistillSettings
 from swiftkv.model.surgery import save_swiftkv_params
 from tests.tiny import random_chats, tiny_student, tiny_tokenizer, write_jsonl
 
@@ -204,7 +204,7 @@ def test_resume_refuses_another_configuration_and_a_missing_checkpoint(tmp_path)
 
 def record_trained_blocks(monkeypatch) -> list[torch.Tensor]:
     """The input ids of every step's blocks, as the trainer takes them."""
-    from swiftkv.distill import loop
+    from swiftkv.distill.core import loop
 
     taken, take = [], loop.rank_blocks
 
@@ -272,7 +272,7 @@ def test_a_continued_run_resumes_exactly(tmp_path):
 def test_a_continuation_resumed_after_its_earlier_run_moved_on_is_refused(tmp_path):
     """The earlier run trained on (resumed) after the continuation started from it: resuming the
     continuation would take the data after another step, so it is refused before any work."""
-    from swiftkv.distill.start import decide_start
+    from swiftkv.distill.start.decide import decide_start
 
     tokenizer = tiny_tokenizer()
     distill(run_settings(tmp_path, stop_after=2), tiny_student(), tokenizer)
@@ -324,7 +324,7 @@ def test_continue_from_refuses_another_run_other_data_and_no_steps_left(tmp_path
             **{**short, "continue_from": str(tmp_path / "short"), "checkpoint_dir": str(tmp_path / "after")}
         )
     with pytest.raises(ValueError, match="--passes 0: expected a whole number"):
-        from swiftkv.distill.start import decide_start
+        from swiftkv.distill.start.decide import decide_start
 
         decide_start(run_settings(tmp_path, passes=0), writes_output=False)
 
@@ -360,7 +360,7 @@ def test_init_from_starts_from_the_earlier_tensors_on_a_run_of_its_own(tmp_path)
 
 
 def test_init_from_refuses_another_student_and_no_checkpoint(tmp_path):
-    from swiftkv.distill.start import decide_start
+    from swiftkv.distill.start.decide import decide_start
 
     tokenizer = tiny_tokenizer()
     distill(run_settings(tmp_path, stop_after=1), tiny_student(), tokenizer)
@@ -420,7 +420,7 @@ def test_saved_swiftkv_params_hold_only_the_trained_tensors(tmp_path):
 
 def test_one_process_trains_on_the_gpu_when_there_is_one(monkeypatch):
     """Without torchrun, a GPU machine still trains on its GPU (it used to fall back to the CPU)."""
-    from swiftkv.distill.world import init_world
+    from swiftkv.distill.parallel.world import init_world
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

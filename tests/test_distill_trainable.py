@@ -9,19 +9,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from swiftkv.distill.checkpoint import trained_parameters
-from swiftkv.distill.loop import distill
-from swiftkv.distill.run import run_distillation
-from swiftkv.distill.settings import DistillSettings, settings_for
-from swiftkv.distill.trainable import install, max_lora_rank, student_weights
-from swiftkv.distill.trainer import (
+from swiftkv.distill.core.checkpoint import trained_parameters
+from swiftkv.distill.core.trainable import install, max_lora_rank, student_weights
+from swiftkv.distill.core.trainer import (
     BatchSizes,
     SharedPrefixDistiller,
     cast_frozen,
     optimizer_for,
     train_step,
 )
-from swiftkv.distill.world import World
+from swiftkv.distill.parallel.world import World
+from swiftkv.distill.run import distill, run_distillation
+from swiftkv.distill.settings import DistillSettings, settings_for
 from swiftkv.model.surgery import load_trained, student_deltas
 from tests.test_distill_train import blocks_for, run_settings
 from tests.tiny import random_chats, save_tiny_folder, tiny_student, tiny_tokenizer, write_jsonl
@@ -319,8 +318,8 @@ def test_init_from_a_gpu_loans_snapshot_starts_where_that_student_ended(tmp_path
     """--init-from a loan's student snapshot (OUT/n15/: bf16 tensors named as a run's trained parameters,
     the student in the first file's progress): the run starts where the snapshot's student ended, to
     bf16 rounding; a snapshot of another N, or one that does not name its teacher, is refused."""
-    from swiftkv.distill.from_weights import weights_trained
-    from swiftkv.distill.snapshot import write_snapshot
+    from swiftkv.distill.start.from_weights import weights_trained
+    from swiftkv.distill.start.snapshot import write_snapshot
     from swiftkv.model.surgery import save_swiftkv_params
     from swiftkv.replies import save_plain_teacher
     from swiftkv.sources import load_model

@@ -68,9 +68,9 @@ def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
     """`distill --init-from ALIAS`: each shipped student names a folder whose tensors map one to one
     onto a run of its recipe at the folder's rank (SwiftKV parameters, adapters' factors) over a
     conversion of its base with its N; a run of another N or rank is refused, naming what differs."""
-    from swiftkv.distill.from_weights import weights_folder, weights_trained
     from swiftkv.distill.settings import settings_for
-    from swiftkv.distill.start import check_weights_student
+    from swiftkv.distill.start.decide import check_weights_student
+    from swiftkv.distill.start.from_weights import weights_folder, weights_trained
 
     folder = weights_folder(alias)
     assert folder == WEIGHTS_DIR / alias
@@ -97,8 +97,8 @@ def test_a_run_on_from_a_shipped_student_takes_its_rank_unless_one_is_given(alia
     """`distill --recipe swiftkv-lora --init-from ALIAS` without --lora-rank trains at the folder's rank
     (the shipped soups' 128, not the recipe's 64); a --lora-rank given stays, to be refused if it differs;
     a run of another trainable set, or from no folder, keeps its settings."""
-    from swiftkv.distill.from_weights import with_folder_rank
     from swiftkv.distill.settings import settings_for
+    from swiftkv.distill.start.from_weights import with_folder_rank
 
     rank = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())["student_rank"]
     assert rank != 64  # the recipe's, so the test tells them apart

@@ -244,7 +244,7 @@ def test_an_fsdp_run_of_a_1b_wide_model_holds_its_share_on_each_rank(tmp_path):
     shards are filled stays within its share of the model plus the interpreter's margin, which a process
     holding the whole model in fp32 (as the start did before it was sharded) exceeds; and writing the output
     adds at most two of its largest stored tensors (one copied, one cast) and the write's slack."""
-    from swiftkv.distill.plan import memory_plan, meta_model
+    from swiftkv.distill.measure.plan import memory_plan, meta_model
 
     convert(
         random_llama_folder(tmp_path / "wide", **WIDE_8_LAYERS),

@@ -14,7 +14,7 @@ import torch
 from swiftkv.data.chat import read_source
 from swiftkv.data.split import shuffled, take_documents
 from swiftkv.data.tokens import turn_prompts
-from swiftkv.distill.snapshot import install, read_snapshot
+from swiftkv.distill.start.snapshot import install, read_snapshot
 from swiftkv.model.config import is_swiftkv
 from swiftkv.model.modeling import swiftkv_parameters
 from swiftkv.sources import load_model, load_tokenizer
@@ -447,7 +447,7 @@ def test_a_loans_replies_merge_into_the_reply_file_cpu_runs_and_the_next_stage_r
 
 
 def test_install_finds_the_teacher_here_or_says_to_name_it():
-    from swiftkv.distill.snapshot import snapshot_teacher
+    from swiftkv.distill.start.snapshot import snapshot_teacher
 
     box = {"teacher": "/root/sk/work/teacher.gguf", "teacher_digest": "ab12"}
     assert snapshot_teacher({**box, "teacher_name": "smollm2-135m-instruct"}, None) == "smollm2-135m-instruct"

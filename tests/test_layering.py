@@ -179,6 +179,30 @@ def test_layer_imports_nothing_above_it(layer):
     assert not broken, sorted(broken)
 
 
+# Inside distill/: the training core, the start, parallelism and the settings sit under the measuring wing and
+# the run that composes them; the loop gets what it measures with (measure/watch.py) from the run.
+DISTILL_BELOW = ("core", "start", "parallel", "settings")
+DISTILL_ABOVE = ("swiftkv.distill.measure", "swiftkv.distill.run")
+
+
+def distill_arrows_up() -> list[str]:
+    folder = PACKAGE / "distill"
+    return sorted(
+        f"{module_name(path)} imports {name}"
+        for path in folder.rglob("*.py")
+        if path.relative_to(folder).parts[0].removesuffix(".py") in DISTILL_BELOW
+        for name in imports_of(path)
+        if any(name == above or name.startswith(above + ".") for above in DISTILL_ABOVE)
+    )
+
+
+def test_the_training_core_imports_nothing_of_the_measuring_wing():
+    assert (PACKAGE / "distill" / "core" / "loop.py").exists()
+    # the check reads the tree as it is
+    assert "swiftkv.distill.core.loop" in imports_of(PACKAGE / "distill" / "run.py")
+    assert distill_arrows_up() == []
+
+
 def test_the_check_sees_relative_and_function_level_imports(tmp_path):
     assert "swiftkv.data.split" in imports_of(PACKAGE / "data" / "packing.py")
     assert "swiftkv.vllm.hooks" in imports_of(PACKAGE / "vllm" / "__init__.py")  # imported inside register()

@@ -448,7 +448,7 @@ def one_process_run(request, tmp_path_factory):
 def test_two_processes_equal_the_one_process_run(one_process_run, sharding):
     """Two processes under DDP (gloo; each holds the whole model, the gradients averaged) and under --fsdp (the MoE
     decoder layers sharded, fused 3-D experts included, each process reading its own experts from the per-expert
-    files: distill/sharded_start.py) follow the one-process run within the rounding that regrouping the sums
+    files: distill/start/sharded.py) follow the one-process run within the rounding that regrouping the sums
     alone causes, and change only SwiftKV tensors (routers, experts and Qwen2-MoE's shared expert stay frozen)."""
     from tests.test_distill_cli import distill_args
     from tests.test_distill_fsdp import assert_same_run, torchrun

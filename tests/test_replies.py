@@ -151,8 +151,8 @@ def test_distill_trains_on_the_replies_the_stage_wrote(tmp_path, monkeypatch, ca
 def test_every_turn_replies_are_written_exactly_as_distill_reads_them(tmp_path, monkeypatch, skip_tokens):
     """With --skip-tokens too: the stage writes the passed-over prompts' replies (the split counts their
     tokens) and the ones after them, exactly what the run reads back."""
+    from swiftkv.distill.core.trainer import training_blocks
     from swiftkv.distill.settings import settings_for
-    from swiftkv.distill.trainer import training_blocks
 
     monkeypatch.setattr("swiftkv.replies.stage.reply_generator", lambda settings, eos: fake_writer([]))
     data = str(write_jsonl(tmp_path / "chats.jsonl", random_chats(80, seed=4, turns=3)))
@@ -189,9 +189,9 @@ def test_prompt_turns_need_written_replies():
 
 
 def test_a_run_short_of_data_says_how_many_tokens_it_trains(tmp_path, capsys):
+    from swiftkv.distill.core.trainer import short_of_tokens
+    from swiftkv.distill.parallel.world import World
     from swiftkv.distill.settings import settings_for
-    from swiftkv.distill.trainer import short_of_tokens
-    from swiftkv.distill.world import World
 
     run = settings_for("tiny", targets="teacher", tokens=8192, seq_len=1024, batch_size=2)
     short_of_tokens(run, 4096, World())

@@ -142,7 +142,7 @@ def test_the_plan_gives_the_stages_work_and_time_at_the_runs_shape(tmp_path, cap
     replies, the writer's rates timed on this device, and the time they give, divided by the engines."""
     from swiftkv.cli import main
     from swiftkv.data.tokens import first_prompt
-    from swiftkv.distill.replies_time import plan_replies
+    from swiftkv.distill.measure.replies_time import plan_replies
 
     save_tiny_teacher(tmp_path / "teacher")
     settings = settings_for(tmp_path, "unused.jsonl", tokens=1_000_000, reply_tokens=64, engine="hf")

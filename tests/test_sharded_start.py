@@ -1,4 +1,4 @@
-"""The sharded start of `--fsdp` (distill/sharded_start.py), proven by numbers with two gloo processes: each
+"""The sharded start of `--fsdp` (distill/start/sharded.py), proven by numbers with two gloo processes: each
 process's shard of every parameter equals the matching rows of a whole one-process load, bit for bit
 (dtype too), and so do the buffers; the first steps' losses and held-out scores equal those of the same
 model loaded whole, then sharded; a teacher that differs only in rows another process reads is refused
@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 
+from swiftkv.distill.core.trainable import install
+from swiftkv.distill.core.trainer import cast_frozen
+from swiftkv.distill.parallel.sharding import owned_rows
+from swiftkv.distill.parallel.world import World
 from swiftkv.distill.settings import DistillSettings
-from swiftkv.distill.setup import load_student
-from swiftkv.distill.sharding import owned_rows
-from swiftkv.distill.trainable import install
-from swiftkv.distill.trainer import cast_frozen
-from swiftkv.distill.world import World
+from swiftkv.distill.start.setup import load_student
 from swiftkv.dtypes import resolve_dtype
 from tests.tiny import random_chats, random_student, save_tiny_folder, tiny_tokenizer, write_jsonl
 

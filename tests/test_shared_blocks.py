@@ -1,5 +1,5 @@
 """Tokenization once per run: under torchrun (2 gloo processes) process 0 tokenizes and packs, process 1
-memory-maps its blocks (`swiftkv.distill.shared_blocks`). Both get exactly the blocks one process builds,
+memory-maps its blocks (`swiftkv.distill.parallel.shared_blocks`). Both get exactly the blocks one process builds,
 and process 1's host memory does not pay for the tokenization.
 
 The bound: process 1's peak resident memory stays below process 0's plus 16 MiB (the two start alike,
@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
+from swiftkv.distill.core.trainer import training_blocks
 from swiftkv.distill.settings import DistillSettings
-from swiftkv.distill.trainer import training_blocks
 from tests.blocks_ranks import digest
 from tests.tiny import byte_tokenizer, random_chats, write_jsonl
 

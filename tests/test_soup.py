@@ -131,8 +131,8 @@ def test_a_loan_snapshot_is_read_as_the_trained_folder_it_installs_to(tmp_path):
     """A loan's student snapshot (adapter factors named as a run's parameters, the student in its progress) is
     read as `loan install` + `save_swiftkv_params` would save it: its SwiftKV tensors and, per adapted weight, a
     change equal to the adapter's own lora_b @ lora_a."""
-    from swiftkv.distill.snapshot import write_snapshot
-    from swiftkv.distill.trainable import LORA_A, LORA_B, install
+    from swiftkv.distill.core.trainable import LORA_A, LORA_B, install
+    from swiftkv.distill.start.snapshot import write_snapshot
     from swiftkv.model.surgery import build_swiftkv_model
     from swiftkv.sources import load_model
     from tests.tiny import save_tiny_teacher

@@ -4,7 +4,7 @@
 
 Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.json + swiftkv.safetensors) or
 a student snapshot (`python -m loan run`'s n15/, n22/, scripts/gpu), which is read as one: installed over its teacher
-(`swiftkv.distill.snapshot.install`) and its trained tensors saved at the loan's rank (`save_swiftkv_params`), in a temp folder.
+(`swiftkv.distill.start.snapshot.install`) and its trained tensors saved at the loan's rank (`save_swiftkv_params`), in a temp folder.
 The SwiftKV projections are averaged, each student's at its weight (`--weights`, normalized to sum to 1;
 default: equal). A negative weight extrapolates: `--weights 3,-1` over a student and its own starting point
 is the student moved on half as far again along what its last stage changed (the weights must have a positive
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from swiftkv.distill.from_weights import is_snapshot
-from swiftkv.distill.snapshot import install, read_progress, snapshot_teacher
+from swiftkv.distill.start.from_weights import is_snapshot
+from swiftkv.distill.start.snapshot import install, read_progress, snapshot_teacher
 from swiftkv.model.surgery import (
     DELTA_FACTORS,
     low_rank_factors,

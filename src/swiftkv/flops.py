@@ -123,7 +123,7 @@ def prefill_compute_saving(config) -> float | None:
     return 1 - prefill_layers_flops(config, 0) / teacher
 
 
-# What one distillation step executes (`distill/trainer.py`, `model/modeling.py`, `distill/loss.py`), counted
+# What one distillation step executes (`distill/core/trainer.py`, `model/modeling.py`, `distill/core/loss.py`), counted
 # as the matmuls that run. Attention is counted over every key of the block (causal masking not taken off), and
 # its backward as twice its forward: the convention of torchtitan's and nanoGPT's MFU (`6N + 12 L H Q T`); the
 # kernels that recompute the scores in their backward execute half an attention forward more.

@@ -100,7 +100,7 @@ class FolderTensors(Mapping):
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows `start:stop` (along dim 0) of a stored tensor, reading only their bytes: a sharded
-        start reads each process's own rows of every tensor this way (distill/sharded_start.py)."""
+        start reads each process's own rows of every tensor this way (distill/start/sharded.py)."""
         if name in self._pickled:
             return self._pickled[name][start:stop].clone()  # memory-mapped: only these pages are read
         entry = self.entries[name]

@@ -10,7 +10,7 @@ stage.py     here, on a CPU: the teacher (split in two parts), the train prompts
 students.py  on the GPU (or a CPU, as the suite's dry-run): the teacher's replies, the 8B-shaped
              trainer measurement, then every student trained in parallel, snapshots under --out
 student.py   one student's process: lstsq init, packed blocks, the trainer's steps, snapshots
-             (swiftkv.distill.snapshot, cut into files of at most SNAPSHOT_FILE_BYTES)
+             (swiftkv.distill.start.snapshot, cut into files of at most SNAPSHOT_FILE_BYTES)
 shape.py     the trainer on a randomly initialised model of a given shape (Llama-3.1-8B)
 artifacts.py the students' compiled layers, carried from one run to the next
 replies.py   here again: a run's replies merged into the reply file CPU runs and the next stage read

@@ -12,7 +12,7 @@ NEEDED = [
     ("transformers", None),
     ("safetensors", "safe_open"),
     ("numpy", None),
-    ("swiftkv.distill.trainer", "train_step"),
+    ("swiftkv.distill.core.trainer", "train_step"),
 ]
 
 

@@ -2,7 +2,7 @@
 
 A fresh GPU machine compiles every layer variant from nothing (`--compile`: Triton kernels on a GPU, each built
 by a compiler process), inside the minutes the steps need. So each student keeps what it compiled
-(`swiftkv.distill.compiled.compiled_artifacts`) in the machine's work folder at every snapshot, the loan bundles
+(`swiftkv.distill.core.compiled.compiled_artifacts`) in the machine's work folder at every snapshot, the loan bundles
 them into one file of OUT when the students are done, and the students of a loan resumed from that OUT
 load the bundle before their first step: their layers then compile from cache hits. The cache keys on
 the graphs, the torch build and the device, so whatever differs compiles afresh, as without it.
@@ -18,7 +18,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from swiftkv.distill.compiled import load_compiled_artifacts, reason_of
+from swiftkv.distill.core.compiled import load_compiled_artifacts, reason_of
 from swiftkv.files import write_atomic
 
 BUNDLE_FILE = "compiled.tar"

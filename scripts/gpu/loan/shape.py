@@ -19,12 +19,16 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from swiftkv.distill.bound import compute_bound
-from swiftkv.distill.loss import BatchSizes
+from swiftkv.distill.core.loss import BatchSizes
+from swiftkv.distill.core.trainer import prepare, train_step
+from swiftkv.distill.measure.bound import compute_bound
+from swiftkv.distill.measure.speed import (  # the plan's own blocks
+    HOURS_PER_100M,
+    peak_memory_mib,
+    random_blocks,
+)
+from swiftkv.distill.parallel.world import World
 from swiftkv.distill.settings import settings_for
-from swiftkv.distill.speed import HOURS_PER_100M, peak_memory_mib, random_blocks  # the plan's own blocks
-from swiftkv.distill.trainer import prepare, train_step
-from swiftkv.distill.world import World
 from swiftkv.dtypes import dtype_name, resolve_dtype
 from swiftkv.model.families import family_of
 from swiftkv.model.surgery import swiftkv_config

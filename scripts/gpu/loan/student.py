@@ -6,7 +6,7 @@ fitted on the staged calibration blocks. It trains with distill's own pieces (`t
 `train_step`, `evaluate`, `lr_at`: the recipe's trainable set, loss and schedule) on packed blocks of the
 staged prompts and the replies written in this loan, repeated in new seeded orders when the data is
 shorter than the run. Every `snapshot_seconds`, and at the deadline, it scores the held-out blocks and
-replaces its snapshot (`swiftkv.distill.snapshot`, in files of at most SNAPSHOT_FILE_BYTES).
+replaces its snapshot (`swiftkv.distill.start.snapshot`, in files of at most SNAPSHOT_FILE_BYTES).
 
 A run resumes from a snapshot: the trained tensors exactly, the data order and the schedule from its
 step, and a fresh optimizer whose rate warms up again over `rewarm_steps` (AdamW's moments, twice the
@@ -29,15 +29,15 @@ from swiftkv.convert import ConvertSettings
 from swiftkv.convert.calibration import lstsq_params, teacher_stats
 from swiftkv.data.packing import Blocks, in_passes, pack
 from swiftkv.data.tokens import Document
-from swiftkv.distill.bound import device_peak, step_flops_per_token
-from swiftkv.distill.compiled import compiled_artifacts
-from swiftkv.distill.loss import BatchSizes
-from swiftkv.distill.profile import profile_steps
+from swiftkv.distill.core.compiled import compiled_artifacts
+from swiftkv.distill.core.loss import BatchSizes
+from swiftkv.distill.core.trainable import load_trained_set
+from swiftkv.distill.core.trainer import Prepared, evaluate, lr_at, prepare, train_step
+from swiftkv.distill.measure.bound import device_peak, step_flops_per_token
+from swiftkv.distill.measure.profile import profile_steps
+from swiftkv.distill.parallel.world import World
 from swiftkv.distill.settings import DistillSettings, settings_for
-from swiftkv.distill.snapshot import read_snapshot, write_snapshot
-from swiftkv.distill.trainable import load_trained_set
-from swiftkv.distill.trainer import Prepared, evaluate, lr_at, prepare, train_step
-from swiftkv.distill.world import World
+from swiftkv.distill.start.snapshot import read_snapshot, write_snapshot
 from swiftkv.dtypes import autocast, dtype_name, resolve_dtype
 from swiftkv.files import write_atomic
 from swiftkv.model.surgery import build_swiftkv_model, copy_init_params, load_trained
@@ -48,7 +48,7 @@ from .stage import decode_ids
 
 # The files a run brings back are at most outputs.MAX_FILE_BYTES each; a snapshot's files stay under it.
 SNAPSHOT_FILE_BYTES = 15 * 2**20
-PROFILED_STEPS = 3  # steps profiled after the first speed line (swiftkv.distill.profile)
+PROFILED_STEPS = 3  # steps profiled after the first speed line (swiftkv.distill.measure.profile)
 RIDGE = ConvertSettings.ridge  # convert's default: the same lstsq init as `swiftkv convert --init lstsq`
 # What a resumed run must share with the snapshot it continues: the student, the data, the step, the schedule.
 RESUME_KEYS = (

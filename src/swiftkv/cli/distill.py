@@ -7,14 +7,14 @@ import sys
 
 import torch.distributed as dist
 
-from ..distill.bound import bound_line
-from ..distill.from_weights import with_folder_rank
-from ..distill.plan import PlanRequest, model_parameters, print_plan
+from ..distill.measure.bound import bound_line
+from ..distill.measure.plan import PlanRequest, model_parameters, print_plan
+from ..distill.measure.speed import TIMED_STEPS, measure_shared_vs_naive
+from ..distill.parallel.world import launched_as_main
 from ..distill.run import heldout_agreement, run_distillation
 from ..distill.settings import RECIPES, DistillSettings, default_recipe, settings_for
-from ..distill.setup import set_threads
-from ..distill.speed import TIMED_STEPS, measure_shared_vs_naive
-from ..distill.world import launched_as_main
+from ..distill.start.from_weights import with_folder_rank
+from ..distill.start.setup import set_threads
 from ..files import write_atomic
 from .options import add_dataclass_options, given_values
 

@@ -9,27 +9,29 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from torch import nn
 from transformers import AutoConfig
 
 from ..data.packing import load_blocks
 from ..hostmemory import peak_mib, reset_peak
 from ..model.modeling import swiftkv_parameters
 from ..model.surgery import generation_config, write_model_folder
-from ..replies import replies_command, replies_complete, reply_cache, write_replies
 from ..results import DistillSummary
 from ..sources import source_name
 from ..tensorfiles import FolderTensors, copy_weights
-from .bound import bound_line
-from .checkpoint import RunState, inner_model, trained_parameters
-from .loop import run_training
-from .microbatch import AUTO, CPU_MICRO_BATCH
+from .core.checkpoint import RunState, inner_model, trained_parameters
+from .core.loop import Trainer
+from .core.microbatch import AUTO, CPU_MICRO_BATCH
+from .core.trainable import mark_distilled, merged_student_weights
+from .core.trainer import evaluate, finished
+from .measure.summary import run_summary, speed_line
+from .measure.watch import SegmentWatch
+from .parallel.sharding import whole_tensor
+from .parallel.world import World, barrier, close_world, init_world, launched_world_size, log
 from .settings import DistillSettings
-from .setup import load_student
-from .sharding import whole_tensor
-from .start import Start, decide_start
-from .trainable import mark_distilled, merged_student_weights
-from .trainer import evaluate, finished, run_summary
-from .world import World, barrier, close_world, init_world, launched_world_size, log
+from .start.decide import Start, decide_start
+from .start.setup import load_student
+from .start.targets import check_replies_written, written_replies
 
 
 @dataclass
@@ -78,45 +80,28 @@ def train_and_write(settings: DistillSettings, world: World, start: Start) -> Di
     return DistillResult(state, summary, wrote)
 
 
-def speed_line(summary: dict) -> str:
-    """The run's tokens/s against its compute bound, as the run's log ends: the fraction of the measured
-    peak and the MFU against the nominal one."""
-    bound = summary["compute_bound"]
-    return (
-        f"{summary['tokens_per_second']:,.1f} tok/s {summary['compute_dtype']} = {bound_line(bound)}; "
-        f"a matmul-bound step would reach {bound['bound_tokens_per_s']:,.0f} tok/s"
-    )
+def run_training(
+    settings: DistillSettings,
+    model: nn.Module,
+    tokenizer,
+    world: World,
+    replies=None,
+    start: Start | None = None,
+) -> tuple[RunState, nn.Module]:
+    """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
+    in place, and the output is written through it (`run.write_output`). `start`: as `run_distillation`
+    decided it (else decided here)."""
+    return Trainer(settings, model, tokenizer, world, replies, start, SegmentWatch(settings, world)).run()
 
 
-def check_replies_written(settings: DistillSettings) -> None:
-    """Under torchrun no process writes replies: the others would wait for them in a collective, which
-    NCCL ends after 10 minutes, and one process would generate on one GPU while the rest idle. A run of
-    `--targets teacher|mixed` needs them written first by `swiftkv replies` (every GPU, no group)."""
-    if settings.targets == "human":
-        return
-    replies = settings.replies_settings()
-    if not replies_complete(replies):
-        raise ValueError(
-            f"--targets {settings.targets} under torchrun reads the {settings.reply_writer}'s replies, and "
-            f"they are not all written yet (distill writes none inside a process group); write them first "
-            f"with `{replies_command(replies)}`, then run this command again"
-        )
-
-
-def written_replies(settings: DistillSettings, tokenizer, world: World):
-    """The replies of `--targets teacher|mixed` (None for human targets). One process writes the missing
-    ones through the replies stage (then frees its engine); under torchrun they were written before the
-    group started (`check_replies_written`), so every process only reads them."""
-    if settings.targets == "human":
-        return None
-    if world.size == 1:
-        cache = write_replies(settings.replies_settings(), tokenizer)
-        log(
-            world,
-            f"{settings.reply_writer} replies: {len(cache.replies)} in {cache.path} "
-            f"({cache.generated} generated now)",
-        )
-    return reply_cache(settings.replies_settings(), tokenizer, may_generate=False)
+def distill(
+    settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None, replies=None
+) -> RunState:
+    """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
+    state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
+    of `--targets teacher|mixed`. How it starts is decided from the settings (`start.decide_start`,
+    without the checks of a run's output folder)."""
+    return run_training(settings, model, tokenizer, world or World(), replies)[0]
 
 
 def write_output(settings: DistillSettings, distiller, tokenizer, summary: dict, world: World) -> None:

@@ -38,9 +38,9 @@ from ..replies import LONG_KIND_HELP, PROMPT_TURNS, REPLY_TOKENS, RepliesSetting
 from ..replies import WRITERS as REPLY_WRITERS
 from ..settings import parse_count, setting
 from ..sources import Source, SourceLike, open_source, source_name
-from .loss import LossTerms
-from .microbatch import AUTO, check_split, parse_micro_batch
-from .trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
+from .core.loss import LossTerms
+from .core.microbatch import AUTO, check_split, parse_micro_batch
+from .core.trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
 
 CHECKPOINT_FILE = "checkpoint.pt"
 INITS = ("keep", "copy", "mean", "lstsq")

@@ -40,11 +40,11 @@ from .config import is_swiftkv
 RowSelection = slice | torch.Tensor | None
 
 # True while the student's later layers run. Student-only weights that distillation may add to the
-# later layers (`swiftkv.distill.trainable`) read it, so the teacher path keeps the frozen originals.
+# later layers (`swiftkv.distill.core.trainable`) read it, so the teacher path keeps the frozen originals.
 # A module global rather than a ContextVar: torch.compile reads a global as a guarded constant (one graph
 # per path), while ContextVar.get is untraceable and broke every compiled decoder layer at each adapter
 # (torch 2.13, N = 15: 1,256 graph pieces per step). Distillation sets it on one thread; the backward's
-# recomputation re-enters it (`distill/sharding.py`).
+# recomputation re-enters it (`distill/parallel/sharding.py`).
 _student_path = False
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.packing import Blocks
+from ...data.packing import Blocks
 from .world import World, barrier
 
 FIELDS = ("input_ids", "position_ids", "loss_mask")

@@ -28,14 +28,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter
 
-from ..model.families import family_of
-from ..model.surgery import copy_init_tensors
-from ..sources import Source, check_supported, check_weights_present
-from ..tensorfiles import FolderTensors
-from .settings import REDERIVED_INITS, DistillSettings
-from .sharding import owned_rows
-from .trainable import initial_adapters, unwrapped_name
-from .world import World
+from ...model.families import family_of
+from ...model.surgery import copy_init_tensors
+from ...sources import Source, check_supported, check_weights_present
+from ...tensorfiles import FolderTensors
+from ..core.trainable import initial_adapters, unwrapped_name
+from ..parallel.sharding import owned_rows
+from ..parallel.world import World
+from ..settings import REDERIVED_INITS, DistillSettings
 
 
 def meta_student(source: Source) -> nn.Module:

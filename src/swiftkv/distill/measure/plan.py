@@ -37,17 +37,18 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from ..dtypes import DTYPE_NAMES, resolve_dtype
-from ..files import write_atomic
-from ..flops import mlp_token_width
-from ..hub import CONFIG_FILES
-from ..model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
-from ..model.surgery import swiftkv_config
-from ..sources import Source, SourceLike, resolve_source
-from . import microbatch, sharded_start, trainable
-from .microbatch import AUTO
+from ...dtypes import DTYPE_NAMES, resolve_dtype
+from ...files import write_atomic
+from ...flops import mlp_token_width
+from ...hub import CONFIG_FILES
+from ...model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
+from ...model.surgery import swiftkv_config
+from ...sources import Source, SourceLike, resolve_source
+from ..core import microbatch, trainable
+from ..core.microbatch import AUTO
+from ..parallel.world import training_device
+from ..start import sharded
 from .speed import TIMED_STEPS, time_plan
-from .world import training_device
 
 GIB = 2**30
 LOSS_CHUNK_COPIES = 5  # fp32 [chunk, V]: student and teacher logits, their log-softmaxes, the gradient
@@ -122,13 +123,13 @@ def plan_config(
 def model_parameters(source: SourceLike) -> int:
     """The parameters of SRC's model (a converted folder, or a plain HF config as `plan_config` reads it),
     counted on the meta device from its config alone: no weights are read."""
-    model = sharded_start.meta_model(plan_config(source, None, None))
+    model = sharded.meta_model(plan_config(source, None, None))
     return sum(parameter.numel() for parameter in model.parameters())
 
 
 def meta_model(config, trainable_set: str, lora_rank: int | None):
     """The SwiftKV model of `config` on the meta device, with the run's trainable set installed."""
-    model = sharded_start.meta_model(config)
+    model = sharded.meta_model(config)
     trainable.install(model, trainable_set, lora_rank)
     return model
 

@@ -6,15 +6,15 @@ import os
 
 import torch
 
-from ..model.config import is_swiftkv
-from ..model.surgery import copy_init_params, load_trained, tokenizer_differences
-from ..sources import Source, check_weights_present
-from ..tensorfiles import FolderTensors
-from .settings import REDERIVED_INITS
-from .sharded_start import meta_student
-from .sharding import owned_rows
-from .trainable import check_trainable
-from .world import World, all_reduce
+from ...model.config import is_swiftkv
+from ...model.surgery import copy_init_params, load_trained, tokenizer_differences
+from ...sources import Source, check_weights_present
+from ...tensorfiles import FolderTensors
+from ..core.trainable import check_trainable
+from ..parallel.sharding import owned_rows
+from ..parallel.world import World, all_reduce
+from ..settings import REDERIVED_INITS
+from .sharded import meta_student
 
 
 def set_threads() -> None:
@@ -28,7 +28,7 @@ def load_student(settings, world: World | None = None):
     """(model, tokenizer) of a SwiftKV folder whose teacher weights are intact, checked for the run.
     `settings` are opened (`DistillSettings.opened`): their sources are resolved already. Under --fsdp
     (`world.fsdp`) the model is built on the meta device, and each process fills its own shards once it
-    is sharded, the init included (distill/sharded_start.py); otherwise it is loaded whole, in fp32."""
+    is sharded, the init included (distill/start/sharded.py); otherwise it is loaded whole, in fp32."""
     world = world or World()
     settings.check_written_replies()
     if settings.teacher:  # a teacher that is only a config is refused before the student loads

@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from ..model.families import family_of
-from ..model.modeling import on_student_path, swiftkv_parameters
-from ..model.surgery import load_trained
+from ...model.families import family_of
+from ...model.modeling import on_student_path, swiftkv_parameters
+from ...model.surgery import load_trained
 
 TRAINABLE_SETS = ("swiftkv", "lora", "late", "late-norms")
 DEFAULT_LORA_RANK = 16
@@ -112,7 +112,7 @@ def install(
     """Wrap the later layers' student-only weights of `trainable` and freeze everything else. Returns
     the trained parameters by name (SwiftKV parameters first); the optimizer and checkpoints use it.
     Adapters start from `seed` (`initial_adapters`); on a model built on the meta device (a sharded
-    start) they stay empty until each process fills its rows of them (distill/sharded_start.py)."""
+    start) they stay empty until each process fills its rows of them (distill/start/sharded.py)."""
     check_trainable(trainable, lora_rank, model.config)
     if any(isinstance(module, STUDENT_WRAPPERS) for module in model.modules()):
         raise ValueError(

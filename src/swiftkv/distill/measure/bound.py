@@ -11,10 +11,10 @@ import functools
 
 import torch
 
-from ..flops import MicroBatch, StepPaths, distill_flops_per_token
-from ..peaks import matmul_peak, nominal_peak
-from .microbatch import AUTO
-from .trainable import DEFAULT_LORA_RANK
+from ...flops import MicroBatch, StepPaths, distill_flops_per_token
+from ...peaks import matmul_peak, nominal_peak
+from ..core.microbatch import AUTO
+from ..core.trainable import DEFAULT_LORA_RANK
 
 
 def step_paths(settings) -> StepPaths:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..metrics import LogitsFn, kl_sum, top1_cross_entropy_sum
-from ..model.modeling import PairHidden
+from ...metrics import LogitsFn, kl_sum, top1_cross_entropy_sum
+from ...model.modeling import PairHidden
 
 
 @dataclass(frozen=True)

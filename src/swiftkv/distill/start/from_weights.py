@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from ..model.surgery import DELTA_FACTORS, TRAINED_SPEC, read_trained, read_trained_spec
-from ..sources import WEIGHTS_DIR, available_aliases
-from .settings import DistillSettings
+from ...model.surgery import DELTA_FACTORS, TRAINED_SPEC, read_trained, read_trained_spec
+from ...sources import WEIGHTS_DIR, available_aliases
+from ..core.trainable import LORA_A, LORA_B, STUDENT_MODULES
+from ..settings import DistillSettings
 from .snapshot import FIRST_FILE as SNAPSHOT_FIRST_FILE
 from .snapshot import read_progress, read_snapshot
-from .trainable import LORA_A, LORA_B, STUDENT_MODULES
 
 
 def weights_folder(given: str) -> Path | None:

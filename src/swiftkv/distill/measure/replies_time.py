@@ -19,16 +19,16 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from ..data.mixture import read_data
-from ..data.tokens import first_prompt
-from ..dtypes import dtype_name, resolve_dtype
-from ..model.config import is_swiftkv
-from ..replies import RepliesSettings
-from ..sources import load_tokenizer, open_source
+from ...data.mixture import read_data
+from ...data.tokens import first_prompt
+from ...dtypes import dtype_name, resolve_dtype
+from ...model.config import is_swiftkv
+from ...replies import RepliesSettings
+from ...sources import load_tokenizer, open_source
+from ..parallel.world import training_device
 from .bound import device_label
 from .plan import model_parameters
 from .speed import CPU_VOCAB, TIMED_LAYERS, few_layer_config, figures, random_model, whole_model_fits
-from .world import training_device
 
 SAMPLE_PROMPTS = 256
 BATCH_GPU = 128

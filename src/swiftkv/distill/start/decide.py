@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from ..data.mixture import check_data
-from ..files import check_new_output
-from ..sources import Source, read_config_dict, source_name
+from ...data.mixture import check_data
+from ...files import check_new_output
+from ...sources import Source, read_config_dict, source_name
+from ..core.trainable import DEFAULT_LORA_RANK, STUDENT_MODULES
+from ..settings import CHECKPOINT_FILE, MODEL_KEY, SETTING_DEFAULTS, DistillSettings, RunIdentity
 from .from_weights import folder_spec, weights_folder
-from .settings import CHECKPOINT_FILE, MODEL_KEY, SETTING_DEFAULTS, DistillSettings, RunIdentity
 from .snapshot import saved_checkpoint
-from .trainable import DEFAULT_LORA_RANK, STUDENT_MODULES
 
 KINDS = ("fresh", "resume", "snapshot", "continue", "init")
 

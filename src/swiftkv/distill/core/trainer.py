@@ -22,21 +22,22 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..data.packing import Blocks, load_blocks
-from ..dtypes import autocast, dtype_name, resolve_dtype
-from ..metrics import agreement_stats
-from ..model.modeling import PairHidden, swiftkv_parameters
-from . import microbatch, sharded_start, sharding, trainable
-from .bound import devices_bound
+from ...data.packing import Blocks, load_blocks
+from ...dtypes import autocast, resolve_dtype
+from ...metrics import agreement_stats
+from ...model.modeling import PairHidden, swiftkv_parameters
+from ..parallel import sharding
+from ..parallel.shared_blocks import shared_blocks
+from ..parallel.world import World, all_reduce, log
+from ..settings import HUMAN_SHARE, DistillSettings, StepSettings
+from ..start import sharded
+from . import microbatch, trainable
 from .checkpoint import (
     RunState,
     trained_parameters,
 )
 from .compiled import CompiledLayers
 from .loss import BatchSizes, LossTerms, distill_loss
-from .settings import HUMAN_SHARE, DistillSettings, StepSettings
-from .shared_blocks import shared_blocks
-from .world import World, all_reduce, log
 
 # --------------------------------------------------------------------------------------------------
 # Model pieces
@@ -252,7 +253,7 @@ def evaluate(
 def sized_micro_batch(
     model: nn.Module, train: Blocks, step: StepSettings, batch_size: int, world: World
 ) -> StepSettings:
-    """`step` with --micro-batch resolved to a number (`auto`: see distill/microbatch.py). The CUDA
+    """`step` with --micro-batch resolved to a number (`auto`: see distill/core/microbatch.py). The CUDA
     probe runs the first step's blocks through a plain (not DDP) distiller, so no process waits on
     another's collective, and every process then takes the smallest size any of them could fit."""
     per_rank = batch_size // world.size
@@ -377,7 +378,7 @@ def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: W
     the optimizer; the step settings with --micro-batch resolved; the layers compiled with --compile
     (after the micro-batch probe, which would otherwise compile every size it tries). A model on the
     meta device (`setup.load_student` under --fsdp) is sharded as it is, then each process fills its
-    own shards (`sharded_start.fill_shards`)."""
+    own shards (`sharded.fill_shards`)."""
     on_meta = device_of(model).type == "meta"
     if not on_meta:
         model.to(world.device)
@@ -391,42 +392,9 @@ def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: W
     compiled = CompiledLayers(model, settings.compile, lambda text: log(world, text))
     distiller = wrap(distiller_for(model, step_settings), world, compute_dtype)
     if on_meta:
-        sharded_start.fill_shards(distiller, model, settings, world)
+        sharded.fill_shards(distiller, model, settings, world)
     return Prepared(distiller, optimizer_for(model, settings), step_settings, compiled)
 
 
 def finished(state: RunState) -> bool:
     return state.total_steps > 0 and state.step >= state.total_steps
-
-
-def run_summary(settings: DistillSettings, state: RunState, world: World) -> dict:
-    evals = [h for h in state.history if "kl" in h]
-    losses = [h["loss"] for h in state.history if "loss" in h]
-    tokens = state.step * settings.batch_size * settings.seq_len
-    tokens_per_second = round(tokens / state.elapsed, 1) if state.elapsed else None
-    dtype = resolve_dtype(settings.dtype, world.device)
-    return {
-        "settings": settings.as_json(),
-        # What `--dtype auto` chose on this machine: the settings keep only "auto".
-        "compute_dtype": dtype_name(dtype),
-        "steps": state.step,
-        "micro_batch": state.micro_batch,
-        "train_tokens": tokens,
-        # --continue-from: the data's tokens trained before this run, by the runs it continues
-        "continued_tokens": state.continued_steps * settings.batch_size * settings.seq_len,
-        "train_seconds": round(state.elapsed, 1),
-        "tokens_per_second": tokens_per_second,
-        # against the peak of every rank's device (a GPU each; CPU ranks a share of the cores, setup.py),
-        # measured after the steps on the same devices: each rank steps its share of the blocks
-        "compute_bound": devices_bound(
-            state.flops_per_token, tokens_per_second, dtype, world.device, devices=world.size
-        )
-        if state.flops_per_token
-        else None,
-        "heldout_before": evals[0] if evals else None,
-        "heldout_after": evals[-1] if evals else None,
-        "final_loss": losses[-1] if losses else None,
-        "step_memory_mib": state.step_memory_mib,
-        "step_tensor_mib": state.step_tensor_mib,
-        "history": state.history,
-    }

@@ -21,11 +21,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..distill.trainable import install as install_trainable
-from ..distill.trainable import load_trained_set, merge_trained
-from ..files import atomic_output_dir
-from ..model.surgery import build_swiftkv_model, write_swiftkv_folder
-from ..sources import open_source
+from ...files import atomic_output_dir
+from ...model.surgery import build_swiftkv_model, write_swiftkv_folder
+from ...sources import open_source
+from ..core.trainable import install as install_trainable
+from ..core.trainable import load_trained_set, merge_trained
 
 PROGRESS_KEY = "progress"
 FIRST_FILE = "0.safetensors"  # the file whose metadata holds the progress

@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from ..data.packing import Blocks
-from ..dtypes import dtype_name, resolve_dtype
-from ..model.modeling import swiftkv_parameters
-from ..peaks import nominal_peak
-from ..sources import source_name
-from . import memory, trainable
-from .bound import compute_bound, device_label, device_peak, step_flops_per_token
-from .compiled import CompiledLayers
-from .loss import BatchSizes
-from .run import written_replies
-from .setup import load_student
-from .trainer import (
+from ...data.packing import Blocks
+from ...dtypes import dtype_name, resolve_dtype
+from ...model.modeling import swiftkv_parameters
+from ...peaks import nominal_peak
+from ...sources import source_name
+from ..core import trainable
+from ..core.compiled import CompiledLayers
+from ..core.loss import BatchSizes
+from ..core.trainer import (
     ATTENTION,
     cast_frozen,
     distiller_for,
@@ -35,7 +33,11 @@ from .trainer import (
     train_step,
     training_blocks,
 )
-from .world import World, training_device
+from ..parallel.world import World, training_device
+from ..start.setup import load_student
+from ..start.targets import written_replies
+from . import memory
+from .bound import compute_bound, device_label, device_peak, step_flops_per_token
 
 
 def timed_step(
@@ -57,14 +59,32 @@ def probe_blocks(settings, steps: int, tokenizer, world: World) -> Blocks:
     return train
 
 
-def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
-    """`steps` optimizer steps each way (after one warm-up step each), alternating, on the run's kind of
-    blocks (`probe_blocks`); `naive=False` times the shared-prefix way alone (training throughput). With
-    `--compile` the decoder layers are compiled as a training run compiles them; the warm-up step then
-    includes the compile."""
-    settings = settings.opened()
+def alternated_totals(ways: dict, timed: Callable, batches: list[Blocks]) -> dict[str, tuple[float, float]]:
+    """Each way's wall and CPU seconds over `batches`, the ways alternating on each batch (so a drift in the
+    machine's speed reaches both), the first batch left out: it warms up allocators and kernels."""
+    totals = {name: (0.0, 0.0) for name in ways}
+    for step, blocks in enumerate(batches):
+        for name, distiller in ways.items():
+            wall, cpu = timed(distiller, blocks)
+            if step:
+                totals[name] = (totals[name][0] + wall, totals[name][1] + cpu)
+    return totals
+
+
+def way_rates(wall: float, cpu: float, tokens: int) -> dict:
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "tokens_per_s": round(tokens / wall, 1),
+        "tokens_per_cpu_s": round(tokens / cpu, 1),
+    }
+
+
+def timed_student(settings, steps: int, world: World):
+    """The student as a run trains it on `world`'s device (its trainable set, frozen weights in the compute
+    dtype, an optimizer at lr 0), with the blocks of `steps` steps and a warm-up: (model, blocks, optimizer,
+    dtype)."""
     model, tokenizer = load_student(settings)
-    world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
     train = probe_blocks(settings, steps + 1, tokenizer, world)
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
@@ -72,6 +92,17 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
     dtype = resolve_dtype(settings.dtype, world.device)
     cast_frozen(model, dtype)
+    return model, train, optimizer, dtype
+
+
+def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
+    """`steps` optimizer steps each way (after one warm-up step each), alternating, on the run's kind of
+    blocks (`probe_blocks`); `naive=False` times the shared-prefix way alone (training throughput). With
+    `--compile` the decoder layers are compiled as a training run compiles them; the warm-up step then
+    includes the compile."""
+    settings = settings.opened()
+    world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
+    model, train, optimizer, dtype = timed_student(settings, steps, world)
     step_settings = sized_micro_batch(
         model, train, replace(settings.step_settings(), naive=False), settings.batch_size, world
     )
@@ -79,14 +110,17 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     if naive:
         ways["naive"] = distiller_for(model, replace(step_settings, naive=True))
     compiled = CompiledLayers(model, settings.compile, lambda text: print(text, flush=True))
-    totals = {name: [0.0, 0.0] for name in ways}
-    for step in range(steps + 1):
-        blocks = train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
-        for name, distiller in ways.items():
-            wall, cpu = timed_step(compiled, distiller, model, optimizer, blocks, step_settings, world)
-            if step:  # step 0 warms up allocators and kernels
-                totals[name][0] += wall
-                totals[name][1] += cpu
+    batches = [
+        train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
+        for step in range(steps + 1)
+    ]
+    totals = alternated_totals(
+        ways,
+        lambda distiller, blocks: timed_step(
+            compiled, distiller, model, optimizer, blocks, step_settings, world
+        ),
+        batches,
+    )
     tokens = steps * settings.batch_size * settings.seq_len
     result = {
         "model": source_name(settings.source),
@@ -102,12 +136,7 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
         "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
     for name, (wall, cpu) in totals.items():
-        result[name] = {
-            "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2),
-            "tokens_per_s": round(tokens / wall, 1),
-            "tokens_per_cpu_s": round(tokens / cpu, 1),
-        }
+        result[name] = way_rates(wall, cpu, tokens)
     result["compute_bound"] = compute_bound(
         model.config,
         settings,

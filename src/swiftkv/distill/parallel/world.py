@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..dtypes import compute_device
+from ...dtypes import compute_device
 
 
 @dataclass
@@ -20,9 +20,7 @@ class World:
     size: int = 1
     ddp: bool = False  # several processes (a group of more than one)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    fsdp: bool = (
-        False  # parameters, gradients and optimizer state sharded over the group (distill/sharding.py)
-    )
+    fsdp: bool = False  # parameters, gradients and optimizer state sharded over the group (distill/parallel/sharding.py)
     owns_group: bool = False  # this process made a one-process group for --fsdp without torchrun
 
     @property

@@ -15,7 +15,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .. import hostmemory
+from ... import hostmemory
 
 
 def current_mib(device: torch.device) -> float:

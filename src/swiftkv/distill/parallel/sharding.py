@@ -9,7 +9,7 @@ forward), which the chunked loss needs: it calls the head once per chunk of rows
 differs between processes, outside any forward hook, so no collective depends on it.
 
 Every process must make the same collective calls in the same order: each runs the same number of
-micro-batches and held-out forwards (distill/trainer.py pads the held-out split and gives a
+micro-batches and held-out forwards (distill/core/trainer.py pads the held-out split and gives a
 micro-batch without trained rows one zero-weight row).
 
 Frozen teacher weights are sharded in the compute dtype (cast before sharding); the trained ones
@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..model.modeling import on_student_path, student_path
+from ...model.modeling import on_student_path, student_path
 from .world import World
 
 ROOT_PREFIX = "model."  # the distiller's name for the model: stripped from the gathered tensors' names

@@ -2,13 +2,13 @@
 step, the step itself, then the held-out evaluation and the checkpoint when they are due.
 
 The pieces it calls live beside it: `trainer.prepare` (the distiller, optimizer and step settings),
-`trainer.train_step` and `trainer.evaluate`, `checkpoint` (what a run saves and resumes from), `start` (how a
-run begins) and `profile` / `memory` (what a segment's first steps measure).
+`trainer.train_step` and `trainer.evaluate`, `checkpoint` (what a run saves and resumes from); `start/` decides
+how a run begins. What a segment measures (memory, profiled steps, FLOPs) is a watch the run hands in
+(`measure.watch.SegmentWatch`): the loop calls it and imports nothing of the measuring wing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
@@ -16,25 +16,20 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..hostmemory import peak_mib as host_peak_mib
-from . import memory
-from .bound import step_flops_per_token
+from ...hostmemory import peak_mib as host_peak_mib
+from ..parallel.world import World, all_reduce, log
+from ..settings import DistillSettings
+from ..start.decide import Start, check_model_start, decide_start
+from ..start.snapshot import SnapshotClock
 from .checkpoint import RunState, load_checkpoint, load_trained_from, save_checkpoint
 from .loss import BatchSizes
-from .profile import StepProfiler
-from .settings import DistillSettings
-from .snapshot import SnapshotClock
-from .start import Start, check_model_start, decide_start
 from .trainer import evaluate, lr_at, prepare, rank_blocks, run_blocks, train_step
-from .world import World, all_reduce, log
-
-# The first steps of a run segment count their tensors (`memory.TensorBytes`): the first creates the
-# optimizer state, the second runs with it; a dispatch mode on every step would slow the run.
-TENSOR_COUNTED_STEPS = 2
 
 
 class Trainer:
-    """One run segment of `settings` over `model`: its blocks, distiller, optimizer and run state."""
+    """One run segment of `settings` over `model`: its blocks, distiller, optimizer and run state. `watch`
+    measures the segment (`measure.watch.SegmentWatch`: model_ready, state_ready, steps_begin, step,
+    steps_end)."""
 
     def __init__(
         self,
@@ -44,6 +39,7 @@ class Trainer:
         world: World,
         replies,
         start: Start | None,
+        watch,
     ):
         settings.check_batch_split(world.size)
         config = model.config.to_dict()
@@ -51,19 +47,18 @@ class Trainer:
             start = decide_start(settings, config, writes_output=False)
         else:
             check_model_start(start, settings, config)
-        self.settings, self.model, self.world, self.start = settings, model, world, start
+        self.settings, self.model, self.world, self.start, self.watch = settings, model, world, start, watch
         self.train, self.heldout = run_blocks(settings, tokenizer, replies, world, start.continued_steps)
         self.total_steps = len(self.train) // settings.batch_size
         self.distiller, self.optimizer, self.step_settings, self.compiled = prepare(
             settings, model, self.train, world
         )
-        if world.fsdp:  # what each process held to start: its shards (sharded_start.py), not the model
+        if world.fsdp:  # what each process held to start: its shards (start/sharded.py), not the model
             print(
                 f"process {world.rank}: peak host memory {host_peak_mib():,.0f} MiB after the start",
                 flush=True,
             )
-        self.model_mib = memory.current_mib(world.device)
-        memory.reset_peak(world.device)
+        watch.model_ready()
         self.identity = settings.identity()  # what a checkpoint of this run is checked against on resume
         self.state = self.starting_state()
         self.last = (
@@ -86,9 +81,7 @@ class Trainer:
             log(world, start.why)
         state.continued_steps = start.continued_steps
         state.total_steps = self.total_steps
-        state.flops_per_token = step_flops_per_token(
-            self.model.config, self.settings, self.train, self.step_settings.micro_batch
-        )
+        self.watch.state_ready(state, self.model, self.train, self.step_settings.micro_batch)
         state.micro_batch = self.step_settings.micro_batch
         return state
 
@@ -102,27 +95,19 @@ class Trainer:
         say = (
             progress.write if self.world.is_main else (lambda text: None)
         )  # tqdm.write prints on every process
-        # The segment's first step allocates (and compiles): profiled steps start after it where there are more.
-        profiler = StepProfiler(
-            settings.profile_steps, first + (self.last - first > 1), self.world.device, say
-        )
+        self.watch.steps_begin(first, self.last, say)
         clock = SnapshotClock(settings.snapshot_every)
-        tensors = memory.TensorBytes()
         for step in progress:
-            profiler.before(step)
-            with tensors if step - first < TENSOR_COUNTED_STEPS else contextlib.nullcontext():
+            with self.watch.step(step):
                 loss, seconds = self.train_one(step)
-            profiler.after(step)
             lr = self.optimizer.param_groups[0]["lr"]
             block_tokens = settings.batch_size * settings.seq_len
             progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
             if state.step % settings.eval_every == 0 or state.step == self.total_steps:
                 self.evaluate(log_as=f"held-out at step {state.step}", say=say)
             self.checkpoint_if_due(clock)
-        profiler.close()
+        self.watch.steps_end(state)
         progress.close()
-        state.step_memory_mib = round(memory.peak_mib(self.world.device) - self.model_mib, 1)
-        state.step_tensor_mib = tensors.peak_mib if self.last > first else None
         return state, self.distiller
 
     def train_one(self, step: int) -> tuple[float, float]:
@@ -189,27 +174,3 @@ class Trainer:
 def agreed(flag: bool, world: World) -> bool:
     """The main process's `flag`, on every process (a decision that leads to collective calls)."""
     return bool(all_reduce(torch.tensor([float(flag and world.is_main)]), world)[0])
-
-
-def run_training(
-    settings: DistillSettings,
-    model: nn.Module,
-    tokenizer,
-    world: World,
-    replies=None,
-    start: Start | None = None,
-) -> tuple[RunState, nn.Module]:
-    """`distill`, also returning the distiller the steps ran through: under --fsdp the model is sharded
-    in place, and the output is written through it (`run.write_output`). `start`: as `run_distillation`
-    decided it (else decided here)."""
-    return Trainer(settings, model, tokenizer, world, replies, start).run()
-
-
-def distill(
-    settings: DistillSettings, model: nn.Module, tokenizer, world: World | None = None, replies=None
-) -> RunState:
-    """Train `model` in place (a SwiftKV model whose teacher weights are the source). Returns the run
-    state; checkpoints go to `settings.checkpoint_path()` when it is set. `replies`: the written replies
-    of `--targets teacher|mixed`. How it starts is decided from the settings (`start.decide_start`,
-    without the checks of a run's output folder)."""
-    return run_training(settings, model, tokenizer, world or World(), replies)[0]

@@ -29,12 +29,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from ..files import atomic_file
-from ..model.surgery import load_trained
-from .from_weights import weights_trained
-from .settings import RunIdentity
+from ...files import atomic_file
+from ...model.surgery import load_trained
+from ..parallel.world import World, barrier
+from ..settings import RunIdentity
+from ..start.from_weights import weights_trained
 from .trainable import load_trained_set
-from .world import World, barrier
 
 SHARDS_PREFIX = "shards-step"
 SHARDED_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)  # frozen weights: the source's

@@ -1,0 +1,1 @@
+"""The process group, FSDP2 sharding and the blocks one process tokenizes for all."""
