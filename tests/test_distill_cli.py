@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from swiftkv.cli import main
+from swiftkv.cli import build_parser, main
 from swiftkv.model import swiftkv_parameters
 from tests.tiny import random_chats, save_tiny_folder, tiny_student, write_jsonl
 
@@ -240,6 +240,27 @@ def test_a_distill_killed_mid_checkpoint_resumes_to_the_same_weights(tiny_run):
         assert torch.equal(resumed[name], straight[name]), name
 
 
+def parsed_mode(*flags: str) -> tuple[str, int | None]:
+    args = build_parser().parse_args(["distill", "folder", *flags])
+    return args.mode, args.timed_steps
+
+
+def test_one_mode_per_command_by_mode_or_by_its_older_flag(capsys):
+    assert parsed_mode() == ("train", None)
+    assert parsed_mode("--mode", "speed", "--timed-steps", "3") == parsed_mode("--speed", "3") == ("speed", 3)
+    assert parsed_mode("--compare-naive", "2") == ("compare-naive", 2)
+    assert parsed_mode("--plan", "--plan-steps", "0") == parsed_mode("--mode", "plan", "--timed-steps", "0")
+    assert parsed_mode("--eval-only")[0] == "eval-only"
+    assert parsed_mode("--plan", "--mode", "plan")[0] == "plan"  # the same mode twice is one
+    for flags in (("--plan", "--speed", "1"), ("--mode", "eval-only", "--compare-naive", "1")):
+        with pytest.raises(SystemExit):
+            parsed_mode(*flags)
+        assert "ask for two modes; give one --mode (train, plan, speed" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parsed_mode("--mode", "fast")
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
 def test_speed_times_the_runs_own_blocks_and_a_run_records_its_bound(tiny_run):
     """--speed builds the blocks the run would train on: with teacher replies (written first, here by the
     hf engine) the loss covers only their tokens, so the step's FLOPs per token are those of a run on the
@@ -259,11 +280,11 @@ def test_speed_times_the_runs_own_blocks_and_a_run_records_its_bound(tiny_run):
         assert main([*common, *args, "--json", str(tmp_path / "out.json")]) == 0
         return json.loads((tmp_path / "out.json").read_text())
 
-    probe = bound(*teacher, "--speed", "1")["compute_bound"]
+    probe = bound(*teacher, "--mode", "speed", "--timed-steps", "1")["compute_bound"]
     # a run of the probe's blocks: its warm-up step and its timed one, 2 x 32 tokens each
     run = bound(*teacher, "--tokens", "128", "--out", str(tmp_path / "run"))
     assert run["compute_bound"]["flops_per_token"] == probe["flops_per_token"]
-    human = bound("--targets", "human", "--speed", "1")["compute_bound"]
+    human = bound("--targets", "human", "--speed", "1")["compute_bound"]  # the mode's older flag
     assert human["flops_per_token"] > probe["flops_per_token"]
     facts = run["compute_bound"]
     rate = run["tokens_per_second"] * facts["flops_per_token"] / facts["matmul_peak_flops"]
@@ -292,7 +313,9 @@ def test_compare_naive_measures_both_ways_against_the_devices_matmul_peak(tiny_r
         "human",
         "--init",
         "keep",
-        "--compare-naive",
+        "--mode",
+        "compare-naive",
+        "--timed-steps",
         "1",
         "--json",
         str(tmp_path / "speed.json"),

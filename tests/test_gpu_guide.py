@@ -122,7 +122,7 @@ def kind(argv: list[str]) -> str:
     if argv[0] in ("pip", "curl"):
         return argv[0]
     command = argv[argv.index("swiftkv.cli") + 1] if argv[0] == "torchrun" else argv[1]
-    if "--plan" in argv:
+    if "--plan" in argv or ("--mode" in argv and argv[argv.index("--mode") + 1] == "plan"):
         return "plan" if command == "distill" else f"{command}-plan"
     return command
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -39,100 +40,149 @@ def register(subparsers) -> None:
         "1B parameters, else swiftkv; reference = ArcticTraining's recipe; see docs/distillation.md)",
     )
     add_dataclass_options(parser, DistillSettings)
+    add_mode_options(parser)
+    add_plan_options(parser)
+    parser.add_argument("--json", help="also write the run summary / measurement JSON here")
+    parser.set_defaults(func=run)
+
+
+# What `distill` does with the run its options describe: train it, or measure it and train nothing.
+MODES = {
+    "train": "train and write --out (the default)",
+    "plan": "the memory per process of this run (weights, trained parameters, gradients, optimizer state, "
+    "activations) for DDP and FSDP at --world-size processes, whether it fits (--device-memory) and what would, "
+    "and its time on this machine's device (tok/s, device-hours per 100M tokens, from --timed-steps steps on "
+    "random weights of MODEL's shape); MODEL may be a folder holding only a config.json, a SwiftKV one or a "
+    "plain HF one (see --num-key-value-layers)",
+    "speed": "training tokens/s over --timed-steps steps (after a warm-up step), as JSON",
+    "compare-naive": "tokens/s of --timed-steps steps, shared prefix vs naive, as JSON",
+    "eval-only": "the held-out KL / top-1 agreement of MODEL on the run's held-out split",
+}
+# The flags each mode once had, still read (a model card's commands name them) and kept out of --help.
+MODE_FLAGS = {
+    "--plan": "plan",
+    "--eval-only": "eval-only",
+    "--speed": "speed",
+    "--compare-naive": "compare-naive",
+}
+
+
+class ModeAction(argparse.Action):
+    """--mode, or a mode's own flag: one mode per command, a second one refused by name."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        mode = values if option_string == "--mode" else MODE_FLAGS[option_string]
+        given = getattr(namespace, "mode_flag", None)
+        if given is not None and namespace.mode != mode:
+            parser.error(
+                f"{given} and {option_string} ask for two modes; give one --mode ({', '.join(MODES)})"
+            )
+        namespace.mode, namespace.mode_flag = mode, option_string
+        if option_string in ("--speed", "--compare-naive"):
+            namespace.timed_steps = values
+
+
+def add_mode_options(parser) -> None:
     parser.add_argument(
-        "--compare-naive",
+        "--mode",
+        action=ModeAction,
+        choices=tuple(MODES),
+        default="train",
+        help="; ".join(f"{name}: {what}" for name, what in MODES.items())
+        + ". Every mode but train trains nothing",
+    )
+    parser.add_argument(
+        "--timed-steps",
+        "--plan-steps",
+        dest="timed_steps",
         type=int,
         metavar="STEPS",
-        help="measure tokens/s of STEPS steps shared-prefix vs naive, print JSON, train nothing",
+        help=f"--mode speed / compare-naive: the steps timed (default {TIMED_STEPS}); --mode plan: timed steps "
+        f"on random weights on this machine's device (default {TIMED_STEPS}; 0: no time)",
     )
-    parser.add_argument(
-        "--speed",
-        type=int,
-        metavar="STEPS",
-        help="measure training tokens/s over STEPS steps (after a warm-up step), print JSON, train nothing",
-    )
-    parser.add_argument(
-        "--eval-only",
-        action="store_true",
-        help="print the held-out KL / top-1 agreement of MODEL on the run's held-out split, train nothing",
-    )
-    parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the memory per process of this run (weights, trained parameters, gradients, "
-        "optimizer state, activations) for DDP and FSDP at --world-size processes, whether it fits "
-        "(--device-memory) and what would, and its time on this machine's device (tok/s, device-hours per "
-        "100M tokens, from a few steps on random weights of MODEL's shape); train nothing. MODEL may be a "
-        "folder holding only a config.json, a SwiftKV one or a plain HF one (see --num-key-value-layers)",
-    )
-    parser.add_argument("--world-size", type=int, default=1, metavar="K", help="processes the --plan is for")
+    for flag in ("--plan", "--eval-only"):
+        parser.add_argument(flag, action=ModeAction, nargs=0, help=argparse.SUPPRESS)
+    for flag in ("--speed", "--compare-naive"):
+        parser.add_argument(flag, action=ModeAction, type=int, metavar="STEPS", help=argparse.SUPPRESS)
+
+
+def add_plan_options(parser) -> None:
+    parser.add_argument("--world-size", type=int, default=1, metavar="K", help="processes the plan is for")
     parser.add_argument(
         "--plan-device",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="the device the --plan is for (a CPU keeps attention probabilities; default cuda)",
+        help="the device the plan is for (a CPU keeps attention probabilities; default cuda)",
     )
     parser.add_argument(
         "--num-key-value-layers",
         type=int,
         metavar="N",
-        help="--plan of a plain HF config (not converted yet): the N it would be converted at (default L/2)",
+        help="the plan of a plain HF config (not converted yet): the N it would be converted at (default L/2)",
     )
     parser.add_argument(
-        "--key-value-group-size", type=int, metavar="G", help="--plan of a plain HF config: its G (default 1)"
+        "--key-value-group-size",
+        type=int,
+        metavar="G",
+        help="the plan of a plain HF config: its G (default 1)",
     )
     parser.add_argument(
         "--device-memory",
         type=float,
         metavar="GIB",
-        help="--plan: memory per process to fit (default: this GPU's, or on --plan-device cpu the RAM's share)",
+        help="the plan's memory per process to fit (default: this GPU's, or on --plan-device cpu the RAM's share)",
     )
-    parser.add_argument(
-        "--plan-steps",
-        type=int,
-        default=TIMED_STEPS,
-        metavar="STEPS",
-        help=f"--plan: timed steps on random weights on this machine's device (default {TIMED_STEPS}; 0: no time)",
-    )
-    parser.add_argument("--json", help="also write the run summary / measurement JSON here")
-    parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     given = given_values(args, DistillSettings)
     recipe = chosen_recipe(args)
     settings = with_folder_rank(settings_for(args.model, recipe, **given), "lora_rank" in given)
-    if args.plan:
-        request = PlanRequest(
-            args.world_size,
-            args.plan_device,
-            args.num_key_value_layers,
-            args.key_value_group_size,
-            args.device_memory,
-            args.plan_steps,
-        )
-        print_plan(settings, request, args.json)
-        return 0
+    if args.mode == "plan":
+        return plan(settings, args)
     if args.num_key_value_layers or args.key_value_group_size or args.device_memory:
         raise ValueError(
-            "--num-key-value-layers, --key-value-group-size and --device-memory describe a --plan; "
-            "a run trains the converted folder as it is"
+            "--num-key-value-layers, --key-value-group-size and --device-memory describe a plan "
+            "(--mode plan); a run trains the converted folder as it is"
         )
     set_threads()
-    if settings.fsdp and (args.compare_naive or args.speed or args.eval_only):
+    if settings.fsdp and args.mode != "train":
         raise ValueError(
-            "--fsdp applies to a training run; --speed, --compare-naive and --eval-only run one "
-            "process on the whole model: drop --fsdp"
+            f"--fsdp applies to a training run; --mode {args.mode} runs one process on the whole model: "
+            "drop --fsdp"
         )
-    if args.compare_naive or args.speed:
-        measured = measure_shared_vs_naive(
-            settings, args.compare_naive or args.speed, naive=bool(args.compare_naive)
-        )
-        report(measured, args.json)
-        print(f"swiftkv distill: {bound_line(measured['compute_bound'])}", file=sys.stderr, flush=True)
-        return 0
-    if args.eval_only:
-        return report(heldout_agreement(settings), args.json)
+    return {"train": train, "speed": speed, "compare-naive": speed, "eval-only": eval_only}[args.mode](
+        settings, args
+    )
+
+
+def plan(settings: DistillSettings, args) -> int:
+    steps = TIMED_STEPS if args.timed_steps is None else args.timed_steps
+    request = PlanRequest(
+        args.world_size,
+        args.plan_device,
+        args.num_key_value_layers,
+        args.key_value_group_size,
+        args.device_memory,
+        steps,
+    )
+    print_plan(settings, request, args.json)
+    return 0
+
+
+def speed(settings: DistillSettings, args) -> int:
+    steps = TIMED_STEPS if args.timed_steps is None else args.timed_steps
+    measured = measure_shared_vs_naive(settings, steps, naive=args.mode == "compare-naive")
+    report(measured, args.json)
+    print(f"swiftkv distill: {bound_line(measured['compute_bound'])}", file=sys.stderr, flush=True)
+    return 0
+
+
+def eval_only(settings: DistillSettings, args) -> int:
+    return report(heldout_agreement(settings), args.json)
+
+
+def train(settings: DistillSettings, args) -> int:
     result = run_distillation(settings)
     if is_main_process():
         print(json.dumps({k: v for k, v in result.summary.items() if k != "history"}), flush=True)
