@@ -50,6 +50,29 @@ def make_rope(config):
     )
 
 
+def rank_attention(
+    config,
+    heads: RankHeads,
+    cache_config: CacheConfig | None,
+    quant_config: QuantizationConfig | None,
+    prefix: str,
+    **options,
+) -> Attention:
+    """vLLM's attention over this rank's heads: a holder's, which owns a group's cache, or a later layer's,
+    which reads it (`kv_sharing_target_layer_name`)."""
+    head_dim = head_dim_of(config)
+    return Attention(
+        heads.q,
+        head_dim,
+        head_dim**-0.5,
+        num_kv_heads=heads.kv,
+        cache_config=cache_config,
+        quant_config=quant_config,
+        prefix=prefix,
+        **options,
+    )
+
+
 class KVHolder(nn.Module):
     """Owns the KV cache of one AcrossKV group. Never called: the model writes its cache with
     `unified_kv_cache_update` and the group's layers read it as KV-sharing layers."""
@@ -63,16 +86,7 @@ class KVHolder(nn.Module):
         prefix: str,
     ):
         super().__init__()
-        head_dim = head_dim_of(config)
-        self.attn = Attention(
-            heads.q,
-            head_dim,
-            head_dim**-0.5,
-            num_kv_heads=heads.kv,
-            cache_config=cache_config,
-            quant_config=quant_config,
-            prefix=f"{prefix}.attn",
-        )
+        self.attn = rank_attention(config, heads, cache_config, quant_config, f"{prefix}.attn")
 
 
 class GroupHeadRMSNorm(nn.Module):
@@ -145,14 +159,12 @@ class SwiftKVLaterAttention(nn.Module):
             prefix=f"{prefix}.o_proj",
         )
         self.rotary_emb = make_rope(config)
-        self.attn = Attention(
-            heads.q,
-            head_dim,
-            head_dim**-0.5,
-            num_kv_heads=heads.kv,
-            cache_config=cache_config,
-            quant_config=quant_config,
-            prefix=f"{prefix}.attn",
+        self.attn = rank_attention(
+            config,
+            heads,
+            cache_config,
+            quant_config,
+            f"{prefix}.attn",
             kv_sharing_target_layer_name=holder_attn_name,
         )
 
