@@ -1,5 +1,6 @@
 """docs/architecture.md's tree names every module of src/swiftkv, and nothing that is not there."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -28,11 +29,25 @@ def documented_modules() -> set[str]:
     return found
 
 
+def defines_something(init: Path) -> bool:
+    """Whether a package's `__init__.py` holds code of its own (a function, a class or a named value), not
+    only its docstring and what it exports."""
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        or (
+            isinstance(node, ast.Assign)
+            and not all(getattr(t, "id", "").startswith("__") for t in node.targets)
+        )
+        or isinstance(node, ast.AnnAssign)
+        for node in ast.parse(init.read_text()).body
+    )
+
+
 def package_modules() -> set[str]:
     return {
         str(p.relative_to(PACKAGE))
         for p in PACKAGE.rglob("*.py")
-        if p.name != "__init__.py" or p.parent.name == "vllm"
+        if p.name != "__init__.py" or (p.parent != PACKAGE and defines_something(p))
     }
 
 

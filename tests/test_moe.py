@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import main
-from swiftkv.model.families import FAMILIES, SOURCE_FAMILIES, UNSUPPORTED_MOE, check_vllm_serves
+from swiftkv.model.families import FAMILIES, SOURCE_FAMILIES, UNSUPPORTED_MOE, check_vllm_serves, vllm_refusal
 from tests import reference
 from tests.tiny import (
     ARCHS,
@@ -299,7 +299,7 @@ def test_the_vllm_plugin_serves_every_family_and_refuses_one_without_a_vllm_laye
     for family in FAMILIES.values():
         if family.latent_attention:  # DeepSeek: refused, tests/test_deepseek.py
             continue
-        assert family.vllm_layer is not None and family.vllm_refusal is None
+        assert family.vllm_layer is not None and vllm_refusal(family) is None
         check_vllm_serves(family.config_class())
     assert [f.base_type for f in FAMILIES.values() if f.vllm_moe is not None] == list(MOE_ARCHS)
     # A family entry without a vLLM decoder layer is refused, with its name, before any engine starts.

@@ -1,9 +1,5 @@
-"""SwiftKV configs in the published Snowflake format (`llama_swiftkv` / `qwen2_swiftkv`, and
-`qwen3_swiftkv` as ArcticTraining's unmerged qwen3 branch writes it), and the same three keys on the
-Mixture-of-Experts families (`qwen3_moe_swiftkv`, `qwen2_moe_swiftkv`, `mixtral_swiftkv`), for which no
-published format exists: their attention is their dense sibling's, so its SwiftKV tensors are named alike.
-DeepSeek-V2 (`deepseek_v2_swiftkv`) is ArcticTraining's format; DeepSeek-V3 (`deepseek_v3_swiftkv`, no
-published format) names its tensors as V2 does (the same multi-head latent attention).
+"""The SwiftKV keys every family's config carries (`SwiftKVConfigMixin`; each family's config class is in its
+file under `families/`), in the published Snowflake format.
 
 A SwiftKV config is the base model's config plus three keys:
   swiftkv               -- run the student path (True) or the original teacher path (False)
@@ -19,18 +15,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-from huggingface_hub.dataclasses import strict
-from transformers import (
-    DeepseekV2Config,
-    DeepseekV3Config,
-    LlamaConfig,
-    MixtralConfig,
-    Qwen2Config,
-    Qwen2MoeConfig,
-    Qwen3Config,
-    Qwen3MoeConfig,
-)
 
 from ..files import write_atomic
 
@@ -206,102 +190,3 @@ class SwiftKVConfigMixin:
     @property
     def num_cache_slots(self) -> int:
         return self.num_key_value_layers + self.num_kv_groups
-
-
-@strict
-class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
-    """LlamaConfig + the SwiftKV keys (`SwiftKVConfigMixin`)."""
-
-    model_type = "llama_swiftkv"
-
-
-@strict
-class Qwen2SwiftKVConfig(SwiftKVConfigMixin, Qwen2Config):
-    """Qwen2Config + SwiftKV keys (`SwiftKVConfigMixin`)."""
-
-    model_type = "qwen2_swiftkv"
-
-
-# A fork of ArcticTraining writes another layout under model_type qwen3_swiftkv: a `kv_sharing_map`
-# and no k/v_proj_swiftkv. Loading it as this format would fill the missing projections randomly.
-FORK_LAYOUT_KEYS = ("kv_sharing_map",)
-
-
-@strict
-class Qwen3SwiftKVConfig(SwiftKVConfigMixin, Qwen3Config):
-    """Qwen3Config + SwiftKV keys (`SwiftKVConfigMixin`), in the layout of ArcticTraining's qwen3
-    branch: later layers also carry `q_norm_swiftkv`, group owners `k_norm_swiftkv`. The fork layout
-    (`kv_sharing_map`) is refused here, so no loader (transformers, vLLM) builds it with random weights."""
-
-    model_type = "qwen3_swiftkv"
-
-    def __post_init__(self, **kwargs):
-        fork = [key for key in FORK_LAYOUT_KEYS if key in kwargs or getattr(self, key, None) is not None]
-        if fork:
-            raise SwiftKVConfigError(
-                f"this qwen3_swiftkv config has {fork[0]!r}: it is the layout of a fork of ArcticTraining (KV "
-                "sharing by map, no k_proj_swiftkv/v_proj_swiftkv), not the format swiftkv reads (ArcticTraining's "
-                "qwen3 branch: q_proj_swiftkv + q_norm_swiftkv per later layer, k/v_proj_swiftkv + k_norm_swiftkv "
-                "per AcrossKV group owner). It is refused rather than loaded with random K/V projections; convert "
-                "the original Qwen3 model with `swiftkv convert` instead"
-            )
-        super().__post_init__(**kwargs)
-
-
-# The Mixture-of-Experts families: the same keys on the base MoE config. Routers and experts are the
-# source's, untouched; only the attention of the later layers gains SwiftKV projections.
-
-
-@strict
-class Qwen3MoeSwiftKVConfig(SwiftKVConfigMixin, Qwen3MoeConfig):
-    """Qwen3MoeConfig + SwiftKV keys (`SwiftKVConfigMixin`); Qwen3's attention, so the student
-    carries q_norm_swiftkv / k_norm_swiftkv as qwen3_swiftkv does."""
-
-    model_type = "qwen3_moe_swiftkv"
-
-
-@strict
-class Qwen2MoeSwiftKVConfig(SwiftKVConfigMixin, Qwen2MoeConfig):
-    """Qwen2MoeConfig + SwiftKV keys (`SwiftKVConfigMixin`); Qwen2's attention (q/k/v biases)."""
-
-    model_type = "qwen2_moe_swiftkv"
-
-
-@strict
-class MixtralSwiftKVConfig(SwiftKVConfigMixin, MixtralConfig):
-    """MixtralConfig + SwiftKV keys (`SwiftKVConfigMixin`); Llama's attention."""
-
-    model_type = "mixtral_swiftkv"
-
-
-# Multi-head latent attention (DeepSeek): ArcticTraining's deepseek_v2_swiftkv config is DeepSeek's own
-# (remote-code) DeepseekV2Config plus the three keys, read by transformers 4.x. Its RoPE reads
-# `rope_scaling["type"]` (not `rope_type`), so the legacy keys carry both.
-
-
-class DeepSeekLegacyRopeMixin:
-    """Saved configs also name a scaled RoPE's kind under `type`, which DeepSeek's own code reads."""
-
-    def to_dict(self) -> dict:
-        config = super().to_dict()
-        scaling = config.get("rope_scaling")
-        if scaling and "rope_type" in scaling:
-            config["rope_scaling"] = {**scaling, "type": scaling["rope_type"]}
-        return config
-
-
-@strict
-class DeepseekV2SwiftKVConfig(DeepSeekLegacyRopeMixin, SwiftKVConfigMixin, DeepseekV2Config):
-    """DeepseekV2Config + SwiftKV keys (`SwiftKVConfigMixin`), in ArcticTraining's layout: later layers
-    carry `q_proj_swiftkv` (or `q_a_proj_swiftkv`, `q_a_layernorm_swiftkv`, `q_b_proj_swiftkv` when
-    q_lora_rank is set), group owners `kv_a_proj_with_mqa_swiftkv`, `kv_a_layernorm_swiftkv`,
-    `kv_b_proj_swiftkv` (`model.mla`)."""
-
-    model_type = "deepseek_v2_swiftkv"
-
-
-@strict
-class DeepseekV3SwiftKVConfig(DeepSeekLegacyRopeMixin, SwiftKVConfigMixin, DeepseekV3Config):
-    """DeepseekV3Config + SwiftKV keys, with DeepSeek-V2's SwiftKV tensors (see DeepseekV2SwiftKVConfig)."""
-
-    model_type = "deepseek_v3_swiftkv"
