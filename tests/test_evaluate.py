@@ -24,6 +24,7 @@ from swiftkv.evaluate.harness import load_task
 from swiftkv.evaluate.loglikelihood import LoglikelihoodScorer, encode_request
 from swiftkv.evaluate.pair import STUDENT, TEACHER, load_pair
 from swiftkv.evaluate.store import ResultStore
+from swiftkv.generation import length_batches
 from swiftkv.sources import load_tokenizer
 from tests.tiny import byte_tokenizer, tiny_config, tiny_swiftkv_config
 
@@ -189,6 +190,17 @@ def test_generation_batches_group_similar_lengths_within_the_limits():
         assert lengths == sorted(lengths)
         assert len(batch) == 1 or (max(lengths) + 100) * len(batch) <= GENERATION_TOKENS
     assert [4] in batches  # a prompt longer than the token limit goes alone
+
+
+def test_a_students_answers_are_batched_by_the_length_of_the_teachers():
+    """With expected answer lengths, answers that end alike share a batch (generate runs a batch until its
+    longest answer stops); the token limit still counts every answer at the full budget."""
+    prompts = [[1] * 10] * 4
+    assert generation_batches(prompts, 100, expected=[90, 4, 80, 2]) == [[3, 1, 2, 0]]
+    assert length_batches([110] * 4, 2, order=[90, 4, 80, 2]) == [[3, 1], [2, 0]]
+    assert length_batches([110] * 4, 4, tokens=330, order=[90, 4, 80, 2]) == [[3, 1, 2], [0]]
+    # By length alone (no order), as before: the shortest first.
+    assert length_batches([5, 3, 9, 1], 2) == [[3, 1], [0, 2]]
 
 
 def test_assistant_mask_covers_assistant_replies_only(tokenizer):

@@ -27,19 +27,23 @@ def left_padded(
     return ids, mask
 
 
-def length_batches(lengths: list[int], rows: int, tokens: int | None = None) -> list[list[int]]:
-    """Indices of items of `lengths` in batches of similar length, shortest first: at most `rows` a batch and,
-    with `tokens`, at most that many in a batch padded to its longest (an item longer alone goes alone)."""
+def length_batches(
+    lengths: list[int], rows: int, tokens: int | None = None, order: list | None = None
+) -> list[list[int]]:
+    """Indices of items of `lengths` in batches, taken in the order of `order` (default: the lengths), smallest
+    first: at most `rows` a batch and, with `tokens`, at most that many in a batch padded to its longest (an
+    item longer alone goes alone)."""
     batches: list[list[int]] = []
-    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+    longest = 0  # of the newest batch
+    for index in sorted(range(len(lengths)), key=(order or lengths).__getitem__):
         batch = batches[-1] if batches else None
-        padded = (
-            lengths[index] * (len(batch) + 1) if batch else 0
-        )  # sorted: the newest is the batch's longest
+        padded = max(longest, lengths[index]) * (len(batch) + 1) if batch else 0
         if batch is None or len(batch) == rows or (tokens is not None and padded > tokens):
             batches.append([index])
+            longest = lengths[index]
         else:
             batch.append(index)
+            longest = max(longest, lengths[index])
     return batches
 
 

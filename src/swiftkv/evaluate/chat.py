@@ -128,9 +128,18 @@ GENERATION_BATCH = 64
 GENERATION_TOKENS = 32_768
 
 
-def generation_batches(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """Indices of `prompts` in batches of similar lengths: shortest first, each batch within the limits."""
-    return length_batches([len(p) + new_tokens for p in prompts], GENERATION_BATCH, GENERATION_TOKENS)
+def generation_batches(
+    prompts: list[list[int]], new_tokens: int, expected: list[int] | None = None
+) -> list[list[int]]:
+    """Indices of `prompts` in batches of similar lengths: shortest first, each batch within the limits (counted
+    at the full answer budget). `expected`: each prompt's likely answer length (the teacher's, when a student
+    answers the same prompts); batches then group answers that end alike, since `generate` runs a batch until
+    its longest answer stops, and a batch of short answers ends long before the budget."""
+    lengths = [len(p) + new_tokens for p in prompts]
+    order = None
+    if expected is not None:
+        order = [(min(e, new_tokens), len(p)) for p, e in zip(prompts, expected, strict=True)]
+    return length_batches(lengths, GENERATION_BATCH, GENERATION_TOKENS, order)
 
 
 @torch.inference_mode()
@@ -190,8 +199,13 @@ def greedy_answers(
         done = store.get_many(pair.cache_keys[role], keys)
         missing = [(key, ids) for key, ids in zip(keys, prompt_ids, strict=True) if key not in done]
         bar = progress_bar(pair, progress, len(keys), len(keys) - len(missing), f"{desc}, {role}", "prompt")
+        expected = None  # the student's answers are batched by the length of the teacher's, which come first
+        if TEACHER in answers:
+            teacher = dict(zip(keys, answers[TEACHER], strict=True))
+            expected = [len(teacher[key]) for key, _ in missing]
         batches = [
-            [missing[i] for i in batch] for batch in generation_batches([m[1] for m in missing], new_tokens)
+            [missing[i] for i in batch]
+            for batch in generation_batches([m[1] for m in missing], new_tokens, expected)
         ]
         for batch, batch_answers in pair.processes.computed(
             batches, lambda batch, role=role: greedy_tokens(pair, role, [ids for _, ids in batch], new_tokens)
