@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.restored import ENTRIES, restored
+from tests.restored import ENTRIES, restored, study_script
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("data") / "results"
@@ -158,9 +158,9 @@ def full_eval_results() -> dict:
 
 
 def load_card(study: Path):
-    """card.py of `study` (a docs/distill-study with the files it reads that left the tree restored:
-    the `restored_study` fixture), which reads them from there."""
-    spec = importlib.util.spec_from_file_location("card", study / "card.py")
+    """card.py of the checkout of `study` (a docs/distill-study with the files it reads that left the tree
+    restored: the `restored_study` fixture), which reads them from there."""
+    spec = importlib.util.spec_from_file_location("card", study_script(study, "card.py"))
     card = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(card)
     return card
@@ -416,7 +416,7 @@ def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out(restored
         "soup.py OUT docs/distill-study/long15-n15-student docs/distill-study/soup15more-n15-student --rank 128"
         in text
     )
-    assert "`RANK=128 bash docs/distill-study/soup.sh 15 OUT" in text
+    assert "`RANK=128 bash scripts/study/distill/soup.sh 15 OUT" in text
     assert "(at most 0.3% of its norm left out)" in text
     exact = load_card(restored_study).soup_main(soup22_card_args(restored_study))
     assert "--rank" not in exact and "left out" not in exact
@@ -465,7 +465,7 @@ def test_a_weighted_soups_card_names_its_weights_and_shares(restored_study):
     text = load_card(restored_study).soup_main(soup22_card_args(restored_study, "3", "1"))
     command = "soup.py OUT docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student --weights 3,1"
     assert command in text
-    script = "WEIGHTS=3,1 bash docs/distill-study/soup.sh 22 OUT docs/distill-study/cpu17m-n22-student"
+    script = "WEIGHTS=3,1 bash scripts/study/distill/soup.sh 22 OUT docs/distill-study/cpu17m-n22-student"
     assert script in text  # soup.sh takes the weights from its environment
     assert (
         "`delta_a` times its share, 0.75, 0.25: one bf16 rounding where a share is not a power of two" in text
