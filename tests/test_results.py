@@ -489,3 +489,25 @@ def test_write_report_writes_results_json_as_given(tmp_path):
     assert paths[0].read_text() == json.dumps(results, indent=2)
     assert paths[1].read_text() == (GOLDEN / "full-eval.report.md").read_text()
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_report_names_paths_in_their_portable_form(tmp_path, monkeypatch):
+    """A report names the models a run was given by, a path as it reads on any machine: under the current folder
+    relative to it, under the home folder as ~/... (results.json keeps what the run recorded)."""
+    from swiftkv.evaluate.report import write_report
+
+    home, here = tmp_path / "home", tmp_path / "home" / "swiftkv"
+    monkeypatch.setenv("HOME", str(home))
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    results = full_eval_results()
+    results["teacher"] = str(home / "models" / "teacher")
+    results["students"][0]["pair"]["student"] = str(here / "runs" / "s1")
+    results["floor"]["pair"]["student"] = f"{home / 'models' / 'teacher'} in bfloat16"
+    paths = write_report(results, tmp_path / "out")
+    report = paths[1].read_text()
+    assert "Teacher: `~/models/teacher`" in report
+    assert "- S1: `runs/s1 (N=" in report
+    assert "| floor: ~/models/teacher in bfloat16 |" in report
+    assert str(tmp_path) not in report
+    assert json.loads(paths[0].read_text()) == results
