@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STUDY = "docs/distill-study"
+STUDY = "docs/distill-study"  # the study's records
+STUDY_SCRIPTS = "scripts/study/distill"  # the scripts that read them (card.py, soup.py), which find them from their own path
 
 
 def load_restore():
@@ -44,10 +45,11 @@ def restored(paths: list[str], into: Path) -> list[Path]:
 
 def study_checkout(into: Path, paths: list[str]) -> Path:
     """docs/distill-study as it stood before `paths` left it, under `into`: its tracked files copied and `paths`
-    restored beside them. Returns the copy's folder: card.py and soup.py loaded from it (their folder and the
-    checkout above it found from their own path) read the restored files where they read them before."""
+    restored beside them, and the study's scripts copied to their place in the same checkout. Returns the copy's
+    records folder: card.py and soup.py loaded from the copy (`study_script`; the checkout above them found from
+    their own path) read the restored files where they read them before."""
     listed = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", STUDY], capture_output=True, text=True, check=True
+        ["git", "-C", str(ROOT), "ls-files", STUDY, STUDY_SCRIPTS], capture_output=True, text=True, check=True
     ).stdout.split()
     for name in listed:
         (into / name).parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,12 @@ def study_checkout(into: Path, paths: list[str]) -> Path:
     return into / STUDY
 
 
-# What the model cards' renderings (tests/test_results.py, docs/distill-study/card.py) and the rebuild of the
+def study_script(study: Path, name: str) -> Path:
+    """The study's script `name` in the checkout whose records folder is `study` (a `study_checkout`)."""
+    return study.parents[1] / STUDY_SCRIPTS / name
+
+
+# What the model cards' renderings (tests/test_results.py, scripts/study/distill/card.py) and the rebuild of the
 # shipped -swiftkv50 (tests/test_restore.py) read of the files that left the tree.
 CARD_READS = [
     f"{STUDY}/{name}"

@@ -1,10 +1,23 @@
-"""No doc names a folder of the machine it was written on.
+"""No doc or record names a folder of the machine it was written on.
 
-Checked: README.md and every markdown file under docs/, every shell script of the repository (the whole
-file), and the docstrings and comments of every Python file under src/, scripts/ and docs/. A path is an
-absolute machine location: /work/..., /root/..., /home/<user>/..., /Users/<user>/..., /tmp/<name>,
-/opt/<name> or a file:/// URL. A relative path, a URL's own path (https://host/tmp/x), a shell variable
-($HOME/sk, ${TMPDIR:-/tmp}) and a path inside code (a string the program uses) are not docs and pass.
+Checked, each whole file: every text file under docs/ (docs, records and logs alike: any file that decodes as
+UTF-8 and holds no NUL byte; images and compressed records are not read), README.md and every other markdown
+file outside tests/ (the shipped students' cards), and every shell script of the repository; and the
+docstrings and comments of every Python file under src/ and scripts/. Nothing is exempt.
+
+A path is an absolute machine location: /work/..., /root/..., /home/<user>/..., /Users/<user>/...,
+/tmp/<name>, /opt/<name> or a file:/// URL. A relative path, a URL's own path (https://host/tmp/x), a shell
+variable ($HOME/sk, ${TMPDIR:-/tmp}), `~/...` and a path inside code (a string the program uses) pass.
+
+A record names a place in its portable form, one rule per kind of place (the records of the machines that
+ran the study were rewritten by these rules, and `swiftkv.files.portable_path` writes the first three as a
+run records them):
+- under the home folder: `~/...` (/root/.cache/swiftkv/x -> ~/.cache/swiftkv/x);
+- in a checkout of the repository (the folder the commands ran from): relative to its root
+  (/work/main/docs/distill-study/x -> docs/distill-study/x, /work/main/.venv/bin/python -> .venv/bin/python);
+- in the temp folder: `$TMPDIR/...` (/tmp/heldout-x -> $TMPDIR/heldout-x; file:///tmp/x -> file://$TMPDIR/x);
+- in the runs folder beside the checkout, where the study scripts run: `$RUNS/...`, their variable for it
+  (/work/runs/soup15-w -> $RUNS/soup15-w).
 """
 
 from __future__ import annotations
@@ -17,6 +30,8 @@ import subprocess
 import tokenize
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Starts where no word, path, URL or variable text runs into it (so docs/work/x and https://h/tmp/x pass).
@@ -25,26 +40,6 @@ MACHINE_PATH = re.compile(
     r"[^\s`'\")\]}]*"
     r"|file:///[^\s`'\")\]}]*"
 )
-
-# Records written by the tools as they ran (an eval report names the folder it scored; a card generated from
-# a run's records names the run's folder). They are outputs, compared byte for byte by their own tests, and
-# leave the tree with the other artifacts; each exemption is one exact path in one file, so nothing new
-# passes. The two GPU scripts are rewritten where they move (scripts/gpu/), which this test then checks.
-RECORDED = {
-    "docs/distill-study/loan-h200-2026-11-27/README.md": {"/root/sk"},
-    "docs/distill-study/soup-long15-n15-student/README.md": {"/work/runs/soup-long15-r128", "/root/sk"},
-    "docs/distill-study/soup15-n15-student/README.md": {"/work/runs/soup15-w", "/root/sk"},
-    "docs/distill-study/soup15more-n15-student/README.md": {"/root/sk"},
-    "docs/distill-study/soup22-n22-student/README.md": {"/work/runs/soup22-a"},
-    "docs/eval-full/2026-11-29-soup-long15-n15/report.md": {"/work/runs/soup-long15-r128"},
-    "docs/eval-full/2026-11-27-cpu17m-n22/report.md": {"/work/runs/cpu17m-n22-student"},
-    "docs/eval-full/2026-11-28-cpu19m-n15/report.md": {"/work/main/docs/distill-study/cpu19m-n15-student"},
-    "docs/eval-full/2026-11-28-soup15-n15/report.md": {"/work/runs/soup15-w"},
-    "docs/eval-full/2026-11-28-soup15more-n15/report.md": {"/work/runs/soup15more-n15-student"},
-    "docs/eval-full/2026-11-28-soup22-n22/report.md": {"/work/runs/soup22-a"},
-    "docs/bench/gpu_check.sh": {"/root/gc"},
-    "docs/distill-study/gpu_students.sh": {"/root/sk"},
-}
 
 
 def machine_paths(text: str) -> list[str]:
@@ -84,24 +79,37 @@ def repository_files() -> list[str]:
 
 
 def is_whole_file_checked(name: str) -> bool:
-    return name == "README.md" or (name.startswith("docs/") and name.endswith(".md")) or name.endswith(".sh")
+    """A doc, a record or a script: every line of it is read (a file under docs/ only if it is text)."""
+    top = name.split("/", 1)[0]
+    return top == "docs" or (name.endswith(".md") and top != "tests") or name.endswith(".sh")
 
 
 def is_python_checked(name: str) -> bool:
-    return name.endswith(".py") and name.split("/", 1)[0] in ("src", "scripts", "docs")
+    return name.endswith(".py") and name.split("/", 1)[0] in ("src", "scripts")
+
+
+def text_of(path: Path) -> str | None:
+    """The file's text, or None for a binary file (a NUL byte, or bytes that are not UTF-8)."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def findings(names: list[str], root: Path) -> dict[str, list[str]]:
-    """Each checked file's machine paths that no RECORDED exemption names (other files are not read)."""
+    """Each checked file's machine paths (other files are not read)."""
     found = {}
     for name in names:
         if is_whole_file_checked(name):
-            prose = (root / name).read_text(errors="replace")
+            prose = text_of(root / name)
         elif is_python_checked(name):
             prose = python_prose((root / name).read_text())
         else:
             continue
-        paths = [p for p in machine_paths(prose) if p not in RECORDED.get(name, set())]
+        paths = machine_paths(prose or "")
         if paths:
             found[name] = paths
     return found
@@ -109,7 +117,9 @@ def findings(names: list[str], root: Path) -> dict[str, list[str]]:
 
 def test_no_doc_script_or_docstring_names_a_machine_path():
     found = findings(repository_files(), ROOT)
-    assert not found, f"absolute machine paths (write them relative, or as $HOME / a variable): {found}"
+    assert not found, (
+        f"absolute machine paths (write them in their portable form, as this test's docstring says): {found}"
+    )
 
 
 def test_a_planted_path_is_found_in_each_kind_of_file(tmp_path):
@@ -121,18 +131,30 @@ def test_a_planted_path_is_found_in_each_kind_of_file(tmp_path):
         "docs/bench/x.sh": "#!/bin/bash\ncp a /tmp/stash\n",
         "src/swiftkv/a.py": '"""Reads /opt/models/llama."""\nX = 1\n',
         "scripts/b.py": "x = 1  # written to /tmp/out first\n",
-        "docs/c.py": 'def f():\n    """From /Users/bo/data."""\n',
+        "docs/c.py": 'OUT = "/Users/bo/data"  # under docs/, code is read too\n',
+        # records: a JSON result, a log, an eval report, a card (in docs/ and a shipped one)
+        "docs/bench/online.json": '{"log": "/work/runs/online-logs/00-baseline.log"}\n',
+        "docs/bench/run.log": "[bench] starting baseline: /root/.cache/swiftkv/smollm2\n",
+        "docs/eval-full/day/report.md": "- S1: `/work/runs/soup-long15-r128 (N=15)`\n",
+        "src/swiftkv/weights/m/README.md": "`swiftkv loan run /root/sk`\n",
     }
     clean = {
         "docs/ok.md": "docs/work/x, https://example.org/tmp/x, $HOME/sk, ${TMPDIR:-/tmp}, ~/runs\n",
         "src/swiftkv/code.py": 'STASH = "/tmp/swiftkv-stash"  # the stash folder\n',  # code, not prose
         "tests/t.py": '"""A test may plant /work/x."""\n',  # tests are not checked
-        "notes.txt": "/work/main\n",  # neither a doc, a script nor checked Python
+        "tests/data/card.md": "/work/main\n",
+        "notes.txt": "/work/main\n",  # neither a doc, a record, a script nor checked Python
+    }
+    binary = {  # not text: an image, a compressed record
+        "docs/bench/online.png": b"\x89PNG\r\n\x1a\n\0/work/main/docs",
+        "docs/r.json.xz": b"\xfd7zXZ/work/main/docs\xff",
     }
     for name, text in {**planted, **clean}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    found = findings(sorted({**planted, **clean}), tmp_path)
+    for name, data in binary.items():
+        (tmp_path / name).write_bytes(data)
+    found = findings(sorted({**planted, **clean, **binary}), tmp_path)
     assert found == {
         "README.md": ["/work/main/runs"],
         "docs/guide.md": ["file:///home/ana/notes.html"],
@@ -142,13 +164,26 @@ def test_a_planted_path_is_found_in_each_kind_of_file(tmp_path):
         "src/swiftkv/a.py": ["/opt/models/llama"],
         "scripts/b.py": ["/tmp/out"],
         "docs/c.py": ["/Users/bo/data"],
+        "docs/bench/online.json": ["/work/runs/online-logs/00-baseline.log"],
+        "docs/bench/run.log": ["/root/.cache/swiftkv/smollm2"],
+        "docs/eval-full/day/report.md": ["/work/runs/soup-long15-r128"],
+        "src/swiftkv/weights/m/README.md": ["/root/sk"],
     }
 
 
-def test_an_exemption_covers_only_its_own_path_in_its_own_file(tmp_path):
-    name = "docs/eval-full/2026-11-29-soup-long15-n15/report.md"
-    (tmp_path / name).parent.mkdir(parents=True)
-    (tmp_path / name).write_text("- S1: `/work/runs/soup-long15-r128 (N=15)`\n- S2: `/work/runs/other`\n")
-    (tmp_path / "docs/other.md").write_text("`/work/runs/soup-long15-r128`\n")
-    found = findings([name, "docs/other.md"], tmp_path)
-    assert found == {name: ["/work/runs/other"], "docs/other.md": ["/work/runs/soup-long15-r128"]}
+@pytest.mark.parametrize(
+    "machine, portable",
+    [
+        ("/root/.cache/swiftkv/smollm2", "~/.cache/swiftkv/smollm2"),  # the home folder
+        ("/home/ana/sk", "~/sk"),
+        ("/work/main/docs/distill-study/x", "docs/distill-study/x"),  # a checkout: relative to its root
+        ("/work/main/.venv/bin/python3.11", ".venv/bin/python3.11"),
+        ("/tmp/heldout-x", "$TMPDIR/heldout-x"),  # the temp folder
+        ("file:///tmp/vllm_dist_1", "file://$TMPDIR/vllm_dist_1"),
+        ("/work/runs/soup15-w", "$RUNS/soup15-w"),  # the runs folder beside the checkout
+    ],
+)
+def test_each_rules_portable_form_passes_where_the_machine_path_does_not(machine, portable):
+    for quoted in ("`{}`", '"{}"', "({})", "--init-from={}", "log {}\n"):
+        assert machine_paths(quoted.format(machine)) == [machine]
+        assert machine_paths(quoted.format(portable)) == []

@@ -22,7 +22,7 @@ from swiftkv.evaluate.chat import (
 from swiftkv.evaluate.data import load_olmo_dataset
 from swiftkv.evaluate.harness import load_task
 from swiftkv.evaluate.loglikelihood import LoglikelihoodScorer, encode_request
-from swiftkv.evaluate.pair import STUDENT, TEACHER, load_pair
+from swiftkv.evaluate.pair import STUDENT, TEACHER, describe, load_floor_pair, load_pair
 from swiftkv.evaluate.store import ResultStore
 from swiftkv.generation import length_batches
 from swiftkv.sources import load_tokenizer
@@ -110,6 +110,21 @@ def test_scores_equal_naive_forward_for_both_roles(models, tmp_path):
         assert abs(got[TEACHER][i][0] - t_ll) < 1e-3 and got[TEACHER][i][1] == t_greedy
         assert abs(got[STUDENT][i][0] - s_ll) < 1e-3 and got[STUDENT][i][1] == s_greedy
     assert max(abs(got[TEACHER][i][0] - got[STUDENT][i][0]) for i in range(len(REQUESTS))) > 1e-3
+
+
+def test_a_pair_is_recorded_by_portable_names(models, monkeypatch):
+    """The results name the models as given, a path in its portable form: here relative to the current folder,
+    so that a record names no folder of the machine that wrote it."""
+    monkeypatch.chdir(models["root"])
+    pair = load_pair(str(models["student"]), str(models["teacher"]), dtype=torch.float32)
+    assert {role: describe(pair)[role] for role in (STUDENT, TEACHER)} == {
+        STUDENT: "student",
+        TEACHER: "teacher",
+    }
+    own = load_pair(str(models["student"]), None, dtype=torch.float32)
+    assert describe(own)[TEACHER] == "student (swiftkv off)"
+    floor = load_floor_pair(str(models["teacher"]), torch.float32, torch.bfloat16)
+    assert describe(floor)[STUDENT] == "teacher in bfloat16"
 
 
 def test_second_run_recomputes_nothing(models, tmp_path):

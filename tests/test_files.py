@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swiftkv.cli import main
-from swiftkv.files import TEMP_MARK, atomic_file, atomic_output_dir, cache_root, cached_folder
+from swiftkv.files import TEMP_MARK, atomic_file, atomic_output_dir, cache_root, cached_folder, portable_path
 from tests.tiny import save_tiny_teacher
 
 
@@ -184,3 +184,36 @@ def test_a_writer_killed_mid_write_leaves_no_output_and_a_rerun_cleans_up(
     assert main(command) == 0
     assert (dst / "config.json").is_file()
     assert not [p.name for p in dst.parent.iterdir() if TEMP_MARK in p.name]
+
+
+@pytest.mark.parametrize(
+    "name, portable",
+    [
+        ("/home/ana/.cache/swiftkv/smollm2", "~/.cache/swiftkv/smollm2"),  # under the home folder
+        ("/home/ana", "~"),
+        ("/home/ana/swiftkv/runs/s1", "runs/s1"),  # under the current folder (itself under home)
+        ("/home/ana/swiftkv", "."),
+        ("/home/ana/swiftkv/../other/s1", "~/other/s1"),
+        ("/scratch/tmp/heldout-x", "$TMPDIR/heldout-x"),  # under the temp folder
+        ("/opt/models/llama", "/opt/models/llama"),  # elsewhere: as given
+        ("runs/s1", "runs/s1"),  # relative, an alias, a Hub id: as given
+        ("smollm2-135m-instruct-swiftkv50", "smollm2-135m-instruct-swiftkv50"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    ],
+)
+def test_a_recorded_path_names_no_folder_of_this_machine(name, portable):
+    places = {"cwd": Path("/home/ana/swiftkv"), "home": Path("/home/ana"), "temp": Path("/scratch/tmp")}
+    assert portable_path(name, **places) == portable
+
+
+def test_the_home_folder_names_a_path_when_the_current_folder_is_home_or_above_it():
+    home = Path("/home/ana")
+    for cwd in (home, Path("/home"), Path("/")):
+        assert portable_path("/home/ana/sk", cwd=cwd, home=home, temp=Path("/tmp")) == "~/sk"
+    assert portable_path("/home/bo/sk", cwd=Path("/"), home=home, temp=Path("/tmp")) == "/home/bo/sk"
+
+
+def test_the_places_default_to_this_process(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(str(tmp_path / "runs" / "s1")) == "runs/s1"
+    assert portable_path(str(Path.home() / "sk")) == "~/sk"

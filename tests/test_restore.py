@@ -18,6 +18,7 @@ from tests.restored import ENTRIES, ROOT, need_commit, restore, restored
 
 STUDENTS = [entry for path, entry in ENTRIES.items() if path.endswith("-student/swiftkv.safetensors")]
 SMALLEST = min(STUDENTS, key=lambda entry: entry["bytes"])
+SOUP = ROOT / "scripts" / "study" / "distill" / "soup.py"  # the command the soups' cards give
 
 
 def test_every_listed_artifact_has_left_the_tree_and_names_its_restore():
@@ -100,8 +101,7 @@ def test_soup22_rebuilds_byte_identical_from_its_restored_parents(tmp_path):
     for parent in parents:
         (tmp_path / parent / "swiftkv.json").write_bytes((ROOT / parent / "swiftkv.json").read_bytes())
     out = tmp_path / "soup"
-    soup = ROOT / "docs" / "distill-study" / "soup.py"
-    subprocess.run([sys.executable, str(soup), str(out), *(str(tmp_path / p) for p in parents)], check=True)
+    subprocess.run([sys.executable, str(SOUP), str(out), *(str(tmp_path / p) for p in parents)], check=True)
     assert (out / "swiftkv.safetensors").read_bytes() == (
         tmp_path / soup22 / "swiftkv.safetensors"
     ).read_bytes()
@@ -118,8 +118,7 @@ def test_soup_long15_rebuilds_from_its_restored_parents(restored_study, tmp_path
     mean, and either parent about 3e-2 from the mean."""
     parents = [restored_study / f"{name}-n15-student" for name in ("long15", "soup15more")]
     out = tmp_path / "soup"
-    soup = restored_study / "soup.py"
-    subprocess.run([sys.executable, str(soup), str(out), *map(str, parents), "--rank", "128"], check=True)
+    subprocess.run([sys.executable, str(SOUP), str(out), *map(str, parents), "--rank", "128"], check=True)
     shipped = restored_study / "soup-long15-n15-student"  # shipped as -swiftkv50 until 2026-12-04
     assert (out / "swiftkv.json").read_bytes() == (shipped / "swiftkv.json").read_bytes()
     (_, rebuilt), (_, tensors) = read_trained(out), read_trained(shipped)

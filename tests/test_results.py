@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.restored import ENTRIES, restored
+from tests.restored import ENTRIES, restored, study_script
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("data") / "results"
@@ -158,9 +158,9 @@ def full_eval_results() -> dict:
 
 
 def load_card(study: Path):
-    """card.py of `study` (a docs/distill-study with the files it reads that left the tree restored:
-    the `restored_study` fixture), which reads them from there."""
-    spec = importlib.util.spec_from_file_location("card", study / "card.py")
+    """card.py of the checkout of `study` (a docs/distill-study with the files it reads that left the tree
+    restored: the `restored_study` fixture), which reads them from there."""
+    spec = importlib.util.spec_from_file_location("card", study_script(study, "card.py"))
     card = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(card)
     return card
@@ -416,7 +416,7 @@ def test_a_soup_stored_at_a_lower_rank_says_so_and_how_much_it_left_out(restored
         "soup.py OUT docs/distill-study/long15-n15-student docs/distill-study/soup15more-n15-student --rank 128"
         in text
     )
-    assert "`RANK=128 bash docs/distill-study/soup.sh 15 OUT" in text
+    assert "`RANK=128 bash scripts/study/distill/soup.sh 15 OUT" in text
     assert "(at most 0.3% of its norm left out)" in text
     exact = load_card(restored_study).soup_main(soup22_card_args(restored_study))
     assert "--rank" not in exact and "left out" not in exact
@@ -465,7 +465,7 @@ def test_a_weighted_soups_card_names_its_weights_and_shares(restored_study):
     text = load_card(restored_study).soup_main(soup22_card_args(restored_study, "3", "1"))
     command = "soup.py OUT docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student --weights 3,1"
     assert command in text
-    script = "WEIGHTS=3,1 bash docs/distill-study/soup.sh 22 OUT docs/distill-study/cpu17m-n22-student"
+    script = "WEIGHTS=3,1 bash scripts/study/distill/soup.sh 22 OUT docs/distill-study/cpu17m-n22-student"
     assert script in text  # soup.sh takes the weights from its environment
     assert (
         "`delta_a` times its share, 0.75, 0.25: one bf16 rounding where a share is not a power of two" in text
@@ -489,3 +489,25 @@ def test_write_report_writes_results_json_as_given(tmp_path):
     assert paths[0].read_text() == json.dumps(results, indent=2)
     assert paths[1].read_text() == (GOLDEN / "full-eval.report.md").read_text()
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_write_report_names_paths_in_their_portable_form(tmp_path, monkeypatch):
+    """A report names the models a run was given by, a path as it reads on any machine: under the current folder
+    relative to it, under the home folder as ~/... (results.json keeps what the run recorded)."""
+    from swiftkv.evaluate.report import write_report
+
+    home, here = tmp_path / "home", tmp_path / "home" / "swiftkv"
+    monkeypatch.setenv("HOME", str(home))
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    results = full_eval_results()
+    results["teacher"] = str(home / "models" / "teacher")
+    results["students"][0]["pair"]["student"] = str(here / "runs" / "s1")
+    results["floor"]["pair"]["student"] = f"{home / 'models' / 'teacher'} in bfloat16"
+    paths = write_report(results, tmp_path / "out")
+    report = paths[1].read_text()
+    assert "Teacher: `~/models/teacher`" in report
+    assert "- S1: `runs/s1 (N=" in report
+    assert "| floor: ~/models/teacher in bfloat16 |" in report
+    assert str(tmp_path) not in report
+    assert json.loads(paths[0].read_text()) == results

@@ -1,4 +1,4 @@
-"""docs/distill-study/soup.py: the mean of students' trained-tensor folders (the SwiftKV tensors averaged, each
+"""scripts/study/distill/soup.py: the mean of students' trained-tensor folders (the SwiftKV tensors averaged, each
 adapted weight's change averaged exactly as stacked factors), its refusal of students of another geometry,
 and `--rank`'s best low-rank approximation of that mean."""
 
@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from swiftkv.model.surgery import read_trained
 
-SOUP = Path(__file__).parents[1] / "docs" / "distill-study" / "soup.py"
+SOUP = Path(__file__).parents[1] / "scripts" / "study" / "distill" / "soup.py"
 WEIGHT = "model.layers.2.mlp.up_proj.weight"
 OWN = "model.layers.2.self_attn.q_proj_swiftkv.weight"
 

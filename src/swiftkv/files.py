@@ -29,6 +29,35 @@ def cache_root() -> Path:
     return Path(os.environ.get("SWIFTKV_CACHE", Path.home() / ".cache" / "swiftkv"))
 
 
+def portable_path(
+    name: str, cwd: Path | None = None, home: Path | None = None, temp: Path | None = None
+) -> str:
+    """`name` as a record writes it, naming the same place on another machine and no folder of this one: an
+    absolute path under the current folder relative to it, under the temp folder as `$TMPDIR/...`, under the
+    home folder as `~/...` (the innermost of these that holds it, the home folder before a current folder that is
+    the same); anything else (a relative path, an alias, a Hub id, another absolute path) as given.
+    `cwd`, `home` and `temp` default to this process's."""
+    if not os.path.isabs(name):
+        return name
+    path = Path(os.path.normpath(name))
+    home = Path(home or Path.home())
+    places = [(home, "~"), (Path(temp or tempfile.gettempdir()), "$TMPDIR"), (Path(cwd or Path.cwd()), "")]
+    holding = [
+        (folder, mark)
+        for folder, mark in places
+        if folder != Path(folder.anchor)  # a folder that holds everything says nothing
+        and path.is_relative_to(folder)
+        and not (mark == "" and home.is_relative_to(folder))  # a current folder above home: home names it
+    ]
+    if not holding:
+        return name
+    folder, mark = max(holding, key=lambda held: len(held[0].parts))
+    inside = path.relative_to(folder).as_posix()
+    if not mark:
+        return inside
+    return mark if inside == "." else f"{mark}/{inside}"
+
+
 def check_new_output(path: str | os.PathLike, force: bool, what: str = "output folder") -> Path:
     """Refuse, before any long work starts, to clobber an existing output unless --force, and an
     output that cannot be written: its nearest existing ancestor must be a folder we may add to."""

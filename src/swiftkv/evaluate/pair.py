@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..files import folder_fingerprint
+from ..files import folder_fingerprint, portable_path
 from ..model.config import is_swiftkv
 from ..model.surgery import teacher_difference, tokenizer_differences
 from ..sources import SourceLike, check_supported, check_weights_present, open_source
@@ -121,7 +121,11 @@ def load_pair(
     for source in sources.values():
         check_causal_lm(source.folder)
         check_weights_present(source.folder)
-    names = {STUDENT: str(student_src), TEACHER: str(teacher_src or f"{student_src} (swiftkv off)")}
+    student_name = recorded_name(student_src)
+    names = {
+        STUDENT: student_name,
+        TEACHER: recorded_name(teacher_src) if teacher_src else f"{student_name} (swiftkv off)",
+    }
     tokenizer = sources[STUDENT].load_tokenizer()
     if teacher_src is not None:  # before any weights are read: a wrong pair fails fast
         check_same_tokenizer(tokenizer, sources[TEACHER].load_tokenizer(), names)
@@ -170,8 +174,14 @@ def load_floor_pair(
     pair.student = pair.student.to(floor_dtype)
     floor_name = str(floor_dtype).removeprefix("torch.")
     pair.cache_keys[STUDENT] = pair.cache_keys[STUDENT].rsplit("-", 1)[0] + f"-{floor_name}"
-    pair.names[STUDENT] = f"{teacher_src} in {floor_name}"
+    pair.names[STUDENT] = f"{pair.names[TEACHER]} in {floor_name}"
     return pair
+
+
+def recorded_name(src: SourceLike) -> str:
+    """A model source as results and reports name it: the name it was given by, a path in its portable form
+    (a record names no folder of the machine that wrote it)."""
+    return portable_path(str(src))
 
 
 def describe(pair: ModelPair) -> dict:

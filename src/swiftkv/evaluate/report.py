@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..files import atomic_file, write_atomic
+from ..files import atomic_file, portable_path, write_atomic
 from ..model.config import is_swiftkv
 from ..plots import figure
 from ..results import EvalResults, FloorResult, LongQA, StudentResult
@@ -33,9 +33,10 @@ def write_report(results: EvalResults | dict, out: Path) -> list[Path]:
 
 def student_label(student: StudentResult) -> str:
     info = StudentResult.of(student).pair
+    name = portable_path(info.student)
     if is_swiftkv(info):
-        return f"{info.student} (N={info.num_key_value_layers}, G={info.key_value_group_size})"
-    return info.student
+        return f"{name} (N={info.num_key_value_layers}, G={info.key_value_group_size})"
+    return name
 
 
 def task_metric_rows(results: EvalResults) -> list[tuple[str, str]]:
@@ -53,10 +54,11 @@ def task_metric_rows(results: EvalResults) -> list[tuple[str, str]]:
 def markdown(results: EvalResults | dict) -> str:
     results = EvalResults.of(results)
     students = results.students
+    teacher = portable_path(results.teacher)
     lines = [
         "# SwiftKV evaluation",
         "",
-        f"Teacher: `{results.teacher}`; weights in {results.dtype}; wall time {results.wall_time_s:.0f} s.",
+        f"Teacher: `{teacher}`; weights in {results.dtype}; wall time {results.wall_time_s:.0f} s.",
         "",
     ]
     if results.engines:
@@ -133,7 +135,8 @@ def summary_table(results: EvalResults) -> list[str]:
     teacher = [students[0].tasks[t].metrics[TEACHER]["acc"] for t in tasks]
     lines.append(summary_row("teacher", teacher, FloorResult()))
     if results.floor:
-        lines.append(summary_row(f"floor: {results.floor.pair.student}", [None] * len(tasks), results.floor))
+        floor = portable_path(results.floor.pair.student)
+        lines.append(summary_row(f"floor: {floor}", [None] * len(tasks), results.floor))
     for i, student in enumerate(students):
         accuracy = [student.tasks[t].metrics[STUDENT]["acc"] for t in tasks]
         lines.append(summary_row(f"S{i + 1}", accuracy, student))
@@ -430,7 +433,7 @@ def draw_report(results: EvalResults, students: list[StudentResult], left, right
         )
     left.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=20)
     left.set_ylabel("accuracy (acc)")
-    left.set_title(f"Accuracy, teacher vs students (teacher: {results.teacher})", fontsize=9)
+    left.set_title(f"Accuracy, teacher vs students (teacher: {portable_path(results.teacher)})", fontsize=9)
     left.legend(fontsize=7)
     groups = [*tasks, "chat top-1", "gen identical"]
     width = 0.8 / max(1, len(students))

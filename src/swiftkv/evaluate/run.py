@@ -21,7 +21,7 @@ from .instructions import check_instruction_context, instruction_following
 from .loglikelihood import LoglikelihoodScorer
 from .long_prompt import check_long_context, heldout_long_prompts, long_prompt_agreement
 from .long_qa import check_qa_context, long_qa_agreement
-from .pair import describe, load_floor_pair, load_pair
+from .pair import describe, load_floor_pair, load_pair, recorded_name
 from .processes import Processes, SharedStore, eval_device
 from .recipe import check_recipe_data, evaluate_recipe
 from .settings import EvalSettings
@@ -191,7 +191,7 @@ def evaluate_models(settings: EvalSettings, processes: Processes | None = None) 
         recipe = evaluate_recipe(students, teacher, dtype, processes, settings.limits)
     return EvalResults.from_json(
         {
-            "teacher": str(teacher or f"{students[0]} (swiftkv off)"),
+            "teacher": recorded_name(teacher) if teacher else f"{recorded_name(students[0])} (swiftkv off)",
             "dtype": dtype_name(dtype),
             "engines": engines(processes, dtype),
             "tasks": list(settings.tasks),

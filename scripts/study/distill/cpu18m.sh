@@ -6,7 +6,6 @@
 # the recipe's peak lr (1e-3 / 5e-4, as its own second pass), 1% warmup: N = 15 is far from its teacher
 # (held-out KL 0.344), where cpu17m.sh's quarter-peak suited N = 22's 0.045.
 #   cpu18m.sh n15   (resumable: rerun to continue)
-HERE="$(cd "$(dirname "$0")" && pwd)"
 export RUN=cpu18m-c1r64bfe TOKENS=2000896 REPLIES=replies-every.jsonl REPLY_ENGINE=static \
   MORE_ARGS="--init-from smollm2-135m-instruct-swiftkv50 --skip-tokens 8001536 --lr 1e-3 --late-lr 5e-4 --warmup 0.01"
-exec bash "$HERE/final5.sh" c1r64bfe "$@"
+exec bash "$(dirname "$0")/final5.sh" c1r64bfe "$@"

@@ -5,7 +5,7 @@
 # loan saw every prompt once and some twice: no reply is unseen), at the CPU recipe's step (2 x 1024) and a
 # quarter of its peak lr (5e-4 / 2.5e-4), 1% warmup, linear decay to 0.
 #   anneal22.sh n22   (resumable: rerun to continue)
-HERE="$(cd "$(dirname "$0")" && pwd)"
+STUDY="$(cd "$(dirname "$0")/../../../docs/distill-study" && pwd)"  # the study's records
 export RUN=gpu22anneal-c1r64bfe TOKENS=1001472 REPLIES=replies-every.jsonl REPLY_ENGINE=static \
-  MORE_ARGS="--init-from $HERE/loan-h200-2026-11-27/n22 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01"
-exec bash "$HERE/final5.sh" c1r64bfe "$@"
+  MORE_ARGS="--init-from $STUDY/loan-h200-2026-11-27/n22 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01"
+exec bash "$(dirname "$0")/final5.sh" c1r64bfe "$@"

@@ -1,6 +1,6 @@
 """fp8 KV cache beside SwiftKV on vLLM's CPU engine: capacity and served greedy agreement.
 
-    python docs/bench/fp8_kv.py [--model smollm2-135m-instruct-swiftkv50] [--out docs/bench/fp8-kv.json]
+    python scripts/study/bench/fp8_kv.py [--model smollm2-135m-instruct-swiftkv50] [--out docs/bench/fp8-kv.json]
 
 * Capacity: KV-cache tokens vLLM allocates at 2 GiB (`swiftkv.vllm.engine.kv_cache_tokens`) for the
   model's geometry at G = 1 and G = 5 (AcrossKV), with the default cache (`auto`) and `fp8`, model dtype
@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+RECORDS = Path(__file__).resolve().parents[3] / "docs" / "bench"  # where the serving records are kept
 KV_BYTES = 2 * 2**30
 NEW_TOKENS = 32
 KEEP = 8
@@ -144,7 +145,7 @@ def agreement(folder: Path, prompts: list[list[int]], eos: int, plain: bool = Fa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct-swiftkv50")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "fp8-kv.json"))
+    parser.add_argument("--out", default=str(RECORDS / "fp8-kv.json"))
     parser.add_argument(
         "--baseline",
         default="smollm2-135m-instruct",

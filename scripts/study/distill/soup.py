@@ -1,6 +1,6 @@
 """A weight-space average ("model soup") of distilled students of one teacher and geometry.
 
-    python docs/distill-study/soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--weights W,W,...] [--rank R]
+    python scripts/study/distill/soup.py OUT STUDENT_FOLDER STUDENT_FOLDER [...] [--weights W,W,...] [--rank R]
 
 Each STUDENT_FOLDER is a trained-tensor folder (`save_swiftkv_params`: swiftkv.json + swiftkv.safetensors) or
 a student snapshot (`python -m loan run`'s n15/, n22/, scripts/gpu), which is read as one: installed over its teacher

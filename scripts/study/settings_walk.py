@@ -11,7 +11,7 @@ parameter holds the object there. `self.X = settings` in a method makes every me
 reads `self.X` a stop too, and a nested def/lambda that reads an enclosing settings name is a stop.
 A stop = one function (qualified name); modules = the files those functions are in.
 
-    python docs/settings_walk.py src [--fields] [--uses]
+    python scripts/study/settings_walk.py src [--fields] [--uses]
 
 --fields: also follow a field of the object passed as an argument (`f(settings.seq_len)`), a wider
 count; --source: follow the object and its `source` field only (the calls that pass settings or

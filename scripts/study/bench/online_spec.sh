@@ -8,7 +8,7 @@
 #   decode-steps/  the decode-only step of both models over 128 steps (8 x 2000-token sequences)
 # Each writes JSON + PNG into $OUT/<name>/ and its log beside it; each step skips itself when its
 # output exists.
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

@@ -7,7 +7,7 @@
 # `--dtype auto` over the arm's bf16: the hardware picks (fp32 on a CPU without fast bf16, e.g. an AVX2-only
 # EPYC, where bf16 matmuls run at about 1 GFLOP/s).
 #   eighth22.sh n22   (resumable: rerun to continue)
-HERE="$(cd "$(dirname "$0")" && pwd)"
+STUDY="$(cd "$(dirname "$0")/../../../docs/distill-study" && pwd)"  # the study's records
 export RUN=eighth-c1r64bfe TOKENS=1001472 REPLIES=replies-every.jsonl REPLY_ENGINE=static \
-  MORE_ARGS="--init-from $HERE/cpu17m-n22-student --skip-tokens 11001856 --lr 2.5e-4 --late-lr 1.25e-4 --warmup 0.01 --dtype auto"
-exec bash "$HERE/final5.sh" c1r64bfe "$@"
+  MORE_ARGS="--init-from $STUDY/cpu17m-n22-student --skip-tokens 11001856 --lr 2.5e-4 --late-lr 1.25e-4 --warmup 0.01 --dtype auto"
+exec bash "$(dirname "$0")/final5.sh" c1r64bfe "$@"

@@ -1,6 +1,6 @@
 """Two students' lm-eval answers compared item by item, from their full-suite results (same items):
 
-    python docs/distill-study/compare.py BEFORE/results.json AFTER/results.json [ALIAS_BEFORE ALIAS_AFTER]
+    python scripts/study/distill/compare.py BEFORE/results.json AFTER/results.json [ALIAS_BEFORE ALIAS_AFTER]
 
 (either may be a `.json.xz`)
 

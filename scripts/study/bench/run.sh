@@ -4,7 +4,7 @@
 # 4 rates from 0.25x to 2x the baseline's prefill-bound capacity: a full 64 x 6 run takes hours on
 # 2 cores), then the offline prefill and TTFT in the dtype auto did not pick (the dtype comparison). Each step
 # skips itself when its output exists.
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

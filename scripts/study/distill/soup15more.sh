@@ -6,7 +6,7 @@
 # 128 as the soup stores it) at a quarter of the recipe's peak lr (5e-4 / 2.5e-4, cpu19m's), 1% warmup. What it
 # measures: whether a soup trained on keeps the soup's gain and adds the tokens'.
 #   soup15more.sh n15   (resumable: rerun to continue)
-HERE="$(cd "$(dirname "$0")" && pwd)"
+STUDY="$(cd "$(dirname "$0")/../../../docs/distill-study" && pwd)"  # the study's records
 export RUN=soup15more-c1r64bfe TOKENS=2500608 REPLIES=replies-every.jsonl REPLY_ENGINE=static \
-  MORE_ARGS="--init-from $HERE/soup15-n15-student --lora-rank 128 --skip-tokens 14893056 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01 --dtype auto"
-exec bash "$HERE/final5.sh" c1r64bfe "$@"
+  MORE_ARGS="--init-from $STUDY/soup15-n15-student --lora-rank 128 --skip-tokens 14893056 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01 --dtype auto"
+exec bash "$(dirname "$0")/final5.sh" c1r64bfe "$@"

@@ -8,7 +8,7 @@
 #     -swiftkv25 comes from the eval's cache), the Paris answer;
 #  3. the same for N = 22 / -swiftkv25.
 # (Sequential, not side by side: a session holds ~one student's training plus its ~40-min eval.)
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 SK=$ROOT/.venv/bin/swiftkv

@@ -7,7 +7,7 @@
 # cpu14m's quarter of the recipe's peak lr (5e-4 / 2.5e-4), 1% warmup. Fresh replies, against cpu14m's third
 # pass over the same ones (+.001 chat top-1 for 2M tokens), is what this stage measures.
 #   cpu17m.sh n22   (resumable: rerun to continue)
-HERE="$(cd "$(dirname "$0")" && pwd)"
+STUDY="$(cd "$(dirname "$0")/../../../docs/distill-study" && pwd)"  # the study's records
 export RUN=cpu17m-c1r64bfe TOKENS=3000320 REPLIES=replies-every.jsonl REPLY_ENGINE=static \
-  MORE_ARGS="--init-from $HERE/cpu14m-n22-student --skip-tokens 8001536 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01"
-exec bash "$HERE/final5.sh" c1r64bfe "$@"
+  MORE_ARGS="--init-from $STUDY/cpu14m-n22-student --skip-tokens 8001536 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.01"
+exec bash "$(dirname "$0")/final5.sh" c1r64bfe "$@"

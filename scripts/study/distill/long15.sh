@@ -6,10 +6,10 @@
 # trains in about 45 minutes in fp32). long1m.sh's stage moved long prompts (+.030 long top-1) at a cost of 0.25
 # knowledge points; this one is shorter, and its equal mean with its start (soup.sh) is the hedge.
 #   long15.sh        (resumable: rerun to continue)
-ROOT="$(cd "$(dirname "$0")/../.." && pwd)"  # this checkout
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"  # this checkout
 RUNS=${RUNS:-$(dirname "$ROOT")/runs}  # where the runs live: beside the checkout unless RUNS is set
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=${SWIFTKV_SRC:-$ROOT/src}
-HERE="$(cd "$(dirname "$0")" && pwd)"
+STUDY="$ROOT/docs/distill-study"  # the study's records
 SK="$ROOT/.venv/bin/python -m swiftkv.cli"
 cd $RUNS
 out=long15-n15
@@ -19,6 +19,6 @@ if [ ! -f $out/config.json ]; then
   /usr/bin/time -v -a -o $out-time.txt $SK distill n15-lstsq --recipe swiftkv-lora --lora-rank 128 \
     --dtype auto --prompt-turns every --tokens 600k --heldout-tokens 16384 --seq-len 2048 --batch-size 1 \
     --micro-batch 1 --long-share 0.25 --lr 5e-4 --late-lr 2.5e-4 --warmup 0.05 --eval-every 100 --checkpoint-every 8 \
-    --seed 0 --teacher-data replies-long15.jsonl --reply-engine static --init-from $HERE/soup15more-n15-student \
+    --seed 0 --teacher-data replies-long15.jsonl --reply-engine static --init-from $STUDY/soup15more-n15-student \
     --out $out --json $out.json $res >> $out.log 2>&1 || exit 1
 fi
