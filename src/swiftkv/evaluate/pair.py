@@ -121,11 +121,7 @@ def load_pair(
     for source in sources.values():
         check_causal_lm(source.folder)
         check_weights_present(source.folder)
-    student_name = recorded_name(student_src)
-    names = {
-        STUDENT: student_name,
-        TEACHER: recorded_name(teacher_src) if teacher_src else f"{student_name} (swiftkv off)",
-    }
+    names = pair_names(student_src, teacher_src)
     tokenizer = sources[STUDENT].load_tokenizer()
     if teacher_src is not None:  # before any weights are read: a wrong pair fails fast
         check_same_tokenizer(tokenizer, sources[TEACHER].load_tokenizer(), names)
@@ -176,6 +172,15 @@ def load_floor_pair(
     pair.cache_keys[STUDENT] = pair.cache_keys[STUDENT].rsplit("-", 1)[0] + f"-{floor_name}"
     pair.names[STUDENT] = f"{pair.names[TEACHER]} in {floor_name}"
     return pair
+
+
+def pair_names(student_src: SourceLike, teacher_src: SourceLike | None) -> dict[str, str]:
+    """The pair's names as results and reports give them; without a teacher, the student's own teacher path."""
+    student = recorded_name(student_src)
+    return {
+        STUDENT: student,
+        TEACHER: recorded_name(teacher_src) if teacher_src else f"{student} (swiftkv off)",
+    }
 
 
 def recorded_name(src: SourceLike) -> str:
