@@ -194,3 +194,18 @@ def test_qwen3_trained_tensor_files_rebuild_the_student(tmp_path):
     x = torch.randint(3, 100, (1, 13))
     with torch.no_grad():
         assert float((rebuilt(x).logits - student(x).logits).abs().max()) <= 1e-5
+
+
+def test_a_mistral_config_read_from_a_gguf_keeps_no_sliding_window():
+    """llama.cpp runs a Mistral GGUF with full attention and records no window; the 4096 that transformers'
+    MistralConfig fills in is its default, so the Llama family's GGUF rule clears it (other families keep
+    their config as read)."""
+    from transformers import MistralConfig, Qwen2Config
+
+    mistral = MistralConfig(sliding_window=4096)
+    family_of("mistral").gguf_config(mistral)
+    assert mistral.sliding_window is None
+    qwen2 = Qwen2Config()
+    read = qwen2.to_dict()
+    family_of("qwen2").gguf_config(qwen2)
+    assert qwen2.to_dict() == read

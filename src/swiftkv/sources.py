@@ -108,10 +108,7 @@ def export_gguf(gguf_path: Path, out: Path) -> None:
         raise ValueError(f"{gguf_path}: transformers' GGUF loader cannot read this file ({error})") from error
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    if config.model_type == "mistral":
-        # A GGUF records no sliding window and llama.cpp runs these files with full attention; the
-        # window transformers' MistralConfig fills in (4096) is its default, not the file's.
-        config.sliding_window = None
+    family_of(config.model_type).gguf_config(config)
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict())
 

@@ -279,10 +279,9 @@ def fit_and_measure(
 def measured_candidates(
     model, fit_blocks, eval_blocks, compute, report: ConversionReport, settings: ConvertSettings
 ) -> dict[str, dict[str, torch.Tensor]]:
-    # lstsq is compared with the init it replaces tensors of: copy for K/V projections, the mean for latent
-    # attention (its lstsq is the mean init with the latent projection fitted; calibration's docstring).
-    latent = family_of(model.config.model_type).latent_attention
-    reference = settings.init if settings.init != "lstsq" else "mean" if latent else "copy"
+    # lstsq is compared with the init it replaces tensors of (calibration's docstring).
+    lstsq_reference = family_of(model.config.model_type).lstsq_reference
+    reference = settings.init if settings.init != "lstsq" else lstsq_reference
     candidates = {reference: copy_init_params(model, average_group=reference == "mean")}
     load_trained(model, candidates[reference])  # norm_swiftkv of the reference init: lstsq fits through it
     with autocast(compute, model.device):

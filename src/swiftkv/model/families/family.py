@@ -66,6 +66,10 @@ def moe_source_refusal(config) -> str | None:
     return sliding_window_refusal(config) or quantized_experts_refusal(config)
 
 
+def as_read_from_gguf(config) -> None:
+    """A GGUF file's config as transformers reads it needs nothing more."""
+
+
 @dataclass(frozen=True)
 class Family:
     """One family's traits. Its transformers classes are transformers' own `<display>...` classes of
@@ -87,6 +91,9 @@ class Family:
     checkpoint_layout: str | None = None  # MoE: the base type whose expert layout it saves
     latent_attention: bool = False  # multi-head latent attention (DeepSeek): the SwiftKV attention of `mla`
     vllm_blocker: str | None = None  # why vLLM cannot serve the family, whatever the plugin builds
+    # What a config read from a GGUF file needs before it is saved (llama.cpp records less than transformers
+    # fills in); by default nothing.
+    gguf_config: Callable[[object], None] = as_read_from_gguf
     model_class: type = field(init=False)  # its SwiftKV causal LM
 
     def __post_init__(self):
@@ -107,6 +114,12 @@ class Family:
     @property
     def source_types(self) -> tuple[str, ...]:
         return (self.base_type, *self.other_sources)
+
+    @property
+    def lstsq_reference(self) -> str:
+        """The init that convert's lstsq replaces tensors of, and is compared with: the copy of each owner's K/V
+        projections, or for latent attention the group mean (its lstsq fits the latent projection from there)."""
+        return "mean" if self.latent_attention else "copy"
 
     @property
     def experts(self) -> bool:

@@ -17,10 +17,18 @@ class LlamaSwiftKVConfig(SwiftKVConfigMixin, LlamaConfig):
     model_type = "llama_swiftkv"
 
 
+def gguf_config(config) -> None:
+    """A Mistral GGUF records no sliding window and llama.cpp runs these files with full attention; the window
+    transformers' MistralConfig fills in (4096) is its default, not the file's."""
+    if config.model_type == "mistral":
+        config.sliding_window = None
+
+
 FAMILY = Family(
     "llama",
     LlamaSwiftKVConfig,
     "Llama",
     f"{VLLM_MODELS}.llama:LlamaDecoderLayer",
     other_sources=("mistral",),
+    gguf_config=gguf_config,
 )
