@@ -38,9 +38,8 @@ from tqdm import tqdm
 from ..data.mixture import read_data
 from ..data.tokens import tokenize
 from ..metrics import agreement_stats
-from ..model.mla import SwiftKVLatentAttentionMixin
+from ..model.mla import SwiftKVLatentAttentionMixin, latent_init_tensors
 from ..model.modeling import swiftkv_parameters
-from ..model.surgery import latent_init_tensors
 
 BLOCK_LEN = 512
 

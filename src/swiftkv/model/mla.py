@@ -18,9 +18,12 @@ slot and decompresses it once for the group's layers (they share kv_b_proj_swift
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
+from .inits import mean_linear
 from .modeling import SwiftKVModelMixin, apply_rope, attend
 
 # The modules of a layer's query (by whether q_lora_rank is set) and of its latent; ArcticTraining names their
@@ -166,3 +169,23 @@ class SwiftKVLatentModelMixin(SwiftKVModelMixin):
                 latent, k_rot = early.past_key_values.update(latent, k_rot, self.config.cache_index(owner))
             key_values.append(attention.swiftkv_expand(latent, k_rot))
         return key_values
+
+
+def latent_init_tensors(
+    config, weights: Mapping[str, torch.Tensor], average_group: bool
+) -> dict[str, torch.Tensor]:
+    """ArcticTraining's DeepSeek init (its `post_create_model_callback`): each later layer's query modules
+    (q_proj, or q_a_proj, q_a_layernorm and q_b_proj) copied from the layer; a group owner's latent modules
+    (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj) the group's mean ("mean") or the owner's own ("copy")."""
+    g = config.key_value_group_size
+    params = {}
+    for i in config.later_layers:
+        prefix = f"model.layers.{i}.self_attn"
+        for module in QUERY_MODULES[config.q_lora_rank is not None]:
+            params.update(mean_linear(f"{prefix}.{module}_swiftkv", [f"{prefix}.{module}"], weights))
+        if config.is_kv_owner(i):
+            members = range(i, i + g) if average_group else range(i, i + 1)
+            for module in LATENT_MODULES:
+                sources = [f"model.layers.{j}.self_attn.{module}" for j in members]
+                params.update(mean_linear(f"{prefix}.{module}_swiftkv", sources, weights))
+    return params

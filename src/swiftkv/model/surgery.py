@@ -33,7 +33,6 @@ from ..files import atomic_file, atomic_output_dir, write_atomic
 from ..tensorfiles import FolderTensors, copy_weights
 from .config import is_swiftkv
 from .families import FAMILIES, family_of
-from .mla import LATENT_MODULES, QUERY_MODULES
 from .modeling import check_teacher_contained, swiftkv_parameters
 
 # Written beside the weights and named in config.json's auto_map, so plain transformers code (e.g. a
@@ -113,59 +112,12 @@ def copy_init_tensors(
 ) -> dict[str, torch.Tensor]:
     """The reference inits from the teacher weights by name (a model's state dict, or a folder's
     tensors read one at a time: only the few each init needs are read): norm_swiftkv <-
-    input_layernorm(N); q <- the layer's q_proj; k/v <- the owner's k/v_proj (`average_group`: the
-    group's mean, the reference's "mean" init). Qwen3: q_norm_swiftkv <- q_norm; k_norm_swiftkv <- the
-    group's mean k_norm under either init (the reference's; a group shares one K, so one norm)."""
-    n, g = config.num_key_value_layers, config.key_value_group_size
+    input_layernorm(N), then the family's attention tensors (`Family.init_tensors`: `inits.grouped_init_tensors`,
+    or latent attention's `mla.latent_init_tensors`); `average_group`: the group's mean, the reference's "mean"
+    init."""
+    n = config.num_key_value_layers
     params = {"model.norm_swiftkv.weight": weights[f"model.layers.{n}.input_layernorm.weight"].clone()}
-    if family_of(config.model_type).latent_attention:
-        return params | latent_init_tensors(config, weights, average_group)
-    for i in config.later_layers:
-        prefix = f"model.layers.{i}.self_attn"
-        params.update(mean_linear(f"{prefix}.q_proj_swiftkv", [f"{prefix}.q_proj"], weights))
-        qk_norm = f"{prefix}.q_norm.weight" in weights
-        if qk_norm:
-            params[f"{prefix}.q_norm_swiftkv.weight"] = weights[f"{prefix}.q_norm.weight"].clone()
-        if config.is_kv_owner(i):
-            if qk_norm:
-                norms = [weights[f"model.layers.{j}.self_attn.k_norm.weight"] for j in range(i, i + g)]
-                params[f"{prefix}.k_norm_swiftkv.weight"] = torch.stack(norms).mean(0)
-            members = range(i, i + g) if average_group else range(i, i + 1)
-            for name in ("k_proj", "v_proj"):
-                sources = [f"model.layers.{j}.self_attn.{name}" for j in members]
-                params.update(mean_linear(f"{prefix}.{name}_swiftkv", sources, weights))
-    return params
-
-
-def latent_init_tensors(
-    config, weights: Mapping[str, torch.Tensor], average_group: bool
-) -> dict[str, torch.Tensor]:
-    """ArcticTraining's DeepSeek init (its `post_create_model_callback`): each later layer's query modules
-    (q_proj, or q_a_proj, q_a_layernorm and q_b_proj) copied from the layer; a group owner's latent modules
-    (kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj) the group's mean ("mean") or the owner's own ("copy")."""
-    g = config.key_value_group_size
-    params = {}
-    for i in config.later_layers:
-        prefix = f"model.layers.{i}.self_attn"
-        for module in QUERY_MODULES[config.q_lora_rank is not None]:
-            params.update(mean_linear(f"{prefix}.{module}_swiftkv", [f"{prefix}.{module}"], weights))
-        if config.is_kv_owner(i):
-            members = range(i, i + g) if average_group else range(i, i + 1)
-            for module in LATENT_MODULES:
-                sources = [f"model.layers.{j}.self_attn.{module}" for j in members]
-                params.update(mean_linear(f"{prefix}.{module}_swiftkv", sources, weights))
-    return params
-
-
-def mean_linear(
-    name: str, sources: list[str], weights: Mapping[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """The mean of the linear layers (or norms) named `sources` (weight, and bias where they have one) as
-    `name`."""
-    out = {f"{name}.weight": torch.stack([weights[f"{s}.weight"] for s in sources]).mean(0)}
-    if f"{sources[0]}.bias" in weights:
-        out[f"{name}.bias"] = torch.stack([weights[f"{s}.bias"] for s in sources]).mean(0)
-    return out
+    return params | family_of(config.model_type).init_tensors(config, weights, average_group)
 
 
 def swiftkv_tensor_names(config) -> set[str]:

@@ -8,6 +8,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import DeepseekV2Config, DeepseekV3Config
 
 from ..config import SwiftKVConfigMixin
+from ..mla import latent_init_tensors
 from .family import Family, moe_source_refusal
 
 # Multi-head latent attention (DeepSeek): ArcticTraining's deepseek_v2_swiftkv config is DeepSeek's own
@@ -83,6 +84,7 @@ V2 = Family(
     source_refusal=deepseek_v2_refusal,
     checkpoint_layout="deepseek_v2",
     latent_attention=True,
+    init_tensors=latent_init_tensors,
     vllm_blocker=MLA_VLLM_BLOCKER,
 )
 V3 = Family(
@@ -93,5 +95,6 @@ V3 = Family(
     source_refusal=moe_source_refusal,
     checkpoint_layout="deepseek_v3",
     latent_attention=True,
+    init_tensors=latent_init_tensors,
     vllm_blocker=MLA_VLLM_BLOCKER,
 )

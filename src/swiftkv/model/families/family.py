@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..inits import grouped_init_tensors
 from ..mla import SwiftKVLatentAttentionMixin, SwiftKVLatentModelMixin
 from ..modeling import swiftkv_causal_lm
 
@@ -94,6 +95,8 @@ class Family:
     # What a config read from a GGUF file needs before it is saved (llama.cpp records less than transformers
     # fills in); by default nothing.
     gguf_config: Callable[[object], None] = as_read_from_gguf
+    # The reference inits of its SwiftKV attention tensors from the teacher's (config, weights, average_group)
+    init_tensors: Callable[..., dict] = grouped_init_tensors
     model_class: type = field(init=False)  # its SwiftKV causal LM
 
     def __post_init__(self):
