@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from swiftkv.cli import build_parser, main
+from swiftkv.distill.measure.speed import TIMED_STEPS
 from swiftkv.model import swiftkv_parameters
 from tests.tiny import random_chats, save_tiny_folder, tiny_student, write_jsonl
 
@@ -246,7 +247,7 @@ def parsed_mode(*flags: str) -> tuple[str, int | None]:
 
 
 def test_one_mode_per_command_by_mode_or_by_its_older_flag(capsys):
-    assert parsed_mode() == ("train", None)
+    assert parsed_mode() == ("train", TIMED_STEPS)
     assert parsed_mode("--mode", "speed", "--timed-steps", "3") == parsed_mode("--speed", "3") == ("speed", 3)
     assert parsed_mode("--compare-naive", "2") == ("compare-naive", 2)
     assert parsed_mode("--plan", "--plan-steps", "0") == parsed_mode("--mode", "plan", "--timed-steps", "0")

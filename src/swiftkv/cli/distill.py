@@ -96,9 +96,10 @@ def add_mode_options(parser) -> None:
         "--plan-steps",
         dest="timed_steps",
         type=int,
+        default=TIMED_STEPS,
         metavar="STEPS",
-        help=f"--mode speed / compare-naive: the steps timed (default {TIMED_STEPS}); --mode plan: timed steps "
-        f"on random weights on this machine's device (default {TIMED_STEPS}; 0: no time)",
+        help="--mode speed / compare-naive: the steps timed; --mode plan: timed steps on random weights on this "
+        f"machine's device, 0: no time (default {TIMED_STEPS})",
     )
     for flag in ("--plan", "--eval-only"):
         parser.add_argument(flag, action=ModeAction, nargs=0, help=argparse.SUPPRESS)
@@ -157,22 +158,20 @@ def run(args) -> int:
 
 
 def plan(settings: DistillSettings, args) -> int:
-    steps = TIMED_STEPS if args.timed_steps is None else args.timed_steps
     request = PlanRequest(
         args.world_size,
         args.plan_device,
         args.num_key_value_layers,
         args.key_value_group_size,
         args.device_memory,
-        steps,
+        args.timed_steps,
     )
     print_plan(settings, request, args.json)
     return 0
 
 
 def speed(settings: DistillSettings, args) -> int:
-    steps = TIMED_STEPS if args.timed_steps is None else args.timed_steps
-    measured = measure_shared_vs_naive(settings, steps, naive=args.mode == "compare-naive")
+    measured = measure_shared_vs_naive(settings, args.timed_steps, naive=args.mode == "compare-naive")
     report(measured, args.json)
     print(f"swiftkv distill: {bound_line(measured['compute_bound'])}", file=sys.stderr, flush=True)
     return 0
