@@ -131,3 +131,23 @@ def test_two_processes_write_what_one_process_writes(models, tmp_path):
     assert student["tasks"]["arc_easy"]["items"] == 7 and student["generation"]["prompts"] == 3
     assert student["teacher_forced"]["tokens"] > 0 and student["long_qa"]["qa"]["items"] == 5
     assert sorted(path.name for path in two.iterdir()) == ["report.md", "report.png", "results.json"]
+
+
+@pytest.mark.slow  # two torchrun processes, each building the shipped student and its teacher from the GGUF
+def test_two_processes_build_a_shipped_student_into_an_empty_cache(tmp_path, monkeypatch):
+    """Once a process group exists, transformers writes a model folder on global rank 0 only: the
+    models are opened (built into the cache) before it starts, or process 1 finds no config.json."""
+    monkeypatch.setenv("SWIFTKV_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "report"
+    only_instructions = ["--tasks", "none", "--chat-conversations", "0", "--gen-prompts", "0"]
+    run = torchrun(
+        2,
+        [
+            "eval", "smollm2-135m-instruct-swiftkv25", "--teacher", "smollm2-135m-instruct",
+            *only_instructions, "--long-prompts", "0", "--instruction-following", "simple",
+            "--instruction-items", "2", "--instruction-tokens", "4", "--out", str(out), "--no-progress",
+        ],
+    )  # fmt: skip
+    assert "process 1 of 2: 0 units of work" in run.stderr, run.stderr[-2000:]  # one batch per model
+    results = json.loads((out / "results.json").read_text())
+    assert results["students"][0]["instruction_following"]["items"] == 2

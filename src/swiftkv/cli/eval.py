@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 from ..dtypes import describe_choice
 from ..evaluate.processes import launched_processes, start_processes
 from ..evaluate.report import write_report
-from ..evaluate.run import evaluate_models
+from ..evaluate.run import evaluate_models, open_models
 from ..evaluate.settings import EvalSettings, SweepSettings, non_negative
 from ..evaluate.sweep import run_sweep
 from .options import add_dataclass_options, given_values
@@ -60,6 +60,7 @@ def run(args) -> int:
         raise ValueError("several MODELs need --teacher (the model they were all converted from)")
     if sweep.sweep and launched_processes() > 1:
         raise ValueError("--sweep runs in one process; run it without torchrun / accelerate launch")
+    models = None if sweep.sweep else open_models(settings)  # before the process group: see open_models
     processes = start_processes(settings.device)
     if processes.is_main:
         print(
@@ -71,7 +72,7 @@ def run(args) -> int:
     if sweep.sweep:
         paths = run_sweep(settings, sweep)
     else:
-        results = evaluate_models(settings, processes)
+        results = evaluate_models(settings, processes, models)
         if processes.size > 1:
             print(
                 f"process {processes.rank} of {processes.size}: {processes.units} units of work",

@@ -167,17 +167,29 @@ def engines(processes: Processes, dtype: torch.dtype) -> dict[str, str]:
     }
 
 
-def evaluate_models(settings: EvalSettings, processes: Processes | None = None) -> EvalResults:
+def open_models(settings: EvalSettings) -> tuple[list[Source], Source | None]:
+    """The students and the teacher, opened (a shipped alias or a GGUF is built into the cache here).
+    Under torchrun this must come before the process group starts: once it has, transformers'
+    save_pretrained writes on global rank 0 only, so another process could not build its copy."""
+    students = [open_source(student, settings.revision) for student in settings.students]
+    teacher = None if settings.teacher is None else open_source(settings.teacher, settings.teacher_revision)
+    return students, teacher
+
+
+def evaluate_models(
+    settings: EvalSettings,
+    processes: Processes | None = None,
+    models: tuple[list[Source], Source | None] | None = None,
+) -> EvalResults:
     """Each of `settings.students` scored against `settings.teacher` (`write_report` writes the results
-    into `settings.out`). The sources are opened once, here. With several `processes` (torchrun), each
-    computes its share and every process returns the same results."""
+    into `settings.out`). `models`: what `open_models` returned (opened here when not given). With several
+    `processes` (torchrun), each computes its share and every process returns the same results."""
     started = time.time()
     processes = processes or Processes(device=eval_device(settings.device))
     dtype = resolve_dtype(settings.dtype, processes.device)
     if settings.recipe:
         check_recipe_data()
-    students = [open_source(student, settings.revision) for student in settings.students]
-    teacher = None if settings.teacher is None else open_source(settings.teacher, settings.teacher_revision)
+    students, teacher = models or open_models(settings)
     if settings.floor:
         check_floor(students, teacher)
     store = open_store(settings, processes)
