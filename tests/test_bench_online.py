@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -434,7 +433,7 @@ def test_quick_online_bench_end_to_end(tmp_path):
     for session in report[
         "sessions"
     ]:  # each log starts with the command line; `swiftkv serve` prints its own
-        lines = Path(session["log"]).read_text().splitlines()
+        lines = (out / session["log"]).read_text().splitlines()  # the record names it relative to OUT
         if session["model"] == "swiftkv":
             assert any(
                 line.startswith("swiftkv serve: ") and "--kv-sharing-fast-prefill" in line for line in lines

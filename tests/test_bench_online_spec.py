@@ -377,7 +377,9 @@ def test_quick_online_bench_extractive_with_ngram_on_swiftkv_only(tmp_path):
     assert (
         "SwiftKV: --speculative-config" in finished.stdout and "baseline: no speculation" in finished.stdout
     )
-    logs = {s["model"]: Path(s["log"]).read_text().splitlines()[0] for s in report["sessions"]}
+    logs = {
+        s["model"]: (out / s["log"]).read_text().splitlines()[0] for s in report["sessions"]
+    }  # relative to OUT
     assert "--speculative-config" in logs["swiftkv"] and "--speculative-config" not in logs["baseline"]
 
 

@@ -187,3 +187,21 @@ def test_each_rules_portable_form_passes_where_the_machine_path_does_not(machine
     for quoted in ("`{}`", '"{}"', "({})", "--init-from={}", "log {}\n"):
         assert machine_paths(quoted.format(machine)) == [machine]
         assert machine_paths(quoted.format(portable)) == []
+
+
+def test_a_distill_summary_records_its_paths_portably():
+    """distill.json's settings name --out, --init-from and the data as portable paths, never this machine's."""
+    from swiftkv.distill.measure.summary import recorded_settings
+    from swiftkv.distill.settings import settings_for
+
+    settings = settings_for(
+        "smollm2-135m-instruct",
+        out=str(Path.cwd() / "out" / "skv"),
+        init_from=str(Path.home() / "runs" / "earlier"),
+        data=(str(Path.home() / "data" / "a.jsonl"), "sharegpt"),
+    )
+    recorded = recorded_settings(settings)
+    assert recorded["out"] == "out/skv" and recorded["init_from"] == "~/runs/earlier"
+    assert (
+        recorded["data"] == ["~/data/a.jsonl", "sharegpt"] and recorded["source"] == "smollm2-135m-instruct"
+    )

@@ -348,7 +348,12 @@ class OnlineRun:
             client = Client(base_url, model, self.online.output_len)
             asyncio.run(client.sequential(self.prompts[: self.online.warmup_requests]))
             self.report["sessions"].append(
-                {"model": model, "rates": rate_indices, "startup_s": startup_s, "log": str(log)}
+                {
+                    "model": model,
+                    "rates": rate_indices,
+                    "startup_s": startup_s,
+                    "log": str(log.relative_to(self.out_dir)),
+                }
             )
             if model not in self.report["idle"]:
                 self.measure_idle(client, model)

@@ -4,10 +4,23 @@ measures and memory, and its speed against the step's compute bound."""
 from __future__ import annotations
 
 from ...dtypes import dtype_name, resolve_dtype
+from ...files import portable_path
 from ..core.checkpoint import RunState
 from ..parallel.world import World
 from ..settings import DistillSettings
 from .bound import bound_line, devices_bound
+
+
+def recorded_settings(settings: DistillSettings) -> dict:
+    """The settings as a record holds them: a path (--out, --init-from, a data file, a model folder) in the
+    form that names the same place on another machine (`portable_path`), never one machine's folders."""
+
+    def recorded(value):
+        if isinstance(value, str):
+            return portable_path(value)
+        return [recorded(v) for v in value] if isinstance(value, list) else value
+
+    return {name: recorded(value) for name, value in settings.as_json().items()}
 
 
 def run_summary(settings: DistillSettings, state: RunState, world: World) -> dict:
@@ -17,7 +30,7 @@ def run_summary(settings: DistillSettings, state: RunState, world: World) -> dic
     tokens_per_second = round(tokens / state.elapsed, 1) if state.elapsed else None
     dtype = resolve_dtype(settings.dtype, world.device)
     return {
-        "settings": settings.as_json(),
+        "settings": recorded_settings(settings),
         # What `--dtype auto` chose on this machine: the settings keep only "auto".
         "compute_dtype": dtype_name(dtype),
         "steps": state.step,
