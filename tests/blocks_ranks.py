@@ -32,7 +32,7 @@ def digest(blocks) -> str:
 
 
 def main(settings_json: str, out: str) -> None:
-    settings = DistillSettings(**json.loads(Path(settings_json).read_text()))
+    settings = DistillSettings.of(**json.loads(Path(settings_json).read_text()))
     tokenizer = byte_tokenizer()
     world = init_world()
     before = reset_peak()

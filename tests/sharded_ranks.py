@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +38,7 @@ def started(settings: DistillSettings, world: World, sharded: bool) -> dict:
 def trained_histories(settings: DistillSettings, world: World) -> dict:
     sharded = run_distillation(settings).summary["history"]
     model, tokenizer = load_student(settings)
-    whole = distill(replace(settings, out=None), model, tokenizer, world).history
+    whole = distill(settings.but(out=None), model, tokenizer, world).history
     return {"sharded": sharded, "whole": whole}
 
 
@@ -54,8 +53,8 @@ def refusal(settings: DistillSettings, world: World) -> str | None:
 def main(cases: str, out: str) -> None:
     world = init_world(fsdp=True)
     for case in json.loads(Path(cases).read_text()):
-        settings = DistillSettings(**case["settings"]).opened()
-        if settings.teacher is not None:
+        settings = DistillSettings.of(**case["settings"]).opened()
+        if settings.model.teacher is not None:
             torch.save({"refused": refusal(settings, world)}, Path(out) / f"{case['name']}-{world.rank}.pt")
             continue
         result = {way: started(settings, world, way == "sharded") for way in ("sharded", "whole")}

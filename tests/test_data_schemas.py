@@ -139,14 +139,15 @@ def test_repeated_data_options_become_a_tuple_setting(tmp_path):
     import argparse
 
     from swiftkv.cli.options import add_dataclass_options, given_values
+    from swiftkv.distill.sections import DataSettings
     from swiftkv.distill.settings import DistillSettings
 
     parser = argparse.ArgumentParser()
-    add_dataclass_options(parser, DistillSettings)
-    assert given_values(parser.parse_args(["--data", "a:5"]), DistillSettings)["data"] == "a:5"
-    both = given_values(parser.parse_args(["--data", "a:5", "--data", "b:all"]), DistillSettings)
+    add_dataclass_options(parser, DataSettings)  # the data section's --data, given by its key "data"
+    assert given_values(parser.parse_args(["--data", "a:5"]), DataSettings)["data"] == "a:5"
+    both = given_values(parser.parse_args(["--data", "a:5", "--data", "b:all"]), DataSettings)
     assert both["data"] == ("a:5", "b:all")
-    assert json.loads(json.dumps(DistillSettings(source="m", data=both["data"]).as_json()))["data"] == [
+    assert json.loads(json.dumps(DistillSettings.of(source="m", data=both["data"]).as_json()))["data"] == [
         "a:5",
         "b:all",
     ]

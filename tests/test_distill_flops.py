@@ -79,8 +79,8 @@ def counted_and_executed(
     world = World(device=torch.device("cpu"))
     distiller, optimizer, step, _ = prepare(settings, model, train, world)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False, custom_mapping=GROUPED_MM) as counter:
-        for index in range(BLOCKS // settings.batch_size):
-            blocks = rank_blocks(train, index, settings.batch_size, world)
+        for index in range(BLOCKS // settings.optim.batch_size):
+            blocks = rank_blocks(train, index, settings.optim.batch_size, world)
             train_step(distiller, model, optimizer, blocks, BatchSizes.of(blocks), step, world)
     counted = step_flops_per_token(model.config, settings, train, step.micro_batch) * train.num_tokens
     return counted, counter.get_total_flops(), model.config

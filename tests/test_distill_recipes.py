@@ -44,34 +44,59 @@ from tests.tiny import (
 
 def test_recipes_are_presets_that_explicit_options_override():
     reference = settings_for("m", "reference")
-    assert (reference.init, reference.targets, reference.temperature, reference.kl_mean_over) == (
+    assert (
+        reference.model.init,
+        reference.data.targets,
+        reference.loss.temperature,
+        reference.loss.kl_mean_over,
+    ) == (
         "mean",
         "human",
         2.0,
         "positions",
     )
-    assert (reference.mse_weight, reference.mse_hidden_index, reference.lr, reference.warmup) == (
+    assert (
+        reference.loss.mse_weight,
+        reference.loss.mse_hidden_index,
+        reference.optim.lr,
+        reference.optim.warmup,
+    ) == (
         1.0,
         -2,
         2e-4,
         0.05,
     )
-    assert settings_for("m", "reference", lr=1e-3, init=None).lr == 1e-3  # None = not given
+    assert settings_for("m", "reference", lr=1e-3, init=None).optim.lr == 1e-3  # None = not given
     ours = settings_for("m")  # the default: R13 of the study, lstsq init, teacher replies cut at 64 tokens
-    assert ours.recipe == "swiftkv" and ours == DistillSettings(
+    assert ours.model.recipe == "swiftkv" and ours == DistillSettings.of(
         source="m"
     )  # the field defaults are the recipe
-    assert (ours.init, ours.targets, ours.reply_tokens, ours.lr, ours.batch_size) == (
+    assert (
+        ours.model.init,
+        ours.data.targets,
+        ours.replies.reply_tokens,
+        ours.optim.lr,
+        ours.optim.batch_size,
+    ) == (
         "lstsq",
         "teacher",
         64,
         2e-3,
         2,
     )
-    assert settings_for("m", reply_tokens=512).reply_tokens == 512
-    assert settings_for("m", "reference").reply_tokens == 512  # the reference's cap, unused by human targets
+    assert settings_for("m", reply_tokens=512).replies.reply_tokens == 512
+    assert (
+        settings_for("m", "reference").replies.reply_tokens == 512
+    )  # the reference's cap, unused by human targets
     lora = settings_for("m", "swiftkv-lora")  # R13 plus the capacity study's rank-64 adapters
-    assert (lora.init, lora.targets, lora.lr, lora.trainable, lora.lora_rank, lora.late_lr) == (
+    assert (
+        lora.model.init,
+        lora.data.targets,
+        lora.optim.lr,
+        lora.model.trainable,
+        lora.model.lora_rank,
+        lora.optim.late_lr,
+    ) == (
         "lstsq",
         "teacher",
         2e-3,
@@ -101,16 +126,28 @@ def test_reference_large_is_snowflakes_8b_recipe_at_its_scale():
     hidden_states[-2]), mean init, lr 2e-4 with 5% warmup and linear decay, 8 GPUs x micro-batch 1 of 8,192
     tokens, one epoch."""
     large = settings_for("m", "reference-large")
-    loss = (large.temperature, large.kl_mean_over, large.mse_weight, large.mse_hidden_index, large.init)
+    loss = (
+        large.loss.temperature,
+        large.loss.kl_mean_over,
+        large.loss.mse_weight,
+        large.loss.mse_hidden_index,
+        large.model.init,
+    )
     assert loss == (2.0, "positions", 1.0, -2, "mean")
-    assert (large.lr, large.warmup, large.batch_size, large.micro_batch, large.seq_len) == (
+    assert (
+        large.optim.lr,
+        large.optim.warmup,
+        large.optim.batch_size,
+        large.parallel.micro_batch,
+        large.data.seq_len,
+    ) == (
         2e-4,
         0.05,
         8,
         1,
         8192,
     )
-    assert (large.tokens, large.passes, large.targets, large.trainable) == (
+    assert (large.data.tokens, large.data.passes, large.data.targets, large.model.trainable) == (
         500_000_000,
         1,
         "human",
@@ -160,10 +197,12 @@ def test_an_8b_config_takes_the_large_recipe_and_the_first_line_says_why(tmp_pat
 
 @pytest.mark.parametrize(("batch", "lr"), [(8, 2e-4), (32, 4e-4), (2, 1e-4), (64, 2e-4 * 8**0.5)])
 def test_the_large_recipes_lr_follows_the_global_batch_by_its_square_root(batch, lr):
-    assert settings_for("m", "reference-large", batch_size=batch).lr == pytest.approx(lr, rel=1e-12)
-    assert settings_for("m", "reference-large", batch_size=batch, lr=3e-4).lr == 3e-4  # a given lr is kept
+    assert settings_for("m", "reference-large", batch_size=batch).optim.lr == pytest.approx(lr, rel=1e-12)
+    assert (
+        settings_for("m", "reference-large", batch_size=batch, lr=3e-4).optim.lr == 3e-4
+    )  # a given lr is kept
     for fixed in ("swiftkv", "reference", "swiftkv-lora"):  # tuned at their own step: never rescaled
-        assert settings_for("m", fixed, batch_size=batch).lr == settings_for("m", fixed).lr
+        assert settings_for("m", fixed, batch_size=batch).optim.lr == settings_for("m", fixed).optim.lr
 
 
 def test_the_help_states_the_lr_rule(capsys):

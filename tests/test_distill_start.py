@@ -2,7 +2,6 @@
 continue, init) with what it loads and why, and each refusal as one error naming the setting, all before
 any work."""
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ def earlier(tmp_path_factory):
     folder = tmp_path_factory.mktemp("start")
     settings = run_settings(folder, stop_after=2)
     distill(settings, tiny_student(), tiny_tokenizer())
-    return folder, replace(settings, stop_after=None)
+    return folder, settings.but(stop_after=None)
 
 
 def test_each_kind_says_what_it_loads_and_why(earlier, tmp_path):
@@ -27,14 +26,14 @@ def test_each_kind_says_what_it_loads_and_why(earlier, tmp_path):
     ckpt = folder / "ckpt" / "checkpoint.pt"
     out = str(tmp_path / "out")
     starts = {
-        "fresh": decide_start(replace(settings, out=out, checkpoint_dir=str(tmp_path / "new"))),
-        "resume": decide_start(replace(settings, out=out, resume=True)),
-        "snapshot": decide_start(replace(settings, out=out, snapshot_every=60.0)),
+        "fresh": decide_start(settings.but(out=out, checkpoint_dir=str(tmp_path / "new"))),
+        "resume": decide_start(settings.but(out=out, resume=True)),
+        "snapshot": decide_start(settings.but(out=out, snapshot_every=60.0)),
         "continue": decide_start(
-            replace(settings, out=out, checkpoint_dir=str(tmp_path / "c"), continue_from=str(folder / "ckpt"))
+            settings.but(out=out, checkpoint_dir=str(tmp_path / "c"), continue_from=str(folder / "ckpt"))
         ),
         "init": decide_start(
-            replace(settings, out=out, checkpoint_dir=str(tmp_path / "i"), init_from=str(folder / "ckpt"))
+            settings.but(out=out, checkpoint_dir=str(tmp_path / "i"), init_from=str(folder / "ckpt"))
         ),
     }
     assert tuple(starts) == KINDS and all(start.kind == kind for kind, start in starts.items())
@@ -50,7 +49,7 @@ def test_each_kind_says_what_it_loads_and_why(earlier, tmp_path):
     assert starts["continue"].why == f"continuing {ckpt}: its trained tensors, after 2 steps of the data"
     assert starts["init"].load == ckpt and starts["init"].continued_steps == 0
     # A library call (no output folder) over an existing checkpoint: no refusal, no snapshot resume.
-    library = decide_start(replace(settings, snapshot_every=60.0), writes_output=False)
+    library = decide_start(settings.but(snapshot_every=60.0), writes_output=False)
     assert library.kind == "fresh"
 
 
@@ -106,4 +105,4 @@ def test_each_refusal_is_one_error_naming_the_setting(earlier, tmp_path):
     folder, settings = earlier
     for changes, error, message in refusals(folder, tmp_path):
         with pytest.raises(error, match=message):
-            decide_start(replace(settings, **{"out": str(tmp_path / "out"), **changes}))
+            decide_start(settings.but(**{"out": str(tmp_path / "out"), **changes}))

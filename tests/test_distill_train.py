@@ -124,7 +124,7 @@ def test_one_step_changes_only_the_swiftkv_parameters():
     torch.manual_seed(3)
     model = tiny_student()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    settings = DistillSettings(source="tiny", batch_size=2, micro_batch=1, lr=1e-2, dtype="float32")
+    settings = DistillSettings.of(source="tiny", batch_size=2, micro_batch=1, lr=1e-2, dtype="float32")
     parameters = freeze_all_but_swiftkv(model)
     optimizer = torch.optim.AdamW(parameters, lr=1e-2)
     blocks = blocks_for(model)
@@ -170,7 +170,7 @@ def run_settings(tmp_path, **overrides) -> DistillSettings:
         checkpoint_dir=str(tmp_path / "ckpt"),
         dtype="float32",
     )
-    return DistillSettings(**{**values, **overrides})
+    return DistillSettings.of(**{**values, **overrides})
 
 
 def test_resume_equals_an_uninterrupted_run(tmp_path):
@@ -238,8 +238,10 @@ def test_a_continued_run_starts_from_the_earlier_tensors_and_trains_the_steps_af
     assert (state.continued_steps, state.step, state.total_steps) == (4, 4, 4)
     evals = [h for h in state.history if "kl" in h]
     assert evals[0]["kl"] == [h for h in first.history if "kl" in h][-1]["kl"]
-    assert [h["lr"] for h in state.history if "lr" in h][0] == more.lr  # warmup again: 5% of 4 steps is 1
-    stream, _ = load_blocks(more.data, tokenizer, 32, 512, 64, 0, passes=2)
+    assert [h["lr"] for h in state.history if "lr" in h][
+        0
+    ] == more.optim.lr  # warmup again: 5% of 4 steps is 1
+    stream, _ = load_blocks(more.data.spec, tokenizer, 32, 512, 64, 0, passes=2)
     assert torch.equal(torch.cat(taken[-4:]), stream.input_ids[16:])  # (the first: the micro-batch probe's)
     changed = [
         n
@@ -376,8 +378,8 @@ def test_init_from_refuses_another_student_and_no_checkpoint(tmp_path):
 
 def test_tokens_round_up_to_whole_steps_so_at_least_that_many_train(tmp_path):
     # 1M at steps of 2 x 1024 is 488.3 steps: 489 train (1,001,472 tokens), not 488 (999,424).
-    assert DistillSettings(tokens=1_000_000, batch_size=2, seq_len=1024).train_tokens == 489 * 2048
-    assert DistillSettings(tokens=4 * 2048, batch_size=2, seq_len=1024).train_tokens == 4 * 2048
+    assert DistillSettings.of(tokens=1_000_000, batch_size=2, seq_len=1024).train_tokens == 489 * 2048
+    assert DistillSettings.of(tokens=4 * 2048, batch_size=2, seq_len=1024).train_tokens == 4 * 2048
     state = distill(run_settings(tmp_path, tokens=32 * 4 * 3 + 1), tiny_student(), tiny_tokenizer())
     assert state.step == state.total_steps == 4
 
@@ -437,7 +439,7 @@ def test_a_micro_batch_without_trained_positions_adds_nothing_and_the_run_goes_o
     model = tiny_student()
     blocks = blocks_for(model)
     blocks.loss_mask[1] = False
-    step = DistillSettings(source="tiny", micro_batch=1, dtype="float32").step_settings()
+    step = DistillSettings.of(source="tiny", micro_batch=1, dtype="float32").step_settings()
     parameters = freeze_all_but_swiftkv(model)
 
     def loss_and_grads(which):

@@ -3,7 +3,6 @@ written folder holds the student's merged weights under the original names and s
 
 import copy
 import json
-from dataclasses import replace
 
 import pytest
 import torch
@@ -36,7 +35,7 @@ def pair_of(model, blocks):
 
 def prepared(model, trainable):
     """(settings, optimizer) of a one-step run; installs the trainable set."""
-    settings = DistillSettings(
+    settings = DistillSettings.of(
         source="tiny",
         trainable=trainable,
         lora_rank=4 if trainable == "lora" else None,
@@ -46,8 +45,8 @@ def prepared(model, trainable):
         late_lr=1e-2,
         dtype="float32",
     )
-    install(model, settings.trainable, settings.lora_rank)
-    return settings, optimizer_for(model, settings)
+    install(model, settings.model.trainable, settings.model.lora_rank)
+    return settings, optimizer_for(model, settings.optim)
 
 
 def one_step(model, blocks, settings, optimizer):
@@ -230,7 +229,7 @@ def test_a_folder_whose_later_layers_were_trained_says_so_and_refuses_its_teache
     assert pair.mode == "separate"  # never the student's own (gone) teacher path
     with pytest.raises(ValueError, match="cannot be distilled"):
         run_distillation(
-            DistillSettings(
+            DistillSettings.of(
                 source=str(out), out=str(tmp_path / "again"), init="keep", targets="human", dtype="float32"
             )
         )
@@ -299,9 +298,9 @@ def test_init_from_a_lora_students_weights_starts_where_that_student_ended(tmp_p
     assert summary["heldout_before"]["kl"] == pytest.approx(ended["kl"], rel=1e-4, abs=1e-6)
     assert summary["heldout_after"]["kl"] != summary["heldout_before"]["kl"]
     with pytest.raises(ValueError, match=r"another student .*student_rank: folder 16 vs this run 8"):
-        run_distillation(replace(again, lora_rank=8, out=str(tmp_path / "r8")))
+        run_distillation(again.but(lora_rank=8, out=str(tmp_path / "r8")))
     with pytest.raises(ValueError, match=r"another student .*student_trained: folder .* vs this run None"):
-        run_distillation(replace(again, trainable="swiftkv", out=str(tmp_path / "sk")))
+        run_distillation(again.but(trainable="swiftkv", out=str(tmp_path / "sk")))
     assert not (tmp_path / "r8").exists() and not (tmp_path / "sk").exists()
     short = tmp_path / "short"
     short.mkdir()
@@ -311,7 +310,7 @@ def test_init_from_a_lora_students_weights_starts_where_that_student_ended(tmp_p
         {k: v for k, v in tensors.items() if "layers.4.mlp.up_proj" not in k}, short / "swiftkv.safetensors"
     )
     with pytest.raises(ValueError, match=r"lacks trained tensors .*layers\.4\.mlp\.up_proj\.lora"):
-        run_distillation(replace(again, init_from=str(short), out=str(tmp_path / "s")))
+        run_distillation(again.but(init_from=str(short), out=str(tmp_path / "s")))
 
 
 def test_init_from_a_gpu_loans_snapshot_starts_where_that_student_ended(tmp_path):
@@ -349,7 +348,7 @@ def test_init_from_a_gpu_loans_snapshot_starts_where_that_student_ended(tmp_path
         "lora_rank": 16,
     }
     write_snapshot(tmp_path / "n", weights_trained(tmp_path / "w"), progress)
-    again = run_distillation(replace(settings, init_from=str(tmp_path / "n"), out=str(tmp_path / "again")))
+    again = run_distillation(settings.but(init_from=str(tmp_path / "n"), out=str(tmp_path / "again")))
     before = again.summary["heldout_before"]["kl"]
     assert before == pytest.approx(result["heldout_after"]["kl"], rel=0.05)
     assert before != pytest.approx(result["heldout_before"]["kl"], rel=0.2)  # not the fresh student's start
@@ -359,7 +358,7 @@ def test_init_from_a_gpu_loans_snapshot_starts_where_that_student_ended(tmp_path
     ):
         write_snapshot(tmp_path / "m", weights_trained(tmp_path / "w"), {**progress, **changed})
         with pytest.raises(ValueError, match=f"another student .*{message}"):
-            run_distillation(replace(settings, init_from=str(tmp_path / "m"), out=str(tmp_path / "x")))
+            run_distillation(settings.but(init_from=str(tmp_path / "m"), out=str(tmp_path / "x")))
 
 
 def test_adapters_start_from_the_run_seed_not_the_process_random_state():

@@ -80,13 +80,12 @@ def test_a_shipped_student_is_a_starting_point_for_its_own_recipe(alias):
     }
     rank = json.loads((folder / "swiftkv.json").read_text())["student_rank"]
     settings = settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=rank)
-    check_weights_student(folder, settings, converted)
+    check_weights_student(folder, settings.model, converted)
     with pytest.raises(ValueError, match=f"student_rank: folder {rank} vs this run {rank // 2}"):
-        check_weights_student(
-            folder, settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=rank // 2), converted
-        )
+        other_rank = settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=rank // 2)
+        check_weights_student(folder, other_rank.model, converted)
     with pytest.raises(ValueError, match="num_key_value_layers: folder .* vs this run 7"):
-        check_weights_student(folder, settings, {**converted, "num_key_value_layers": 7})
+        check_weights_student(folder, settings.model, {**converted, "num_key_value_layers": 7})
     trained = weights_trained(folder)
     assert sum(name.endswith(".lora_b") for name in trained) == 4 * (30 - ALIASES[alias])
     assert all(t.dtype == torch.float32 for t in trained.values())
@@ -103,7 +102,7 @@ def test_a_run_on_from_a_shipped_student_takes_its_rank_unless_one_is_given(alia
     rank = json.loads((WEIGHTS_DIR / alias / "swiftkv.json").read_text())["student_rank"]
     assert rank != 64  # the recipe's, so the test tells them apart
     taken = with_folder_rank(settings_for("n", "swiftkv-lora", init_from=alias), rank_given=False)
-    assert taken.lora_rank == rank
+    assert taken.model.lora_rank == rank
     given = settings_for("n", "swiftkv-lora", init_from=alias, lora_rank=64)
     assert with_folder_rank(given, rank_given=True) == given
     plain = settings_for("n", "swiftkv", init_from=alias)

@@ -122,10 +122,10 @@ def saved(root, name: str, rank: int) -> dict:
 def whole_start(values: dict):
     """The run's model as one process starts it: loaded whole in fp32, the init and the trainable set
     applied, frozen weights in the compute dtype."""
-    settings = DistillSettings(**values).opened()
+    settings = DistillSettings.of(**values).opened()
     model, _ = load_student(settings)
-    install(model, settings.trainable, settings.lora_rank, settings.seed)
-    cast_frozen(model, resolve_dtype(settings.dtype))
+    install(model, settings.model.trainable, settings.model.lora_rank, settings.optim.seed)
+    cast_frozen(model, resolve_dtype(settings.parallel.dtype))
     return model
 
 

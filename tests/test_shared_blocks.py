@@ -51,7 +51,7 @@ def test_one_process_tokenizes_and_the_other_maps_the_same_blocks(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     first, second = (json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1))
 
-    train, heldout = training_blocks(DistillSettings(**values), byte_tokenizer())
+    train, heldout = training_blocks(DistillSettings.of(**values), byte_tokenizer())
     assert first["train"] == second["train"] == digest(train)
     assert first["heldout"] == second["heldout"] == digest(heldout)
     assert not list(tmp_path.glob(".swiftkv-blocks-*"))  # the cache is gone after the start

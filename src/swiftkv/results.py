@@ -504,7 +504,9 @@ class DistillSummary(Record):
     """`distill.json` in the distilled folder, and what `swiftkv distill` prints."""
 
     settings: dict[str, Any] | None = None  # DistillSettings as a dict
-    compute_dtype: str | None = None  # the dtype the steps ran in (settings.dtype resolved on this machine)
+    compute_dtype: str | None = (
+        None  # the dtype the steps ran in (settings.parallel.dtype resolved on this machine)
+    )
     steps: int | None = None
     micro_batch: int | None = None  # blocks per forward as run (--micro-batch auto resolved)
     train_tokens: int | None = None

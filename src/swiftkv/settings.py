@@ -5,12 +5,19 @@ declarations share, so library code does not depend on the command line."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import field
 
 
 def setting(default, help: str, **metadata):  # noqa: A002 - mirrors argparse's keyword
-    """A dataclass field with its --help text; metadata may add `flag`, `choices`, `parse`, `cli=False`."""
+    """A dataclass field with its --help text; metadata may add `key`, `flag`, `choices`, `parse`, `cli=False`."""
     return field(default=default, metadata={"help": help, **metadata})
+
+
+def key_of(field: dataclasses.Field) -> str:
+    """A setting's name outside its dataclass (metadata `key`; by default its field name): its option's name
+    without dashes and its key in records, so that fields of one name in two sections stay apart."""
+    return field.metadata.get("key", field.name)
 
 
 def parse_count(text: str) -> int:

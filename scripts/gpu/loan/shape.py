@@ -88,7 +88,7 @@ def measure(
     settings = settings_for(
         "random", "swiftkv", seq_len=seq_len, batch_size=batch_size, tokens=seq_len, compile=compile_layers
     )
-    dtype = resolve_dtype(settings.dtype, world.device)
+    dtype = resolve_dtype(settings.parallel.dtype, world.device)
     train = random_blocks(batch_size * 64, seq_len, model.config.vocab_size)
     distiller, optimizer, step_settings, compiled = prepare(settings, model, train, world)
     sync = torch.cuda.synchronize if world.device.type == "cuda" else (lambda: None)

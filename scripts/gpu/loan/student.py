@@ -224,7 +224,7 @@ def start_session(run: StudentRun) -> Session:
     teacher = open_source(run.teacher)
     staged = torch.load(run.blocks)
     settings = distill_settings(run, teacher.name)
-    dtype = resolve_dtype(settings.dtype, device)
+    dtype = resolve_dtype(settings.parallel.dtype, device)
     model = lstsq_student(teacher, run.num_key_value_layers, staged["calibration"], device, dtype)
     train, data_digest = train_blocks(run, teacher.load_tokenizer())
     progress = new_progress(run, settings, len(train) // run.batch_size, data_digest, device)
@@ -303,8 +303,8 @@ def new_progress(
         "num_key_value_layers": run.num_key_value_layers,
         "key_value_group_size": 1,
         "recipe": run.recipe,
-        "trainable": settings.trainable,
-        "lora_rank": settings.lora_rank,
+        "trainable": settings.model.trainable,
+        "lora_rank": settings.model.lora_rank,
         "tokens": run.tokens,
         "seq_len": run.seq_len,
         "batch_size": run.batch_size,
@@ -315,7 +315,7 @@ def new_progress(
         "total_steps": total_steps,
         "data_digest": data_digest,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "compute_dtype": dtype_name(resolve_dtype(settings.dtype, device)),
+        "compute_dtype": dtype_name(resolve_dtype(settings.parallel.dtype, device)),
         "resumed_from": run.resume,
         "step": 0,
         "heldout": [],

@@ -13,7 +13,7 @@ from ..distill.measure.plan import PlanRequest, model_parameters, print_plan
 from ..distill.measure.speed import TIMED_STEPS, measure_shared_vs_naive
 from ..distill.parallel.world import launched_as_main
 from ..distill.run import heldout_agreement, run_distillation
-from ..distill.settings import RECIPES, DistillSettings, default_recipe, settings_for
+from ..distill.settings import RECIPES, SECTIONS, DistillSettings, default_recipe, settings_for
 from ..distill.start.from_weights import with_folder_rank
 from ..distill.start.setup import set_threads
 from ..files import write_atomic
@@ -39,7 +39,8 @@ def register(subparsers) -> None:
         help=f"named preset: {' or '.join(RECIPES)} (default: by the model's size, reference-large from "
         "1B parameters, else swiftkv; reference = ArcticTraining's recipe; see docs/distillation.md)",
     )
-    add_dataclass_options(parser, DistillSettings)
+    for name, section in SECTIONS.items():  # one group per section of the settings, in --help too
+        add_dataclass_options(parser.add_argument_group(f"{name} settings"), section)
     add_mode_options(parser)
     add_plan_options(parser)
     parser.add_argument("--json", help="also write the run summary / measurement JSON here")
@@ -136,7 +137,9 @@ def add_plan_options(parser) -> None:
 
 
 def run(args) -> int:
-    given = given_values(args, DistillSettings)
+    given = {
+        key: value for section in SECTIONS.values() for key, value in given_values(args, section).items()
+    }
     recipe = chosen_recipe(args)
     settings = with_folder_rank(settings_for(args.model, recipe, **given), "lora_rank" in given)
     if args.mode == "plan":
@@ -147,7 +150,7 @@ def run(args) -> int:
             "(--mode plan); a run trains the converted folder as it is"
         )
     set_threads()
-    if settings.fsdp and args.mode != "train":
+    if settings.parallel.fsdp and args.mode != "train":
         raise ValueError(
             f"--fsdp applies to a training run; --mode {args.mode} runs one process on the whole model: "
             "drop --fsdp"

@@ -1,7 +1,8 @@
 """Command-line options generated from settings dataclasses, so each setting is declared once: its
 name, type, default and help live on the dataclass field; argparse only reads them.
 
-A field's metadata may carry `help`, `flag` (a different option name), `choices`, `parse` (a
+A field's metadata may carry `help`, `key` (its name outside the dataclass: the option's and
+`given_values`' key), `flag` (a different option name), `choices`, `parse` (a
 converter, e.g. token counts like `1M`), `repeat=True` (the option may be given several times; the
 setting holds a tuple of the values) and `cli=False` (not an option). A bool setting is a switch:
 `--NAME` when it defaults to False, `--no-NAME` when it defaults to True. Options default to None on
@@ -17,13 +18,14 @@ import typing
 from typing import Any
 
 from ..dtypes import DTYPE_CHOICES
+from ..settings import key_of
 from ..sources import SMOLLM2_ALIAS
 
 
 def option_name(field: dataclasses.Field) -> str:
-    """--NAME, or --no-NAME for a setting that is on by default (the option switches it off)."""
+    """--KEY, or --no-KEY for a setting that is on by default (the option switches it off)."""
     prefix = "--no-" if field.default is True else "--"
-    return field.metadata.get("flag", prefix + field.name.replace("_", "-"))
+    return field.metadata.get("flag", prefix + key_of(field).replace("_", "-"))
 
 
 def base_type(field: dataclasses.Field, owner: type) -> type:
@@ -52,14 +54,18 @@ def add_dataclass_options(
         if kind is bool:  # a switch: --NAME turns an off setting on, --no-NAME an on setting off
             action = "store_false" if field.default is True else "store_true"
             parser.add_argument(
-                option_name(field), dest=dest_prefix + field.name, action=action, default=None, help=help_text
+                option_name(field),
+                dest=dest_prefix + key_of(field),
+                action=action,
+                default=None,
+                help=help_text,
             )
             continue
         if default not in (None, dataclasses.MISSING, False, ""):
             help_text = f"{help_text} (default: {default})".strip()
         parser.add_argument(
             option_name(field),
-            dest=dest_prefix + field.name,
+            dest=dest_prefix + key_of(field),
             default=None,
             action="append" if field.metadata.get("repeat") else "store",
             type=field.metadata.get("parse", kind),
@@ -69,8 +75,8 @@ def add_dataclass_options(
 
 
 def given_values(args: argparse.Namespace, settings_class: type, dest_prefix: str = "") -> dict[str, Any]:
-    """The settings the user gave on the command line (options left out are absent), by field name."""
-    names = {f.name for f in dataclasses.fields(settings_class) if f.metadata.get("cli", True)}
+    """The settings the user gave on the command line (options left out are absent), by key (`key_of`)."""
+    names = {key_of(f) for f in dataclasses.fields(settings_class) if f.metadata.get("cli", True)}
     values = {k.removeprefix(dest_prefix): v for k, v in vars(args).items() if k.startswith(dest_prefix)}
     return {k: repeated(v) for k, v in values.items() if k in names and v is not None}
 

@@ -42,14 +42,14 @@ class DistillResult:
 
 
 def run_distillation(settings: DistillSettings) -> DistillResult:
-    """Train `settings.source` per `settings` (a slice of it with `stop_after`); on the last step
-    write `settings.out` atomically. Bad input fails here, before any training (`start.decide_start`)."""
+    """Train `settings.model.source` per `settings` (a slice of it with `stop_after`); on the last step
+    write `settings.output.out` atomically. Bad input fails here, before any training (`start.decide_start`)."""
     settings.check_batch_split(launched_world_size())  # before the source opens: a number alone answers it
     settings = settings.opened()  # a missing source is reported here, as such, before any work
     start = decide_start(settings)
     if launched_world_size() > 1:
         check_replies_written(settings)
-    world = init_world(settings.fsdp)
+    world = init_world(settings.parallel.fsdp)
     try:
         return train_and_write(settings, world, start)
     finally:
@@ -71,7 +71,7 @@ def train_and_write(settings: DistillSettings, world: World, start: Start) -> Di
         facts = DistillSummary.from_json(summary)
         log(
             world,
-            f"wrote {settings.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
+            f"wrote {settings.output.out} ({facts.train_tokens} tokens, {facts.train_seconds} s train, "
             f"{time.time() - started:.0f} s this segment; {speed_line(summary)})",
         )
     elif world.is_main:
@@ -113,7 +113,7 @@ def write_output(settings: DistillSettings, distiller, tokenizer, summary: dict,
     only when its turn to be written comes, on every process (a collective), and process 0 writes it.
     Each process reports the peak host memory the write added above what it held."""
     held = reset_peak()
-    source = FolderTensors(settings.source.folder)
+    source = FolderTensors(settings.model.source.folder)
     model = inner_model(distiller)
     trained = {name: partial(whole_tensor, p) for name, p in trained_parameters(model).items()}
     merged = merged_student_weights(trained, source)
@@ -122,17 +122,17 @@ def write_output(settings: DistillSettings, distiller, tokenizer, summary: dict,
     if not world.is_main:
         copy_weights(source, None, replaced=replaced, write=False)
     else:
-        config = AutoConfig.from_pretrained(settings.source.folder)
-        mark_distilled(config, settings.trainable, bool(merged))
+        config = AutoConfig.from_pretrained(settings.model.source.folder)
+        mark_distilled(config, settings.model.trainable, bool(merged))
 
         def fill(tmp: Path) -> None:
             copy_weights(source, tmp, replaced=replaced)
             config.save_pretrained(tmp)
-            generation_config(settings.source.folder, config).save_pretrained(tmp)
+            generation_config(settings.model.source.folder, config).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             (tmp / "distill.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-        write_model_folder(settings.out, fill, force=True)
+        write_model_folder(settings.output.out, fill, force=True)
     peak = peak_mib()
     if held is not None and peak is not None:
         print(
@@ -145,21 +145,21 @@ def write_output(settings: DistillSettings, distiller, tokenizer, summary: dict,
 def heldout_agreement(settings: DistillSettings) -> dict:
     """Held-out KL / top-1 of the model as it is (the split depends on --data, --seed, --heldout-tokens)."""
     settings = settings.opened()
-    model, tokenizer = load_student(replace(settings, init="keep"))  # measure the weights as they are
+    model, tokenizer = load_student(settings.but(init="keep"))  # measure the weights as they are
     _, heldout = load_blocks(
-        settings.data,
+        settings.data.spec,
         tokenizer,
-        settings.seq_len,
-        settings.seq_len,
-        settings.heldout_tokens,
-        settings.seed,
-        split=settings.data_split,
+        settings.data.seq_len,
+        settings.data.seq_len,
+        settings.data.heldout_tokens,
+        settings.optim.seed,
+        split=settings.data.data_split,
     )
     # Evaluation has no backward to size a micro-batch against: `auto` takes the CPU size on any device.
-    micro = settings.micro_batch if settings.micro_batch != AUTO else CPU_MICRO_BATCH
+    micro = settings.parallel.micro_batch if settings.parallel.micro_batch != AUTO else CPU_MICRO_BATCH
     return {
-        "model": source_name(settings.source),
-        "data": settings.data,
-        "heldout_tokens": settings.heldout_tokens,
+        "model": source_name(settings.model.source),
+        "data": settings.data.spec,
+        "heldout_tokens": settings.data.heldout_tokens,
         **evaluate(model, heldout, replace(settings.step_settings(), micro_batch=micro), World()),
     }

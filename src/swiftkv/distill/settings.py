@@ -26,28 +26,29 @@ Options given on the command line override the recipe's values.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..data.long_prompts import LONG_PROMPT_TOKENS
-from ..data.mixture import DATA_HELP, DEFAULT_SPLIT, SPLIT_HELP, DataSpec
-from ..data.split import LONG_KINDS, written_tokens
-from ..dtypes import DTYPE_CHOICES
-from ..replies import ENGINES as REPLY_ENGINES
-from ..replies import LONG_KIND_HELP, PROMPT_TURNS, REPLY_TOKENS, RepliesSettings
-from ..replies import WRITERS as REPLY_WRITERS
-from ..settings import parse_count, setting
-from ..sources import Source, SourceLike, open_source, source_name
+from ..data.split import written_tokens
+from ..replies import RepliesSettings
+from ..settings import key_of
+from ..sources import SourceLike, open_source, source_name
 from .core.loss import LossTerms
-from .core.microbatch import AUTO, check_split, parse_micro_batch
-from .core.trainable import DEFAULT_LORA_RANK, TRAINABLE_SETS
+from .core.microbatch import check_split
+from .sections import (
+    CheckpointSettings,
+    DataSettings,
+    ModelSettings,
+    OptimSettings,
+    OutputSettings,
+    ParallelSettings,
+    ReplySettings,
+)
 
 CHECKPOINT_FILE = "checkpoint.pt"
-INITS = ("keep", "copy", "mean", "lstsq")
 REDERIVED_INITS = ("copy", "mean")  # recomputed from the model's own teacher weights when the run starts
-TARGETS = ("human", "teacher", "mixed")
 HUMAN_SHARE = {"human": 1.0, "teacher": 0.0, "mixed": 0.5}  # of the train tokens, per --targets
-KL_MEAN_OVER = ("targets", "positions")
 LONG_PROMPT_MARGIN = (
     128  # tokens a block needs beyond the shortest long prompt's text: its chat template, and room
 )
@@ -72,239 +73,72 @@ RUN_ONLY_SETTINGS = (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class DistillSettings:
-    source: str | Source = setting(
-        None, "SwiftKV HF folder (from `swiftkv convert`), alias or Hub repo id", cli=False
-    )
-    recipe: str = setting(
-        "swiftkv",
-        "named preset of the settings below (reference = ArcticTraining's)",
-        choices=None,
-        cli=False,
-    )
-    out: str | None = setting(None, "final HF SwiftKV folder (written atomically)")
-    data: DataSpec = setting("sharegpt", DATA_HELP, repeat=True)
-    data_split: str = setting(DEFAULT_SPLIT, SPLIT_HELP)
-    teacher: str | Source | None = setting(
-        None, "the model MODEL was converted from: checked to match (shapes, tokenizer, weights)"
-    )
-    revision: str | None = setting(None, "MODEL's revision (branch, tag or commit) when it is a Hub repo id")
-    teacher_revision: str | None = setting(
-        None, "--teacher's revision (branch, tag or commit) when it is a Hub repo id"
-    )
-    init: str = setting(
-        "lstsq",
-        "re-initialise the SwiftKV parameters before training: keep (as converted), copy, "
-        "mean (reference) or lstsq",
-        choices=INITS,
-    )
-    targets: str = setting(
-        "teacher",
-        "assistant turns to learn on: the data's own (human), the teacher's greedy "
-        "replies to the same first prompts (teacher; generated once with vLLM or transformers and "
-        "cached), or half of each (mixed)",
-        choices=TARGETS,
-    )
-    reply_writer: str = setting(
-        "teacher",
-        "who writes the replies of --targets teacher|mixed: the teacher, or the "
-        "student as converted (its own greedy replies, scored by the teacher: an on-policy "
-        "snapshot that shows the teacher the student's own continuations)",
-        choices=REPLY_WRITERS,
-    )
-    teacher_data: str | None = setting(
-        None, "JSONL cache of the written replies (default: in the swiftkv cache)"
-    )
-    reply_tokens: int = setting(REPLY_TOKENS, "max tokens of a written reply")
-    long_share: float = setting(
-        0.0,
-        "share of the written-reply train tokens that answer long prompts (1-2k "
-        "tokens of passages + a question, or a document + a summary request, built from "
-        "train chats; each packed whole, so it needs --seq-len of about 2048): SwiftKV's "
-        "own workload",
-    )
-    long_kind: str = setting(
-        "chat",
-        LONG_KIND_HELP,
-        choices=tuple(LONG_KINDS),
-    )
-    prompt_turns: str = setting(
-        "first",
-        "which user turns of a train chat get written replies: the first, or "
-        "every user turn with the conversation before it (about 3x the prompts of "
-        "ShareGPT's first turns: what a run beyond ~6M tokens needs)",
-        choices=PROMPT_TURNS,
-    )
-    reply_engine: str = setting(
-        "auto",
-        "what generates the replies: vllm, hf (transformers' generate, on CUDA when available), static (a "
-        "batched greedy loop over a static KV cache, CUDA graphs on a GPU; teacher writes only) or auto "
-        "(vllm where installed)",
-        choices=REPLY_ENGINES,
-    )
-    trainable: str = setting(
-        "swiftkv",
-        "what trains: the SwiftKV parameters only (swiftkv, the paper), plus "
-        "student-only low-rank adapters on the later layers' o_proj and MLP (lora), plus "
-        "student-only copies of them (late), or of them and the later layers' norms "
-        "(late-norms); the teacher's weights stay frozen in every case, and the student's "
-        "are merged into the written folder",
-        choices=TRAINABLE_SETS,
-    )
-    lora_rank: int | None = setting(
-        None, f"rank of the --trainable lora adapters (default {DEFAULT_LORA_RANK})"
-    )
-    late_lr: float = setting(
-        2e-4, "peak learning rate of the student-only later-layer weights (--trainable lora|late|late-norms)"
-    )
-    tokens: int = setting(
-        1_000_000,
-        "train tokens (whole blocks, masked or not), rounded up to whole optimizer steps "
-        "of --batch-size x --seq-len, so at least this many train",
-        parse=parse_count,
-    )
-    passes: int = setting(
-        1,
-        "passes over the train data: it holds --tokens / --passes tokens (the written replies are that "
-        "many), and each pass takes its blocks in a new seeded order",
-    )
-    skip_tokens: int = setting(
-        0,
-        "train tokens of the split passed over first: the documents a run with --tokens SKIP trained on "
-        "(a later stage, e.g. with --init-from, on prompts the earlier one never saw; their replies are "
-        "written too, as the split counts prompt + reply tokens). Not with --targets mixed or --long-share",
-        parse=parse_count,
-    )
-    continue_from: str | None = setting(
-        None,
-        "an earlier run's checkpoint (its OUT.ckpt folder or the checkpoint.pt in it) to continue: "
-        "its trained tensors, and the steps after its own in the same data (the same settings but a "
-        "larger --tokens, e.g. more --passes), with a fresh AdamW and this run's schedule over the "
-        "steps it adds (warmup again)",
-    )
-    init_from: str | None = setting(
-        None,
-        "an earlier run's checkpoint (OUT.ckpt or its checkpoint.pt), or a student's SwiftKV weights "
-        "(a folder with swiftkv.json, an installed student's alias, or a student snapshot: 0.safetensors "
-        "with the run's progress in its metadata), whose trained tensors this run "
-        "starts from, on data and settings of its own (a second stage: longer blocks, another mix), with "
-        "a fresh AdamW; the same student: the same source, --trainable and --lora-rank (a weights "
-        "folder's rank unless --lora-rank is given)",
-    )
-    heldout_tokens: int = setting(32_768, "held-out tokens for KL / top-1 during the run", parse=parse_count)
-    seq_len: int = setting(1024, "tokens per packed block")
-    batch_size: int = setting(
-        2,
-        "the global batch: blocks per optimizer step over all processes, split into the processes x "
-        "--micro-batch (so it must be a multiple of their product). The lr was tuned with each recipe's "
-        "batch; under --recipe reference-large a --batch-size B without --lr trains at 2e-4 x sqrt(B / 8)",
-    )
-    micro_batch: int | str = setting(
-        AUTO,
-        "blocks per forward, or auto: on CUDA the largest divisor of the "
-        "per-process batch whose first step fits in memory (tried), on CPU 2",
-        parse=parse_micro_batch,
-    )
-    lr: float = setting(2e-3, "peak learning rate (AdamW)")
-    warmup: float = setting(0.05, "fraction of steps with linear warmup; linear decay to 0 after")
-    weight_decay: float = setting(0.0, "AdamW weight decay")
-    temperature: float = setting(2.0, "softmax temperature of the T^2 * KL term")
-    kl_mean_over: str = setting(
-        "targets",
-        "the KL sum is divided by the trained (assistant) positions, or by all "
-        "positions as the reference does",
-        choices=KL_MEAN_OVER,
-    )
-    top1_weight: float = setting(
-        0.0,
-        "weight of a cross-entropy term on the teacher's most likely token at each "
-        "trained position (hard-label distillation; greedy agreement is decided at the "
-        "argmax), divided like the KL",
-    )
-    mse_weight: float = setting(0.0, "weight of the hidden-state MSE term (all positions)")
-    mse_hidden_index: int = setting(
-        -2,
-        "which transformers hidden_states entry the MSE compares (-2: the input of "
-        "the last layer, as the reference); must be a later layer's input",
-    )
-    max_grad_norm: float = setting(1.0, "gradient clipping")
-    dtype: str = setting(
-        "auto",
-        "compute dtype: auto = bf16 autocast where bf16 is native, else fp32 "
-        "(master weights and loss stay fp32)",
-        choices=DTYPE_CHOICES,
-    )
-    chunk_rows: int = setting(512, "positions per vocabulary chunk of the loss")
-    naive: bool = setting(
-        False, "teacher and student each run all layers (the reference way), for comparison"
-    )
-    fsdp: bool = setting(
-        False,
-        "shard the frozen teacher weights, the trained parameters, their gradients and the "
-        "optimizer state over the torchrun processes (FSDP2: one unit per decoder layer), for "
-        "models one device cannot hold; checkpoints are sharded (torch.distributed.checkpoint)",
-    )
-    activation_checkpointing: bool = setting(
-        False,
-        "recompute each decoder layer's activations in the backward instead of keeping them (long sequences)",
-    )
-    compile: bool = setting(
-        False,
-        "torch.compile each decoder layer (dynamic shapes: the student's kept positions change every step), "
-        "for GPUs whose small-model steps are launch-bound; the first failure falls back to the plain "
-        "layers, with the reason printed",
-    )
-    seed: int = setting(0, "data split and order")
-    eval_every: int = setting(50, "steps between held-out evaluations")
-    checkpoint_every: int = setting(10, "steps between checkpoints")
-    checkpoint_dir: str | None = setting(None, "default: OUT.ckpt")
-    snapshot_every: float | None = setting(
-        None,
-        "also write the checkpoint at least every SECONDS of wall time (atomically: a run killed at any "
-        "moment keeps the last complete one), for machines that can be taken away; the same command run "
-        "again resumes from it, without --resume",
-    )
-    profile_steps: int | None = setting(
-        None,
-        "profile this many steps after the first (torch.profiler) and print where a step's time goes: wall "
-        "ms against the ms the device was busy, and the ops with the most self time; the steps train as usual",
-    )
-    stop_after: int | None = setting(
-        None, "stop (checkpointed) after this many steps, e.g. to slice a long run"
-    )
-    resume: bool = setting(False, "continue from the checkpoint")
-    force: bool = setting(False, "overwrite OUT / start over an existing checkpoint")
+    """A run's settings, in sections (`sections`; the loss is `core.loss.LossTerms`). A function takes the
+    section it reads. `of` builds one from flat keys (the options' names) and `but` changes some by them."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    replies: ReplySettings = field(default_factory=ReplySettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    loss: LossTerms = field(default_factory=LossTerms)
+    parallel: ParallelSettings = field(default_factory=ParallelSettings)
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    output: OutputSettings = field(default_factory=OutputSettings)
+
+    @classmethod
+    def of(cls, **values) -> DistillSettings:
+        """Settings from flat keys (`--KEY` without dashes, e.g. lr=1e-3, data="sharegpt"); the rest default."""
+        return cls().but(**values)
+
+    def but(self, **values) -> DistillSettings:
+        """These settings with the flat keys `values` changed."""
+        unknown = set(values) - set(SECTION_OF)
+        if unknown:
+            raise TypeError(f"unknown distillation settings: {sorted(unknown)}")
+        changed = {}
+        for section in SECTIONS:
+            mine = {SECTION_OF[k][1]: v for k, v in values.items() if SECTION_OF[k][0] == section}
+            if mine:
+                changed[section] = replace(getattr(self, section), **mine)
+        return replace(self, **changed)
+
+    def flat(self) -> dict:
+        """Every setting by its flat key (the checkpoint fingerprint's and distill.json's)."""
+        return {key: getattr(getattr(self, section), name) for key, (section, name) in SECTION_OF.items()}
 
     def opened(self) -> DistillSettings:
         """These settings with their model sources resolved, once, as a command starts (`open_source`):
         everything after reads the opened `Source`s and resolves nothing again."""
-        teacher = None if self.teacher is None else open_source(self.teacher, self.teacher_revision)
-        return replace(self, source=open_source(self.source, self.revision), teacher=teacher)
+        model = self.model
+        teacher = None if model.teacher is None else open_source(model.teacher, model.teacher_revision)
+        return self.but(source=open_source(model.source, model.revision), teacher=teacher)
 
     def as_json(self) -> dict:
-        """The settings as JSON values (a source by the name it was given)."""
-        names = {"source": source_name(self.source), "teacher": source_name(self.teacher)}
-        data = (
-            self.data if isinstance(self.data, str) else list(self.data)
-        )  # as a checkpoint's JSON reads back
-        return {**asdict(self), **names, "data": data}
+        """The settings as JSON values, by flat key (a source by the name it was given)."""
+        names = {"source": source_name(self.model.source), "teacher": source_name(self.model.teacher)}
+        spec = self.data.spec
+        data = spec if isinstance(spec, str) else list(spec)  # as a checkpoint's JSON reads back
+        return {**self.flat(), **names, "data": data}
 
     def fingerprint(self) -> dict:
         return {k: v for k, v in self.as_json().items() if k not in RUN_ONLY_SETTINGS}
 
     def identity(self) -> RunIdentity:
         """What a resume of this run must match (the checkpoint's fingerprint)."""
-        return RunIdentity({k: v for k, v in self.fingerprint().items() if k != "source"}, self.source)
+        return RunIdentity({k: v for k, v in self.fingerprint().items() if k != "source"}, self.model.source)
 
     def step_settings(self) -> StepSettings:
         """The part of the settings one forward + backward and a held-out evaluation read."""
-        loss = LossTerms(**{f.name: getattr(self, f.name) for f in fields(LossTerms)})
-        return StepSettings(self.micro_batch, self.dtype, self.naive, self.max_grad_norm, loss)
+        parallel = self.parallel
+        return StepSettings(
+            parallel.micro_batch, parallel.dtype, parallel.naive, self.optim.max_grad_norm, self.loss
+        )
 
     def check_parallelism(self) -> None:
         """Settings sharding cannot honour, refused before any work."""
-        if self.fsdp and self.naive:
+        if self.parallel.fsdp and self.parallel.naive:
             raise ValueError(
                 "--fsdp with --naive: the naive way runs layers < N a second time for the student only "
                 "to compare speeds on one process; drop one of them"
@@ -312,15 +146,16 @@ class DistillSettings:
 
     def check_batch_split(self, world_size: int) -> None:
         """--batch-size is the global batch: it must split over `world_size` processes x --micro-batch."""
-        check_split(self.batch_size, world_size, self.micro_batch)
+        check_split(self.optim.batch_size, world_size, self.parallel.micro_batch)
 
     def check_skip(self) -> None:
         """--skip-tokens passes over one kind of train document: human chats, or written prompts."""
-        if self.skip_tokens < 0:
-            raise ValueError(f"--skip-tokens {self.skip_tokens}: expected a count of tokens, 0 or more")
-        if self.skip_tokens and (self.targets == "mixed" or self.long_share):
+        data, long_share = self.data, self.replies.long_share
+        if data.skip_tokens < 0:
+            raise ValueError(f"--skip-tokens {data.skip_tokens}: expected a count of tokens, 0 or more")
+        if data.skip_tokens and (data.targets == "mixed" or long_share):
             raise ValueError(
-                f"--skip-tokens with {'--targets mixed' if self.targets == 'mixed' else '--long-share'}: "
+                f"--skip-tokens with {'--targets mixed' if data.targets == 'mixed' else '--long-share'}: "
                 "its train documents interleave two kinds, and a skip passes over one; expected --targets "
                 "teacher or human without --long-share"
             )
@@ -329,85 +164,101 @@ class DistillSettings:
         """Long prompts are answered by the writer and packed whole, so they need written replies and a
         block that holds one. A student-written reply comes from SOURCE's SwiftKV parameters as they are
         on disk, so the run must start from those same parameters, and must train on written replies."""
-        if self.long_share:
-            if not 0 < self.long_share <= 1:
-                raise ValueError(
-                    f"--long-share {self.long_share}: expected a share of the written tokens in (0, 1]"
-                )
-            if self.targets == "human":
-                raise ValueError(
-                    "--long-share: long prompts are answered by the reply writer, and --targets human "
-                    "trains on the data's own replies; expected --targets teacher or mixed"
-                )
-            needed = LONG_PROMPT_TOKENS[0] + LONG_PROMPT_MARGIN + self.reply_tokens + 1
-            if self.seq_len < needed:
-                raise ValueError(
-                    f"--long-share: a long prompt ({LONG_PROMPT_TOKENS[0]}+ tokens) and its reply "
-                    f"({self.reply_tokens}) must fit one block; expected --seq-len of at least {needed}, "
-                    f"got {self.seq_len}"
-                )
-        if self.prompt_turns != "first" and self.targets == "human":
+        replies, targets = self.replies, self.data.targets
+        if replies.long_share:
+            check_long_share(replies, targets, self.data.seq_len)
+        if replies.prompt_turns != "first" and targets == "human":
             raise ValueError(
-                f"--prompt-turns {self.prompt_turns}: prompts are answered by the reply writer, and "
+                f"--prompt-turns {replies.prompt_turns}: prompts are answered by the reply writer, and "
                 "--targets human trains on the data's own replies; expected --targets teacher or mixed"
             )
         self.replies_settings().check_engine()
         self.replies_settings().check_long_mix()
-        if self.reply_writer != "student":
+        if replies.writer != "student":
             return
-        if self.targets == "human":
+        if targets == "human":
             raise ValueError(
                 "--reply-writer student: --targets human trains on the data's own replies, which "
                 "nobody writes; expected --targets teacher or mixed"
             )
-        if self.init in REDERIVED_INITS:
+        if self.model.init in REDERIVED_INITS:
             raise ValueError(
-                f"--reply-writer student writes with {self.source}'s SwiftKV parameters as converted, "
-                f"but --init {self.init} replaces them before training, so another student would write "
+                f"--reply-writer student writes with {self.model.source}'s SwiftKV parameters as converted, "
+                f"but --init {self.model.init} replaces them before training, so another student would write "
                 "the replies; expected --init keep or lstsq (convert the source with the init you want)"
             )
 
     @property
     def data_tokens(self) -> int:
         """The train tokens one pass holds: --tokens split into --passes."""
-        return self.train_tokens // self.passes
+        return self.train_tokens // self.data.passes
 
     @property
     def train_tokens(self) -> int:
         """--tokens rounded up to whole optimizer steps: asking for 1M trains at least 1M tokens (flooring
         gave 999,424 at steps of 2 x 1024)."""
-        step_tokens = self.batch_size * self.seq_len
-        return -(-self.tokens // step_tokens) * step_tokens
+        step_tokens = self.optim.batch_size * self.data.seq_len
+        return -(-self.data.tokens // step_tokens) * step_tokens
 
     def replies_settings(self) -> RepliesSettings:
-        """The replies stage of `--targets teacher|mixed`: the writer's replies to the train prompts of
-        this run's split, as many tokens as the run trains on written replies."""
-        writer = self.source if self.reply_writer == "student" else (self.teacher or self.source)
+        """The replies stage of `--targets teacher|mixed`, composed of this run's `replies` section and what
+        the rest decides: the writer's model, the prompts of this run's split, and as many tokens as the run
+        trains on written replies."""
+        replies, data, model = self.replies, self.data, self.model
+        writer = model.source if replies.writer == "student" else (model.teacher or model.source)
         return RepliesSettings(
+            **asdict(replies),
             source=writer,
-            out=self.teacher_data,
-            writer=self.reply_writer,
-            data=self.data,
-            data_split=self.data_split,
-            tokens=written_tokens(self.data_tokens, HUMAN_SHARE[self.targets]),
-            heldout_tokens=self.heldout_tokens,
-            skip_tokens=self.skip_tokens,
-            seed=self.seed,
-            reply_tokens=self.reply_tokens,
-            engine=self.reply_engine,
-            dtype=self.dtype,
-            long_share=self.long_share,
-            long_kind=self.long_kind,
-            long_prompt_tokens=self.seq_len - self.reply_tokens - 1,  # + the reply's end token
-            prompt_turns=self.prompt_turns,
+            data=data.spec,
+            data_split=data.data_split,
+            tokens=written_tokens(self.data_tokens, HUMAN_SHARE[data.targets]),
+            heldout_tokens=data.heldout_tokens,
+            skip_tokens=data.skip_tokens,
+            seed=self.optim.seed,
+            dtype=self.parallel.dtype,
+            long_prompt_tokens=data.seq_len - replies.reply_tokens - 1,  # + the reply's end token
         )
 
     def checkpoint_path(self) -> Path | None:
-        folder = self.checkpoint_dir or (f"{self.out}.ckpt" if self.out else None)
+        out = self.output.out
+        folder = self.checkpoint.checkpoint_dir or (f"{out}.ckpt" if out else None)
         return Path(folder) / CHECKPOINT_FILE if folder else None
 
 
-SETTING_DEFAULTS = {f.name: f.default for f in fields(DistillSettings)}
+def check_long_share(replies: ReplySettings, targets: str, seq_len: int) -> None:
+    """--long-share: a share, of written replies, whose long prompt and reply fit one block."""
+    if not 0 < replies.long_share <= 1:
+        raise ValueError(
+            f"--long-share {replies.long_share}: expected a share of the written tokens in (0, 1]"
+        )
+    if targets == "human":
+        raise ValueError(
+            "--long-share: long prompts are answered by the reply writer, and --targets human "
+            "trains on the data's own replies; expected --targets teacher or mixed"
+        )
+    needed = LONG_PROMPT_TOKENS[0] + LONG_PROMPT_MARGIN + replies.reply_tokens + 1
+    if seq_len < needed:
+        raise ValueError(
+            f"--long-share: a long prompt ({LONG_PROMPT_TOKENS[0]}+ tokens) and its reply "
+            f"({replies.reply_tokens}) must fit one block; expected --seq-len of at least {needed}, "
+            f"got {seq_len}"
+        )
+
+
+# Each section's class, by its attribute on DistillSettings
+SECTIONS = {
+    "model": ModelSettings,
+    "data": DataSettings,
+    "replies": ReplySettings,
+    "optim": OptimSettings,
+    "loss": LossTerms,
+    "parallel": ParallelSettings,
+    "checkpoint": CheckpointSettings,
+    "output": OutputSettings,
+}
+# Each setting's flat key -> (its section, its field there)
+SECTION_OF = {key_of(f): (name, f.name) for name, section in SECTIONS.items() for f in fields(section)}
+SETTING_DEFAULTS = {key_of(f): f.default for section in SECTIONS.values() for f in fields(section)}
 
 
 @dataclass(frozen=True)
@@ -491,14 +342,14 @@ def settings_for(source: str, recipe: str = DEFAULT_RECIPE, **given) -> DistillS
     """The recipe's values, then the ones given explicitly (None means "not given")."""
     if recipe not in RECIPES:
         raise ValueError(f"--recipe {recipe!r} is unknown; expected one of {sorted(RECIPES)}")
-    unknown = set(given) - {f.name for f in fields(DistillSettings)}
+    unknown = set(given) - set(SECTION_OF)
     if unknown:
         raise TypeError(f"unknown distillation settings: {sorted(unknown)}")
     chosen = {k: v for k, v in given.items() if v is not None}
     values = {**RECIPES[recipe], **chosen}
     if recipe in LR_FOLLOWS_BATCH and "batch_size" in chosen and "lr" not in chosen:
         values["lr"] = scaled_lr(RECIPES[recipe]["lr"], chosen["batch_size"], RECIPES[recipe]["batch_size"])
-    return DistillSettings(source=source, recipe=recipe, **values)
+    return DistillSettings.of(source=source, recipe=recipe, **values)
 
 
 def default_recipe(parameters: int) -> tuple[str, str]:

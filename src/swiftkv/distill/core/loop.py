@@ -49,7 +49,7 @@ class Trainer:
             check_model_start(start, settings, config)
         self.settings, self.model, self.world, self.start, self.watch = settings, model, world, start, watch
         self.train, self.heldout = run_blocks(settings, tokenizer, replies, world, start.continued_steps)
-        self.total_steps = len(self.train) // settings.batch_size
+        self.total_steps = len(self.train) // settings.optim.batch_size
         self.distiller, self.optimizer, self.step_settings, self.compiled = prepare(
             settings, model, self.train, world
         )
@@ -62,7 +62,9 @@ class Trainer:
         self.identity = settings.identity()  # what a checkpoint of this run is checked against on resume
         self.state = self.starting_state()
         self.last = (
-            self.total_steps if settings.stop_after is None else min(self.total_steps, settings.stop_after)
+            self.total_steps
+            if settings.checkpoint.stop_after is None
+            else min(self.total_steps, settings.checkpoint.stop_after)
         )
 
     def starting_state(self) -> RunState:
@@ -96,14 +98,14 @@ class Trainer:
             progress.write if self.world.is_main else (lambda text: None)
         )  # tqdm.write prints on every process
         self.watch.steps_begin(first, self.last, say)
-        clock = SnapshotClock(settings.snapshot_every)
+        clock = SnapshotClock(settings.checkpoint.snapshot_every)
         for step in progress:
             with self.watch.step(step):
                 loss, seconds = self.train_one(step)
             lr = self.optimizer.param_groups[0]["lr"]
-            block_tokens = settings.batch_size * settings.seq_len
+            block_tokens = settings.optim.batch_size * settings.data.seq_len
             progress.set_postfix(loss=f"{loss:.4f}", tok_s=f"{block_tokens / seconds:.0f}", lr=f"{lr:.2e}")
-            if state.step % settings.eval_every == 0 or state.step == self.total_steps:
+            if state.step % settings.output.eval_every == 0 or state.step == self.total_steps:
                 self.evaluate(log_as=f"held-out at step {state.step}", say=say)
             self.checkpoint_if_due(clock)
         self.watch.steps_end(state)
@@ -114,12 +116,12 @@ class Trainer:
         """One optimizer step on this process's share of the step's blocks: (loss over all processes, s)."""
         settings, state = self.settings, self.state
         started = time.perf_counter()
-        blocks = rank_blocks(self.train, step, settings.batch_size, self.world)
+        blocks = rank_blocks(self.train, step, settings.optim.batch_size, self.world)
         sizes = BatchSizes.of(
-            self.train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
+            self.train.select(slice(step * settings.optim.batch_size, (step + 1) * settings.optim.batch_size))
         )
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(step, self.total_steps, group["peak_lr"], settings.warmup)
+            group["lr"] = lr_at(step, self.total_steps, group["peak_lr"], settings.optim.warmup)
         loss = self.compiled.run(
             train_step,
             self.distiller,
@@ -154,7 +156,7 @@ class Trainer:
         clock (--snapshot-every) says so on the main process."""
         settings, state, world = self.settings, self.state, self.world
         path = self.start.checkpoint
-        due = state.step % settings.checkpoint_every == 0 or state.step == self.last
+        due = state.step % settings.checkpoint.checkpoint_every == 0 or state.step == self.last
         if path is not None and (clock.due(lambda late: agreed(late, world)) or due):
             save_checkpoint(path, self.distiller, self.optimizer, state, self.identity, world)
             clock.saved()

@@ -16,20 +16,36 @@ import torch
 
 from ...metrics import LogitsFn, kl_sum, top1_cross_entropy_sum
 from ...model.modeling import PairHidden
+from ...settings import setting
+
+KL_MEAN_OVER = ("targets", "positions")
 
 
 @dataclass(frozen=True)
 class LossTerms:
-    """What the loss adds up (`--temperature`, `--kl-mean-over`, `--top1-weight`, `--mse-weight`,
-    `--mse-hidden-index`, `--chunk-rows`): the logit terms summed over the trained positions and divided by
-    them (or by every position, as the reference does); the MSE term over every position."""
+    """What the loss adds up, the run's `loss` settings: the logit terms summed over the trained positions
+    and divided by them (or by every position, as the reference does); the MSE term over every position."""
 
-    temperature: float = 2.0
-    kl_mean_over: str = "targets"
-    top1_weight: float = 0.0
-    mse_weight: float = 0.0
-    mse_hidden_index: int = -2  # the transformers hidden_states entry the MSE compares
-    chunk_rows: int = 512  # positions per vocabulary chunk
+    temperature: float = setting(2.0, "softmax temperature of the T^2 * KL term")
+    kl_mean_over: str = setting(
+        "targets",
+        "the KL sum is divided by the trained (assistant) positions, or by all "
+        "positions as the reference does",
+        choices=KL_MEAN_OVER,
+    )
+    top1_weight: float = setting(
+        0.0,
+        "weight of a cross-entropy term on the teacher's most likely token at each "
+        "trained position (hard-label distillation; greedy agreement is decided at the "
+        "argmax), divided like the KL",
+    )
+    mse_weight: float = setting(0.0, "weight of the hidden-state MSE term (all positions)")
+    mse_hidden_index: int = setting(
+        -2,
+        "which transformers hidden_states entry the MSE compares (-2: the input of "
+        "the last layer, as the reference); must be a later layer's input",
+    )
+    chunk_rows: int = setting(512, "positions per vocabulary chunk of the loss")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ...model.modeling import PairHidden, swiftkv_parameters
 from ..parallel import sharding
 from ..parallel.shared_blocks import shared_blocks
 from ..parallel.world import World, all_reduce, log
+from ..sections import OptimSettings
 from ..settings import HUMAN_SHARE, DistillSettings, StepSettings
 from ..start import sharded
 from . import microbatch, trainable
@@ -55,18 +56,18 @@ def freeze_all_but_swiftkv(model: nn.Module) -> list[nn.Parameter]:
     return list(trainable.install(model, "swiftkv").values())
 
 
-def optimizer_for(model: nn.Module, settings: DistillSettings) -> torch.optim.Optimizer:
+def optimizer_for(model: nn.Module, optim: OptimSettings) -> torch.optim.Optimizer:
     """AdamW over the run's trainable set (installed before, so that a sharded model is built first):
     the SwiftKV parameters at --lr, the student-only later-layer weights (if any) at --late-lr. Each
     group keeps its peak rate for the schedule."""
     trained = trained_parameters(model)
     own = swiftkv_parameters(model)
-    groups = [{"params": [p for n, p in trained.items() if n in own], "peak_lr": settings.lr}]
+    groups = [{"params": [p for n, p in trained.items() if n in own], "peak_lr": optim.lr}]
     late = [p for n, p in trained.items() if n not in own]
     if late:
-        groups.append({"params": late, "peak_lr": settings.late_lr})
+        groups.append({"params": late, "peak_lr": optim.late_lr})
     fused = fused_adamw(list(trained.values()))
-    return torch.optim.AdamW(groups, lr=settings.lr, weight_decay=settings.weight_decay, fused=fused)
+    return torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
 
 
 # Devices where torch has AdamW's fused kernel for float tensors (sharded DTensors included).
@@ -300,26 +301,26 @@ def wrap(distiller: SharedPrefixDistiller, world: World, compute_dtype: torch.dt
 def training_blocks(settings: DistillSettings, tokenizer, replies=None) -> tuple[Blocks, Blocks]:
     """(train, held-out) blocks; `replies` (a `swiftkv.replies.ReplyCache`, written before the run)
     answer the train prompts of `--targets teacher|mixed`."""
-    if settings.targets != "human" and replies is None:
+    if settings.data.targets != "human" and replies is None:
         raise ValueError(
-            f"--targets {settings.targets} trains on written replies, and none were given; "
+            f"--targets {settings.data.targets} trains on written replies, and none were given; "
             "`run_distillation` writes them first (the replies stage)"
         )
     written = settings.replies_settings()  # which prompts were answered: what packing must read back
     return load_blocks(
-        settings.data,
+        settings.data.spec,
         tokenizer,
-        settings.seq_len,
+        settings.data.seq_len,
         settings.data_tokens,
-        settings.heldout_tokens,
-        settings.seed,
-        replies if settings.targets != "human" else None,
-        HUMAN_SHARE[settings.targets],
+        settings.data.heldout_tokens,
+        settings.optim.seed,
+        replies if settings.data.targets != "human" else None,
+        HUMAN_SHARE[settings.data.targets],
         written.long_mix(),
         every_turn=written.every_turn,
-        passes=settings.passes,
-        skip_tokens=settings.skip_tokens,
-        split=settings.data_split,
+        passes=settings.data.passes,
+        skip_tokens=settings.data.skip_tokens,
+        split=settings.data.data_split,
     )
 
 
@@ -329,23 +330,23 @@ def run_blocks(
     """(train, held-out) blocks of this run: the data's steps after the `continued_steps` that the runs it
     continues (--continue-from) trained."""
     near = (
-        Path(settings.out).resolve().parent if settings.out else None
+        Path(settings.output.out).resolve().parent if settings.output.out else None
     )  # room for the blocks beside the output
     train, heldout = shared_blocks(lambda: training_blocks(settings, tokenizer, replies), world, near)
-    steps = len(train) // settings.batch_size
+    steps = len(train) // settings.optim.batch_size
     if steps == 0:
         raise ValueError(
-            f"--data {settings.data!r} gives {len(train)} train blocks of {settings.seq_len} tokens, "
-            f"fewer than one --batch-size {settings.batch_size}; use more data or lower --batch-size / "
+            f"--data {settings.data.spec!r} gives {len(train)} train blocks of {settings.data.seq_len} tokens, "
+            f"fewer than one --batch-size {settings.optim.batch_size}; use more data or lower --batch-size / "
             "--seq-len"
         )
-    short_of_tokens(settings, steps * settings.batch_size * settings.seq_len, world)
+    short_of_tokens(settings, steps * settings.optim.batch_size * settings.data.seq_len, world)
     if continued_steps >= steps:
         raise ValueError(
             f"--continue-from: the data gives {steps} steps and the runs it continues trained "
             f"{continued_steps} of them; ask for more --passes"
         )
-    return train.select(slice(continued_steps * settings.batch_size, None)), heldout
+    return train.select(slice(continued_steps * settings.optim.batch_size, None)), heldout
 
 
 def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> None:
@@ -354,12 +355,12 @@ def short_of_tokens(settings: DistillSettings, trained: int, world: World) -> No
     if trained < settings.train_tokens and world.is_main:
         more = (
             "; --prompt-turns every answers every user turn"
-            if settings.targets != "human" and settings.prompt_turns == "first"
+            if settings.data.targets != "human" and settings.replies.prompt_turns == "first"
             else ""
         )
         print(
-            f"swiftkv distill: --data {settings.data!r} gives {trained:,} train tokens of the "
-            f"{settings.train_tokens:,} asked; training {settings.passes} pass(es) over them{more}",
+            f"swiftkv distill: --data {settings.data.spec!r} gives {trained:,} train tokens of the "
+            f"{settings.train_tokens:,} asked; training {settings.data.passes} pass(es) over them{more}",
             file=sys.stderr,
             flush=True,
         )
@@ -383,17 +384,19 @@ def prepare(settings: DistillSettings, model: nn.Module, train: Blocks, world: W
     if not on_meta:
         model.to(world.device)
     model.set_attn_implementation(ATTENTION)
-    trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
-    compute_dtype = resolve_dtype(settings.dtype, world.device)
+    trainable.install(model, settings.model.trainable, settings.model.lora_rank, settings.optim.seed)
+    compute_dtype = resolve_dtype(settings.parallel.dtype, world.device)
     cast_frozen(model, compute_dtype)
-    step_settings = sized_micro_batch(model, train, settings.step_settings(), settings.batch_size, world)
-    if settings.activation_checkpointing:
+    step_settings = sized_micro_batch(
+        model, train, settings.step_settings(), settings.optim.batch_size, world
+    )
+    if settings.parallel.activation_checkpointing:
         sharding.checkpoint_layers(model)
-    compiled = CompiledLayers(model, settings.compile, lambda text: log(world, text))
+    compiled = CompiledLayers(model, settings.parallel.compile, lambda text: log(world, text))
     distiller = wrap(distiller_for(model, step_settings), world, compute_dtype)
     if on_meta:
         sharded.fill_shards(distiller, model, settings, world)
-    return Prepared(distiller, optimizer_for(model, settings), step_settings, compiled)
+    return Prepared(distiller, optimizer_for(model, settings.optim), step_settings, compiled)
 
 
 def finished(state: RunState) -> bool:

@@ -20,11 +20,11 @@ from ..core.trainable import DEFAULT_LORA_RANK
 def step_paths(settings) -> StepPaths:
     """What `settings` make a step run (`metrics.StepPaths`)."""
     return StepPaths(
-        trainable=settings.trainable,
-        lora_rank=settings.lora_rank or DEFAULT_LORA_RANK,
-        naive=settings.naive,
-        probe=bool(settings.mse_weight),
-        recompute=settings.activation_checkpointing,
+        trainable=settings.model.trainable,
+        lora_rank=settings.model.lora_rank or DEFAULT_LORA_RANK,
+        naive=settings.parallel.naive,
+        probe=bool(settings.loss.mse_weight),
+        recompute=settings.parallel.activation_checkpointing,
     )
 
 
@@ -47,11 +47,11 @@ def step_flops_per_token(config, settings, train, micro_batch: int | str | None 
     """FLOPs per train token of the steps of `settings` on the blocks `train` (its whole steps), cut into
     `micro_batch` blocks per forward (default: the settings'; `auto` unresolved counts the whole
     per-process batch in one forward, the size CUDA's auto tries first)."""
-    micro = settings.micro_batch if micro_batch is None else micro_batch
+    micro = settings.parallel.micro_batch if micro_batch is None else micro_batch
     if micro == AUTO:
-        micro = settings.batch_size
-    steps = len(train) // settings.batch_size
-    mask = train.loss_mask[: steps * settings.batch_size] if steps else train.loss_mask
+        micro = settings.optim.batch_size
+    steps = len(train) // settings.optim.batch_size
+    mask = train.loss_mask[: steps * settings.optim.batch_size] if steps else train.loss_mask
     paths = step_paths(settings)
     return distill_flops_per_token(config, micro_batches(mask, int(micro), paths.probe), paths)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -238,19 +238,19 @@ def plan_memory(model, settings, request: PlanRequest, dtype: torch.dtype, **cha
     world_size)."""
     values = {
         "world_size": request.world_size,
-        "fsdp": settings.fsdp,
-        "micro_batch": settings.micro_batch,
-        "activation_checkpointing": settings.activation_checkpointing,
+        "fsdp": settings.parallel.fsdp,
+        "micro_batch": settings.parallel.micro_batch,
+        "activation_checkpointing": settings.parallel.activation_checkpointing,
         **changes,
     }
     return memory_plan(
         model,
         values["world_size"],
         values["fsdp"],
-        settings.seq_len,
+        settings.data.seq_len,
         values["micro_batch"],
         dtype,
-        settings.chunk_rows,
+        settings.loss.chunk_rows,
         values["activation_checkpointing"],
         request.device,
     )
@@ -306,11 +306,11 @@ def setting_changes(settings, request: PlanRequest) -> list[tuple[str, dict]]:
     """Each single change that lowers a process's memory: FSDP, activation checkpointing, each smaller
     micro-batch (a divisor of the run's)."""
     changes = []
-    if not settings.fsdp and request.world_size > 1:
+    if not settings.parallel.fsdp and request.world_size > 1:
         changes.append(("--fsdp", {"fsdp": True}))
-    if not settings.activation_checkpointing:
+    if not settings.parallel.activation_checkpointing:
         changes.append(("--activation-checkpointing", {"activation_checkpointing": True}))
-    micro = int(settings.micro_batch)
+    micro = int(settings.parallel.micro_batch)
     changes += [(f"--micro-batch {m}", {"micro_batch": m}) for m in range(micro - 1, 0, -1) if micro % m == 0]
     return changes
 
@@ -348,11 +348,11 @@ def auto_micro_batch(model, settings, request: PlanRequest, dtype: torch.dtype) 
     """What `--micro-batch auto` would choose (`trainer.sized_micro_batch`): 1 under FSDP on a GPU, 2 blocks at
     most on a CPU, else the largest divisor of the per-process batch whose plan fits the memory (1 where there
     is no memory to check against)."""
-    per_rank = max(1, settings.batch_size // request.world_size)
+    per_rank = max(1, settings.optim.batch_size // request.world_size)
     if request.device == "cpu":
         return microbatch.cpu_micro_batch(per_rank)
     limit, _ = capacity(request)
-    if settings.fsdp or limit is None:
+    if settings.parallel.fsdp or limit is None:
         return 1
     return microbatch.largest_fitting(
         per_rank,
@@ -370,30 +370,37 @@ def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> 
     if request.world_size < 1:
         raise ValueError(f"--world-size {request.world_size}: expected a number of processes, 1 or more")
     settings.check_batch_split(request.world_size)  # as the run itself would, before anything is built
-    dtype = torch.bfloat16 if settings.dtype == "auto" else DTYPE_NAMES[settings.dtype]  # auto: a GPU's bf16
+    dtype = (
+        torch.bfloat16 if settings.parallel.dtype == "auto" else DTYPE_NAMES[settings.parallel.dtype]
+    )  # auto: a GPU's bf16
     config = plan_config(
-        settings.source, request.num_key_value_layers, request.key_value_group_size, settings.revision
+        settings.model.source,
+        request.num_key_value_layers,
+        request.key_value_group_size,
+        settings.model.revision,
     )
-    model = meta_model(config, settings.trainable, settings.lora_rank)
-    if settings.micro_batch == AUTO:
-        settings = replace(settings, micro_batch=auto_micro_batch(model, settings, request, dtype))
-    modes = (True,) if settings.fsdp else (False, True)
+    model = meta_model(config, settings.model.trainable, settings.model.lora_rank)
+    if settings.parallel.micro_batch == AUTO:
+        settings = settings.but(micro_batch=auto_micro_batch(model, settings, request, dtype))
+    modes = (True,) if settings.parallel.fsdp else (False, True)
     plans = [plan_memory(model, settings, request, dtype, fsdp=fsdp) for fsdp in modes]
     print(
-        f"{settings.source}: L = {config.num_hidden_layers}, N = {config.num_key_value_layers}, "
-        f"G = {config.key_value_group_size}, trainable {settings.trainable}, {str(dtype).removeprefix('torch.')}, "
-        f"seq {settings.seq_len} x micro-batch {settings.micro_batch}"
-        f"{', activation checkpointing' if settings.activation_checkpointing else ''}, on {request.device}"
+        f"{settings.model.source}: L = {config.num_hidden_layers}, N = {config.num_key_value_layers}, "
+        f"G = {config.key_value_group_size}, trainable {settings.model.trainable}, {str(dtype).removeprefix('torch.')}, "
+        f"seq {settings.data.seq_len} x micro-batch {settings.parallel.micro_batch}"
+        f"{', activation checkpointing' if settings.parallel.activation_checkpointing else ''}, on {request.device}"
     )
     for plan in plans:
         print("\n".join(plan.lines()))
-    fit = check_fit(model, settings, request, dtype, plans[0] if not settings.fsdp else plans[-1])
+    fit = check_fit(model, settings, request, dtype, plans[0] if not settings.parallel.fsdp else plans[-1])
     print(fit.line)
     timing = None
     if request.timed_steps:
         device = training_device()
         whole = plan_memory(model, settings, request, dtype, world_size=1, fsdp=False).total
-        here = resolve_dtype(settings.dtype, device)  # the compute dtype a run would take on this device
+        here = resolve_dtype(
+            settings.parallel.dtype, device
+        )  # the compute dtype a run would take on this device
         timing = time_plan(config, settings, here, device, whole, request.timed_steps)
         print("\n".join(timing.lines(request.world_size)))
     result = {

@@ -54,7 +54,7 @@ def probe_blocks(settings, steps: int, tokenizer, world: World) -> Blocks:
     """The blocks of `steps` steps of the run `settings` describes: its data, split, --skip-tokens and
     targets (teacher replies where it trains on them, written first if the reply file lacks them), so the
     probe times the run's step: the loss, and the lm_head rows it runs on, follow the targets' share."""
-    probe = replace(settings, tokens=settings.batch_size * steps * settings.seq_len, passes=1)
+    probe = settings.but(tokens=settings.optim.batch_size * steps * settings.data.seq_len, passes=1)
     train, _ = training_blocks(probe, tokenizer, written_replies(probe, tokenizer, world))
     return train
 
@@ -88,9 +88,11 @@ def timed_student(settings, steps: int, world: World):
     train = probe_blocks(settings, steps + 1, tokenizer, world)
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
-    trainable.install(model, settings.trainable, settings.lora_rank, settings.seed)
-    optimizer = optimizer_for(model, replace(settings, lr=0.0, late_lr=0.0))  # the run's trainable set; lr 0
-    dtype = resolve_dtype(settings.dtype, world.device)
+    trainable.install(model, settings.model.trainable, settings.model.lora_rank, settings.optim.seed)
+    optimizer = optimizer_for(
+        model, replace(settings.optim, lr=0.0, late_lr=0.0)
+    )  # the run's trainable set; lr 0
+    dtype = resolve_dtype(settings.parallel.dtype, world.device)
     cast_frozen(model, dtype)
     return model, train, optimizer, dtype
 
@@ -104,14 +106,14 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
     world = World(device=training_device())  # the GPU where there is one, as `swiftkv distill`
     model, train, optimizer, dtype = timed_student(settings, steps, world)
     step_settings = sized_micro_batch(
-        model, train, replace(settings.step_settings(), naive=False), settings.batch_size, world
+        model, train, replace(settings.step_settings(), naive=False), settings.optim.batch_size, world
     )
     ways = {"shared": distiller_for(model, step_settings)}
     if naive:
         ways["naive"] = distiller_for(model, replace(step_settings, naive=True))
-    compiled = CompiledLayers(model, settings.compile, lambda text: print(text, flush=True))
+    compiled = CompiledLayers(model, settings.parallel.compile, lambda text: print(text, flush=True))
     batches = [
-        train.select(slice(step * settings.batch_size, (step + 1) * settings.batch_size))
+        train.select(slice(step * settings.optim.batch_size, (step + 1) * settings.optim.batch_size))
         for step in range(steps + 1)
     ]
     totals = alternated_totals(
@@ -121,18 +123,18 @@ def measure_shared_vs_naive(settings, steps: int, naive: bool = True) -> dict:
         ),
         batches,
     )
-    tokens = steps * settings.batch_size * settings.seq_len
+    tokens = steps * settings.optim.batch_size * settings.data.seq_len
     result = {
-        "model": source_name(settings.source),
+        "model": source_name(settings.model.source),
         "num_key_value_layers": model.config.num_key_value_layers,
         "tokens_per_way": tokens,
-        "seq_len": settings.seq_len,
+        "seq_len": settings.data.seq_len,
         "dtype": dtype_name(dtype),
         "device": device_label(world.device),
         "micro_batch": step_settings.micro_batch,
         "compiled": compiled.active,
         "threads": torch.get_num_threads(),
-        "trainable": settings.trainable,
+        "trainable": settings.model.trainable,
         "trained_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
     }
     for name, (wall, cpu) in totals.items():
@@ -282,11 +284,11 @@ def time_plan(
     `config`'s shape on `device` (see the module docstring); `whole_gib`: the plan of the whole model on one
     process, which decides whether it is timed whole."""
     whole = whole_model_fits(whole_gib, device)
-    seq_len = settings.seq_len if device.type == "cuda" else min(settings.seq_len, CPU_SEQ_LEN)
+    seq_len = settings.data.seq_len if device.type == "cuda" else min(settings.data.seq_len, CPU_SEQ_LEN)
     timed_config = config if whole else few_layer_config(config, None if device.type == "cuda" else CPU_VOCAB)
-    micro = int(settings.micro_batch)
-    timed_settings = replace(
-        settings, seq_len=seq_len, batch_size=micro, fsdp=False, compile=False, tokens=micro * seq_len
+    micro = int(settings.parallel.micro_batch)
+    timed_settings = settings.but(
+        seq_len=seq_len, batch_size=micro, fsdp=False, compile=False, tokens=micro * seq_len
     )
     model = random_model(timed_config, device, dtype)
     train = random_blocks(micro * (steps + 1), seq_len, timed_config.vocab_size)
@@ -300,7 +302,7 @@ def time_plan(
         step_flops_per_token(timed_config, timed_settings, timed_blocks, micro) * timed_blocks.num_tokens
     )
     achieved = executed / seconds
-    planned = random_blocks(micro, settings.seq_len, timed_config.vocab_size)  # the run's blocks' shape
+    planned = random_blocks(micro, settings.data.seq_len, timed_config.vocab_size)  # the run's blocks' shape
     flops_per_token = step_flops_per_token(config, settings, planned, micro)
     rate = achieved / flops_per_token
     label = device_label(device)

@@ -26,9 +26,9 @@ def recorded_settings(settings: DistillSettings) -> dict:
 def run_summary(settings: DistillSettings, state: RunState, world: World) -> dict:
     evals = [h for h in state.history if "kl" in h]
     losses = [h["loss"] for h in state.history if "loss" in h]
-    tokens = state.step * settings.batch_size * settings.seq_len
+    tokens = state.step * settings.optim.batch_size * settings.data.seq_len
     tokens_per_second = round(tokens / state.elapsed, 1) if state.elapsed else None
-    dtype = resolve_dtype(settings.dtype, world.device)
+    dtype = resolve_dtype(settings.parallel.dtype, world.device)
     return {
         "settings": recorded_settings(settings),
         # What `--dtype auto` chose on this machine: the settings keep only "auto".
@@ -37,7 +37,7 @@ def run_summary(settings: DistillSettings, state: RunState, world: World) -> dic
         "micro_batch": state.micro_batch,
         "train_tokens": tokens,
         # --continue-from: the data's tokens trained before this run, by the runs it continues
-        "continued_tokens": state.continued_steps * settings.batch_size * settings.seq_len,
+        "continued_tokens": state.continued_steps * settings.optim.batch_size * settings.data.seq_len,
         "train_seconds": round(state.elapsed, 1),
         "tokens_per_second": tokens_per_second,
         # against the peak of every rank's device (a GPU each; CPU ranks a share of the cores, setup.py),

@@ -40,7 +40,7 @@ class SegmentWatch:
         self.first, self.last = first, last
         # The segment's first step allocates (and compiles): profiled steps start after it where there are more.
         self.profiler = StepProfiler(
-            self.settings.profile_steps, first + (last - first > 1), self.device, say
+            self.settings.output.profile_steps, first + (last - first > 1), self.device, say
         )
 
     @contextlib.contextmanager

@@ -17,7 +17,7 @@ continuation must continue the same steps of the data (`check_same_continuation`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +26,7 @@ from ...data.mixture import check_data
 from ...files import check_new_output
 from ...sources import Source, read_config_dict, source_name
 from ..core.trainable import DEFAULT_LORA_RANK, STUDENT_MODULES
+from ..sections import ModelSettings
 from ..settings import CHECKPOINT_FILE, MODEL_KEY, SETTING_DEFAULTS, DistillSettings, RunIdentity
 from .from_weights import folder_spec, weights_folder
 from .snapshot import saved_checkpoint
@@ -55,11 +56,17 @@ def decide_start(settings: DistillSettings, config: dict | None = None, writes_o
     library's `distill` trains a model in memory and checks the rest."""
     check_values(settings, writes_output)
     path = settings.checkpoint_path()
-    kind = "resume" if settings.resume else "snapshot" if writes_output and left_snapshot(settings) else None
+    kind = (
+        "resume"
+        if settings.checkpoint.resume
+        else "snapshot"
+        if writes_output and left_snapshot(settings)
+        else None
+    )
     continued = check_continuable(settings)
     initial = check_initializable(settings, config)
     if kind is not None:
-        check_resumable(path, settings.identity(), settings.fsdp)
+        check_resumable(path, settings.identity(), settings.parallel.fsdp)
         if continued is not None:
             check_same_continuation(path, continued)
         step = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state"]["step"]
@@ -67,7 +74,7 @@ def decide_start(settings: DistillSettings, config: dict | None = None, writes_o
         return Start(
             kind, path, f"resuming {path} after step {step} ({how})", path, continued_steps(continued)
         )
-    if writes_output and path is not None and path.exists() and not settings.force:
+    if writes_output and path is not None and path.exists() and not settings.checkpoint.force:
         raise FileExistsError(
             f"a checkpoint exists at {path}; pass --resume to continue it or --force to start over"
         )
@@ -77,31 +84,37 @@ def decide_start(settings: DistillSettings, config: dict | None = None, writes_o
     if initial is not None:
         why = f"starting from {initial}: its trained tensors, on this run's data and schedule"
         return Start("init", initial, why, path)
-    return Start("fresh", None, f"a fresh start: the SwiftKV parameters of --init {settings.init}", path)
+    return Start(
+        "fresh", None, f"a fresh start: the SwiftKV parameters of --init {settings.model.init}", path
+    )
 
 
 def check_values(settings: DistillSettings, writes_output: bool) -> None:
     """The settings a start reads that could not mean anything, and an output that exists."""
-    if writes_output and not settings.out:
+    if writes_output and not settings.output.out:
         raise ValueError("--out is required: the folder the distilled HF SwiftKV model is written to")
     settings.check_parallelism()
     settings.check_skip()
-    check_data(settings.data, split=settings.data_split)
+    check_data(settings.data.spec, split=settings.data.data_split)
     if writes_output:
-        check_new_output(settings.out, settings.force)
-    if settings.passes < 1:
-        raise ValueError(f"--passes {settings.passes}: expected a whole number of passes, at least 1")
-    if settings.snapshot_every is not None and not settings.snapshot_every > 0:
-        raise ValueError(f"--snapshot-every {settings.snapshot_every}: expected a number of seconds above 0")
-    if settings.profile_steps is not None and settings.profile_steps < 1:
-        raise ValueError(f"--profile-steps {settings.profile_steps}: expected a number of steps, at least 1")
+        check_new_output(settings.output.out, settings.checkpoint.force)
+    if settings.data.passes < 1:
+        raise ValueError(f"--passes {settings.data.passes}: expected a whole number of passes, at least 1")
+    if settings.checkpoint.snapshot_every is not None and not settings.checkpoint.snapshot_every > 0:
+        raise ValueError(
+            f"--snapshot-every {settings.checkpoint.snapshot_every}: expected a number of seconds above 0"
+        )
+    if settings.output.profile_steps is not None and settings.output.profile_steps < 1:
+        raise ValueError(
+            f"--profile-steps {settings.output.profile_steps}: expected a number of steps, at least 1"
+        )
 
 
 def left_snapshot(settings: DistillSettings) -> bool:
     """A --snapshot-every run started again: it left a checkpoint (`snapshot.saved_checkpoint`), and
     --force does not ask to start over."""
     path = settings.checkpoint_path()
-    if settings.snapshot_every is None or settings.force or path is None:
+    if settings.checkpoint.snapshot_every is None or settings.checkpoint.force or path is None:
         return False
     return saved_checkpoint(path.parent, path.name) is not None
 
@@ -203,9 +216,9 @@ def check_continuable(settings: DistillSettings) -> Continued | None:
     """The --continue-from checkpoint exists, was written by a run of this student on this data (every
     setting equal but those of CONTINUE_MAY_CHANGE, one pass of the same length), and leaves steps for
     this run to train."""
-    if settings.continue_from is None:
+    if settings.model.continue_from is None:
         return None
-    path = earlier_checkpoint(settings.continue_from, "--continue-from")
+    path = earlier_checkpoint(settings.model.continue_from, "--continue-from")
     payload = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     saved = payload["fingerprint"]
     differing = differing_settings(saved, settings.identity(), may_change=CONTINUE_MAY_CHANGE)
@@ -214,9 +227,9 @@ def check_continuable(settings: DistillSettings) -> Continued | None:
             f"--continue-from {path}: that run trained another student or data ({differing}); a continuing "
             f"run may change only {', '.join(CONTINUE_MAY_CHANGE)}"
         )
-    earlier = replace(settings, **{k: saved.get(k, SETTING_DEFAULTS[k]) for k in ("tokens", "passes")})
+    earlier = settings.but(**{k: saved.get(k, SETTING_DEFAULTS[k]) for k in ("tokens", "passes")})
     if earlier.data_tokens != settings.data_tokens:
-        passes = max(2, settings.passes)
+        passes = max(2, settings.data.passes)
         raise ValueError(
             f"--continue-from {path}: its pass over the data held {earlier.data_tokens:,} train tokens and "
             f"this run's holds {settings.data_tokens:,} (--tokens / --passes); expected the same data, "
@@ -224,9 +237,9 @@ def check_continuable(settings: DistillSettings) -> Continued | None:
         )
     state = payload["state"]
     steps = state.get("continued_steps", 0) + state["step"]
-    if steps * settings.batch_size >= settings.train_tokens // settings.seq_len:
+    if steps * settings.optim.batch_size >= settings.train_tokens // settings.data.seq_len:
         raise ValueError(
-            f"--continue-from {path}: it has trained {steps * settings.batch_size * settings.seq_len:,} "
+            f"--continue-from {path}: it has trained {steps * settings.optim.batch_size * settings.data.seq_len:,} "
             f"tokens of the data and this run asks for {settings.train_tokens:,} in all; ask for more "
             "--tokens (with --passes to repeat the data)"
         )
@@ -248,13 +261,13 @@ def check_initializable(settings: DistillSettings, config: dict | None = None) -
     (`check_weights_student`). None when there is none, or when this run continues one started from it
     (--continue-from: the tensors come from that run, whose --init-from check_continuable finds equal to
     this one's)."""
-    if settings.init_from is None or settings.continue_from is not None:
+    if settings.model.init_from is None or settings.model.continue_from is not None:
         return None
-    folder = weights_folder(settings.init_from)
+    folder = weights_folder(settings.model.init_from)
     if folder is not None:
-        check_weights_student(folder, settings, config)
+        check_weights_student(folder, settings.model, config)
         return folder
-    path = earlier_checkpoint(settings.init_from, "--init-from")
+    path = earlier_checkpoint(settings.model.init_from, "--init-from")
     saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["fingerprint"]
     identity = settings.identity()
     others = tuple(
@@ -271,29 +284,29 @@ def check_initializable(settings: DistillSettings, config: dict | None = None) -
     return path
 
 
-def expected_spec(settings: DistillSettings, config: dict) -> dict:
+def expected_spec(model: ModelSettings, config: dict) -> dict:
     """What a weights folder must say of itself to be the student of this run, whose model has `config`:
     the model it was converted from, its geometry, and what its later layers trained."""
-    trained = list(STUDENT_MODULES[settings.trainable])
+    trained = list(STUDENT_MODULES[model.trainable])
     return {
-        "base": (config.get("swiftkv_conversion") or {}).get("source", source_name(settings.source)),
+        "base": (config.get("swiftkv_conversion") or {}).get("source", source_name(model.source)),
         "num_key_value_layers": config.get("num_key_value_layers"),
         "key_value_group_size": config.get("key_value_group_size", 1),
         "student_trained": trained or None,
-        "student_rank": (settings.lora_rank or DEFAULT_LORA_RANK) if trained else None,
+        "student_rank": (model.lora_rank or DEFAULT_LORA_RANK) if trained else None,
     }
 
 
-def check_weights_student(folder: Path, settings: DistillSettings, config: dict | None = None) -> None:
+def check_weights_student(folder: Path, model: ModelSettings, config: dict | None = None) -> None:
     """Refuse a weights folder that holds another student than this run trains (another base model or
     N, another --trainable or --lora-rank). `config`: the run's model's (default: read from its source
     folder; a model built in memory is checked when the run starts, `check_model_start`)."""
     if config is None:
-        if not isinstance(settings.source, Source):
+        if not isinstance(model.source, Source):
             return
-        config = read_config_dict(settings.source.folder)
+        config = read_config_dict(model.source.folder)
     spec = folder_spec(folder)
-    expected = expected_spec(settings, config)
+    expected = expected_spec(model, config)
     found = {key: spec.get(key) for key in expected} | {
         "key_value_group_size": spec.get("key_value_group_size", 1)
     }
@@ -313,4 +326,4 @@ def check_model_start(start: Start, settings: DistillSettings, config: dict) -> 
     """The start's weights folder against the model as built (a model built in memory has no source folder
     to read its config from before it is built)."""
     if start.kind == "init" and start.load is not None and start.load.is_dir():
-        check_weights_student(start.load, settings, config)
+        check_weights_student(start.load, settings.model, config)

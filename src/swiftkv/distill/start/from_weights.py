@@ -13,7 +13,6 @@ held-out score at step 0 shows where)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -41,11 +40,11 @@ def with_folder_rank(settings: DistillSettings, rank_given: bool) -> DistillSett
     """A `--trainable lora` run --init-from a weights folder takes the folder's adapter rank unless
     --lora-rank was given: on from a student means at its rank (a shipped soup's 128, not the recipe's
     64), and a rank given that differs is still refused by `start.check_weights_student`, naming both."""
-    if rank_given or settings.trainable != "lora" or settings.init_from is None:
+    if rank_given or settings.model.trainable != "lora" or settings.model.init_from is None:
         return settings
-    folder = weights_folder(settings.init_from)
+    folder = weights_folder(settings.model.init_from)
     rank = folder_spec(folder).get("student_rank") if folder is not None else None
-    return replace(settings, lora_rank=rank) if rank else settings
+    return settings.but(lora_rank=rank) if rank else settings
 
 
 def is_snapshot(folder: Path) -> bool:

@@ -31,17 +31,19 @@ def load_student(settings, world: World | None = None):
     is sharded, the init included (distill/start/sharded.py); otherwise it is loaded whole, in fp32."""
     world = world or World()
     settings.check_written_replies()
-    if settings.teacher:  # a teacher that is only a config is refused before the student loads
-        check_weights_present(settings.teacher.folder)
-    model = meta_student(settings.source) if world.fsdp else settings.source.load_model(torch.float32)
-    check_student(model, settings.source, settings.seq_len)
-    check_trainable(settings.trainable, settings.lora_rank, model.config)
-    check_init(model.config, settings.init, settings.source)
+    if settings.model.teacher:  # a teacher that is only a config is refused before the student loads
+        check_weights_present(settings.model.teacher.folder)
+    model = (
+        meta_student(settings.model.source) if world.fsdp else settings.model.source.load_model(torch.float32)
+    )
+    check_student(model, settings.model.source, settings.data.seq_len)
+    check_trainable(settings.model.trainable, settings.model.lora_rank, model.config)
+    check_init(model.config, settings.model.init, settings.model.source)
     if not world.fsdp:
-        apply_init(model, settings.init)
-    tokenizer = settings.source.load_tokenizer()
-    if settings.teacher:
-        check_teacher(settings.source, tokenizer, settings.teacher, world)
+        apply_init(model, settings.model.init)
+    tokenizer = settings.model.source.load_tokenizer()
+    if settings.model.teacher:
+        check_teacher(settings.model.source, tokenizer, settings.model.teacher, world)
     return model, tokenizer
 
 

@@ -58,10 +58,10 @@ def meta_model(config) -> nn.Module:
 @torch.no_grad()
 def fill_shards(distiller: nn.Module, model: nn.Module, settings: DistillSettings, world: World) -> None:
     """`distiller` (sharded on the meta device, holding `model`) materialised on this process's device,
-    every parameter's local shard filled with its rows: read from `settings.source`'s files, or computed
+    every parameter's local shard filled with its rows: read from `settings.model.source`'s files, or computed
     (`computed_rows`: the re-derived init, the adapters)."""
     distiller.to_empty(device=world.device)
-    stored = StoredParameters(FolderTensors(settings.source.folder), model.config)
+    stored = StoredParameters(FolderTensors(settings.model.source.folder), model.config)
     computed = computed_rows(model, settings, stored, world)
     for name, parameter in model.named_parameters():
         if not isinstance(parameter, DTensor):
@@ -87,10 +87,10 @@ def computed_rows(
     parameters of --init copy/mean (`copy_init_tensors` over the same rows of the teacher weights) and the
     adapters' factors (`trainable.initial_adapters`, drawn whole)."""
     values = {}
-    if settings.init in REDERIVED_INITS:
+    if settings.model.init in REDERIVED_INITS:
         teacher = OwnedRows(stored, world)
-        values |= copy_init_tensors(model.config, teacher, average_group=settings.init == "mean")
-    for name, factor in initial_adapters(model, settings.seed).items():
+        values |= copy_init_tensors(model.config, teacher, average_group=settings.model.init == "mean")
+    for name, factor in initial_adapters(model, settings.optim.seed).items():
         start, stop = owned_rows(factor.shape[0], world)
         values[name] = factor[start:stop]
     return values
