@@ -128,7 +128,7 @@ MOE_CASES = {
 @pytest.mark.parametrize("case", MOE_CASES)
 def test_the_moe_count_is_what_the_trainer_executes(arch, case):
     """Per routed token: the router, top-k experts and Qwen2-MoE's shared expert and gate, DeepSeek's shared
-    experts (`metrics.mlp_flops`); DeepSeek's latent attention (`metrics.latent_attention_flops`): the query
+    experts (`metrics.mlp_flops`); DeepSeek's latent attention (`model.mla.LATENT_ATTENTION`): the query
     without and with q_lora_rank, each group's latent decompressed once for every token.
     Equal to the FLOP: the router is ~1% of an expert here and the shared gate less, so a 3% tolerance could not
     tell a count that leaves them out."""

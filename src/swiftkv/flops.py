@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
+from .model.config import head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
+from .model.families import family_of
 
 
 def gated_mlp_flops(hidden: int, width: int) -> int:
@@ -59,41 +60,19 @@ def has_shared_expert_gate(config) -> bool:
 
 def layer_linear_flops(config, layer: int) -> dict[str, int]:
     """Multiply-accumulates x 2 per token of decoder layer `layer`'s projections: the query, the K/V (for every
-    token: the teacher's own, or an AcrossKV group's from s), o_proj, and the MLP (`mlp_flops`)."""
-    if has_latent_attention(config):
-        return {**latent_attention_flops(config), "mlp": mlp_flops(config, layer)}
-    head_dim = head_dim_of(config)
-    q, kv = config.num_attention_heads * head_dim, config.num_key_value_heads * head_dim
-    hidden = config.hidden_size
-    return {
-        "q": 2 * hidden * q,
-        "kv": 2 * 2 * hidden * kv,
-        "o": 2 * q * hidden,
-        "mlp": mlp_flops(config, layer),
-    }
+    token: the teacher's own, or an AcrossKV group's from s), o_proj (the family's kind of attention:
+    `Family.attention`), and the MLP (`mlp_flops`)."""
+    return {**attention_counts(config).projection_flops(config), "mlp": mlp_flops(config, layer)}
 
 
-def latent_attention_flops(config) -> dict[str, int]:
-    """Multi-head latent attention's projections (DeepSeek), as transformers' models and the SwiftKV student
-    (`model.mla`) run them on every token: the query through q_proj, or q_a_proj then q_b_proj when
-    `q_lora_rank` is set; the latent (kv_a_proj_with_mqa: `kv_lora_rank` plus the shared RoPE key) and its
-    decompression into every head's K part and V (kv_b_proj); o_proj from the heads' V width."""
-    hidden, heads, rank = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
-    if config.q_lora_rank is None:
-        query = 2 * hidden * heads * config.qk_head_dim
-    else:
-        query = 2 * hidden * config.q_lora_rank + query_second_factor_flops(config)
-    latent = 2 * hidden * (rank + config.qk_rope_head_dim)
-    decompress = 2 * rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
-    return {"q": query, "kv": latent + decompress, "o": 2 * heads * config.v_head_dim * hidden}
+def attention_counts(config):
+    """What the config's kind of attention computes and keeps per token (its family's `AttentionCounts`)."""
+    return family_of(config.model_type).attention
 
 
 def attention_flops(config, keys: float) -> float:
-    """QK^T and AV FLOPs of one query token over `keys` keys, one layer (MLA: its q/k heads are
-    qk_nope + qk_rope wide, its V heads `v_head_dim`)."""
-    if has_latent_attention(config):
-        return 2 * config.num_attention_heads * (config.qk_head_dim + config.v_head_dim) * keys
-    return 2 * 2 * config.num_attention_heads * head_dim_of(config) * keys
+    """QK^T and AV FLOPs of one query token over `keys` keys, one layer."""
+    return attention_counts(config).score_flops(config, keys)
 
 
 def prefill_layers_flops(config, keys: float) -> float:
@@ -178,7 +157,9 @@ def micro_batch_flops(config, micro: MicroBatch, paths: StepPaths) -> float:
     student = sum(student_layer_flops(config, i, attention, paths) for i in range(n, layers)) * queries
     q_input_grads = layers - n - 1 + (paths.trainable == "late-norms")
     # a low-rank query (MLA's q_a -> q_b) passes its gradient to q_a's output at layer N too, where q_a is trained
-    layer_n_q_grad = 0 if q_input_grads == layers - n else query_second_factor_flops(config)
+    layer_n_q_grad = (
+        0 if q_input_grads == layers - n else attention_counts(config).query_second_factor_flops(config)
+    )
     student += (q_input_grads * shared["q"] + layer_n_q_grad) * queries
     student += 3 * config.num_kv_groups * shared["kv"] * tokens
     head = 3 * 2 * config.hidden_size * config.vocab_size * micro.rows
@@ -197,13 +178,6 @@ def student_layer_flops(config, layer: int, attention: float, paths: StepPaths) 
     if paths.trainable in LATE_COPIES:
         backward += flops["o"] + flops["mlp"]
     return forward + (forward - last_matmul_flops(config, layer, paths) if paths.recompute else 0) + backward
-
-
-def query_second_factor_flops(config) -> int:
-    """FLOPs per token of a low-rank query's second factor (MLA's q_b_proj when `q_lora_rank` is set; else 0)."""
-    if not has_latent_attention(config) or config.q_lora_rank is None:
-        return 0
-    return 2 * config.q_lora_rank * config.num_attention_heads * config.qk_head_dim
 
 
 def last_matmul_flops(config, layer: int, paths: StepPaths) -> float:

@@ -60,11 +60,6 @@ def routed_experts(config) -> int:
     return getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
 
 
-def has_latent_attention(config) -> bool:
-    """Whether the config's attention is multi-head latent attention (DeepSeek-V2/V3: a `kv_lora_rank`)."""
-    return getattr(config, "kv_lora_rank", None) is not None
-
-
 def num_key_value_layers_for(num_layers: int, swiftkv_fraction: float) -> int:
     """N for a fraction F of the layers becoming SwiftKV (later) layers: N = L - round(F * L),
     kept within [1, L - 1] so that at least one early and one later layer remain."""

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from .counts import AttentionCounts
 from .inits import mean_linear
 from .modeling import SwiftKVModelMixin, apply_rope, attend
 
@@ -189,3 +190,48 @@ def latent_init_tensors(
                 sources = [f"model.layers.{j}.self_attn.{module}" for j in members]
                 params.update(mean_linear(f"{prefix}.{module}_swiftkv", sources, weights))
     return params
+
+
+# --------------------------------------------------------------------------------------------------
+# What latent attention computes and keeps per token (the FLOP model's and the memory plan's counts)
+# --------------------------------------------------------------------------------------------------
+
+
+def latent_projection_flops(config) -> dict[str, int]:
+    """Multi-head latent attention's projections, as transformers' models and the SwiftKV student run them on
+    every token: the query through q_proj, or q_a_proj then q_b_proj when `q_lora_rank` is set; the latent
+    (kv_a_proj_with_mqa: `kv_lora_rank` plus the shared RoPE key) and its decompression into every head's K
+    part and V (kv_b_proj); o_proj from the heads' V width."""
+    hidden, heads, rank = config.hidden_size, config.num_attention_heads, config.kv_lora_rank
+    if config.q_lora_rank is None:
+        query = 2 * hidden * heads * config.qk_head_dim
+    else:
+        query = 2 * hidden * config.q_lora_rank + query_second_factor_flops(config)
+    latent = 2 * hidden * (rank + config.qk_rope_head_dim)
+    decompress = 2 * rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
+    return {"q": query, "kv": latent + decompress, "o": 2 * heads * config.v_head_dim * hidden}
+
+
+def query_second_factor_flops(config) -> int:
+    """FLOPs per token of q_b_proj, the low-rank query's second factor (0 without `q_lora_rank`)."""
+    if config.q_lora_rank is None:
+        return 0
+    return 2 * config.q_lora_rank * config.num_attention_heads * config.qk_head_dim
+
+
+def latent_group_kv_values(config) -> int:
+    """Values per token an AcrossKV group keeps for its layers' backward: its latent and every head's
+    decompressed K and V."""
+    head = config.qk_head_dim + config.v_head_dim
+    return config.kv_lora_rank + config.qk_rope_head_dim + config.num_attention_heads * head
+
+
+LATENT_ATTENTION = AttentionCounts(
+    projection_flops=latent_projection_flops,
+    # its q/k heads are qk_nope + qk_rope wide, its V heads `v_head_dim`
+    score_flops=lambda config, keys: (
+        2 * config.num_attention_heads * (config.qk_head_dim + config.v_head_dim) * keys
+    ),
+    group_kv_values=latent_group_kv_values,
+    query_second_factor_flops=query_second_factor_flops,
+)

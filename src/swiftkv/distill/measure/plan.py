@@ -39,9 +39,9 @@ from transformers import AutoConfig
 
 from ...dtypes import DTYPE_NAMES, resolve_dtype
 from ...files import write_atomic
-from ...flops import mlp_token_width
+from ...flops import attention_counts, mlp_token_width
 from ...hub import CONFIG_FILES
-from ...model.config import has_latent_attention, head_dim_of, is_sparse_layer, is_swiftkv, routed_experts
+from ...model.config import is_sparse_layer, is_swiftkv, routed_experts
 from ...model.surgery import swiftkv_config
 from ...sources import Source, SourceLike, resolve_source
 from ..core import microbatch, trainable
@@ -200,12 +200,8 @@ def activation_bytes(
 
 
 def group_kv_values(config) -> int:
-    """Values per token an AcrossKV group keeps for its layers' backward: K and V of each K/V head; under
-    multi-head latent attention (DeepSeek) its latent and every head's decompressed K and V."""
-    if not has_latent_attention(config):
-        return 2 * config.num_key_value_heads * head_dim_of(config)
-    head = config.qk_head_dim + config.v_head_dim
-    return config.kv_lora_rank + config.qk_rope_head_dim + config.num_attention_heads * head
+    """Values per token an AcrossKV group keeps for its layers' backward (its family's kind of attention)."""
+    return attention_counts(config).group_kv_values(config)
 
 
 def layer_saved_bytes(config, layer: int, a: int, seq_len: int, device: str) -> int:

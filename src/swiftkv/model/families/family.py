@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..counts import GROUPED_QUERY_ATTENTION, AttentionCounts
 from ..inits import grouped_init_tensors
-from ..mla import SwiftKVLatentAttentionMixin, SwiftKVLatentModelMixin
+from ..mla import LATENT_ATTENTION, SwiftKVLatentAttentionMixin, SwiftKVLatentModelMixin
 from ..modeling import swiftkv_causal_lm
 
 VLLM_MODELS = "vllm.model_executor.models"
@@ -123,6 +124,11 @@ class Family:
         """The init that convert's lstsq replaces tensors of, and is compared with: the copy of each owner's K/V
         projections, or for latent attention the group mean (its lstsq fits the latent projection from there)."""
         return "mean" if self.latent_attention else "copy"
+
+    @property
+    def attention(self) -> AttentionCounts:
+        """What its kind of attention computes and keeps per token (the FLOP model's and the plan's counts)."""
+        return LATENT_ATTENTION if self.latent_attention else GROUPED_QUERY_ATTENTION
 
     @property
     def experts(self) -> bool:
