@@ -319,11 +319,9 @@ def distill_command(round_: Round, n: int, s: dict) -> list[str]:
     ]
     later = s.get("continue_from") or s.get("init_from")
     if later:
-        recipe = settings_for(s["source"], s["recipe"])
+        recipe = settings_for(s["source"], s["recipe"]).flat()
         schedule = "".join(
-            f"--{name.replace('_', '-')} {s[name]:g} "
-            for name in ("lr", "warmup")
-            if s[name] != getattr(recipe, name)
+            f"--{name.replace('_', '-')} {s[name]:g} " for name in ("lr", "warmup") if s[name] != recipe[name]
         )
         skip = f"--skip-tokens {s['skip_tokens']} " if s.get("skip_tokens") else ""
         option = "--continue-from" if s.get("continue_from") else "--init-from"

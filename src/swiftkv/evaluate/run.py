@@ -171,6 +171,8 @@ def open_models(settings: EvalSettings) -> tuple[list[Source], Source | None]:
     """The students and the teacher, opened (a shipped alias or a GGUF is built into the cache here).
     Under torchrun this must come before the process group starts: once it has, transformers'
     save_pretrained writes on global rank 0 only, so another process could not build its copy."""
+    if settings.recipe:
+        check_recipe_data()  # before any model is built
     students = [open_source(student, settings.revision) for student in settings.students]
     teacher = None if settings.teacher is None else open_source(settings.teacher, settings.teacher_revision)
     return students, teacher
@@ -187,8 +189,6 @@ def evaluate_models(
     started = time.time()
     processes = processes or Processes(device=eval_device(settings.device))
     dtype = resolve_dtype(settings.dtype, processes.device)
-    if settings.recipe:
-        check_recipe_data()
     students, teacher = models or open_models(settings)
     if settings.floor:
         check_floor(students, teacher)
