@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from swiftkv.cli import main
-from swiftkv.files import TEMP_MARK, atomic_file, atomic_output_dir, cache_root, cached_folder, portable_path
+from swiftkv.files import (
+    TEMP_MARK,
+    atomic_file,
+    atomic_output_dir,
+    cache_root,
+    cached_folder,
+    folder_fingerprint,
+    portable_path,
+)
 from tests.tiny import save_tiny_teacher
 
 
@@ -217,3 +227,24 @@ def test_the_places_default_to_this_process(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert portable_path(str(tmp_path / "runs" / "s1")) == "runs/s1"
     assert portable_path(str(Path.home() / "sk")) == "~/sk"
+
+
+def test_a_cached_build_made_again_keeps_its_fingerprint_and_another_folder_does_not(tmp_path, monkeypatch):
+    """A result cache keyed by folder_fingerprint finds a rebuilt alias's results (the same bytes built again,
+    later), while a folder outside the cache is still known by its weights' mtimes."""
+    monkeypatch.setenv("SWIFTKV_CACHE", str(tmp_path / "cache"))
+
+    def build(path: Path) -> None:
+        path.mkdir()
+        (path / "config.json").write_text('{"model_type": "llama"}')
+        (path / "model.safetensors").write_bytes(b"weights")
+
+    first = folder_fingerprint(cached_folder("m", build))
+    shutil.rmtree(tmp_path / "cache" / "m")
+    time.sleep(0.01)  # another mtime
+    assert folder_fingerprint(cached_folder("m", build)) == first
+    elsewhere = tmp_path / "mine"
+    shutil.copytree(tmp_path / "cache" / "m", elsewhere)
+    before = folder_fingerprint(elsewhere)
+    os.utime(elsewhere / "model.safetensors", ns=(1, 1))
+    assert folder_fingerprint(elsewhere) != before

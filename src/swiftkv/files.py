@@ -187,15 +187,39 @@ def cached_folder(key: str, build) -> Path:
         built = Path(tmp) / key
         build(built)
         give_umask_modes(built)
+        content = files_digest(built)
         with contextlib.suppress(OSError):  # another process finished first: same content
             built.rename(path)
+    write_atomic(built_digest_file(path), content + "\n")
     return path
 
 
+def built_digest_file(path: Path) -> Path:
+    """Where `cached_folder` keeps the digest of a folder it built: beside it, hidden."""
+    return path.with_name(f".{path.name}.sha256")
+
+
+def files_digest(folder: Path) -> str:
+    """sha256 of every file in `folder`: its path within the folder and its bytes, in name order."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(folder).as_posix().encode() + b"\0")
+        with open(file, "rb") as handle:
+            while block := handle.read(1 << 24):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def folder_fingerprint(folder: Path) -> str:
-    """Cheap identity of a model folder for result caches: its config plus the name, size and mtime
-    of every weight file (a re-conversion rewrites them, so stale results are never reused)."""
+    """Cheap identity of a model folder for result caches: its config plus, for a folder `cached_folder` built,
+    the digest of its files taken when it was built (so the same build made again, in a cleared cache or on
+    another machine, finds its results: the builds are byte for byte the same), for any other folder the name,
+    size and mtime of every weight file (a re-conversion rewrites them, so stale results are never reused)."""
     digest = hashlib.sha256((folder / "config.json").read_bytes())
+    built = built_digest_file(folder)
+    if folder.parent.resolve() == cache_root().resolve() and built.is_file():
+        digest.update(built.read_bytes())
+        return digest.hexdigest()[:20]
     for weights in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
         stat = weights.stat()
         digest.update(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
