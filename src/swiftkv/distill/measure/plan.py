@@ -366,9 +366,8 @@ def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> 
     if request.world_size < 1:
         raise ValueError(f"--world-size {request.world_size}: expected a number of processes, 1 or more")
     settings.check_batch_split(request.world_size)  # as the run itself would, before anything is built
-    dtype = (
-        torch.bfloat16 if settings.parallel.dtype == "auto" else DTYPE_NAMES[settings.parallel.dtype]
-    )  # auto: a GPU's bf16
+    chosen = settings.parallel.dtype
+    dtype = torch.bfloat16 if chosen == "auto" else DTYPE_NAMES[chosen]  # auto: a GPU's bf16
     config = plan_config(
         settings.model.source,
         request.num_key_value_layers,
@@ -394,9 +393,8 @@ def print_plan(settings, request: PlanRequest, json_path: str | None = None) -> 
     if request.timed_steps:
         device = training_device()
         whole = plan_memory(model, settings, request, dtype, world_size=1, fsdp=False).total
-        here = resolve_dtype(
-            settings.parallel.dtype, device
-        )  # the compute dtype a run would take on this device
+        # the compute dtype a run would take on this device
+        here = resolve_dtype(settings.parallel.dtype, device)
         timing = time_plan(config, settings, here, device, whole, request.timed_steps)
         print("\n".join(timing.lines(request.world_size)))
     result = {

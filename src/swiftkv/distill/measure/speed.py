@@ -89,9 +89,7 @@ def timed_student(settings, steps: int, world: World):
     model.to(world.device)
     model.set_attn_implementation(ATTENTION)
     trainable.install(model, settings.model.trainable, settings.model.lora_rank, settings.optim.seed)
-    optimizer = optimizer_for(
-        model, replace(settings.optim, lr=0.0, late_lr=0.0)
-    )  # the run's trainable set; lr 0
+    optimizer = optimizer_for(model, replace(settings.optim, lr=0.0, late_lr=0.0))  # the run's trainable set
     dtype = resolve_dtype(settings.parallel.dtype, world.device)
     cast_frozen(model, dtype)
     return model, train, optimizer, dtype
