@@ -2,13 +2,15 @@
 the package's units (its subpackages and top-level modules) sit on LAYERS, and each imports only units of
 the layers below its own, so no import runs back up; data flows one way, so `data/` imports no later
 stage, and `vllm/` holds only what vLLM loads (no benchmark harness, no data readers); nothing in the
-package imports the scripts beside it (scripts/), which import it as user code does. Imports sit at module
-level unless they defer an optional heavy dependency (vLLM, lm-eval, datasets, matplotlib, gguf, aiohttp,
-prometheus_client), which the last test checks by importing every module."""
+package imports the scripts beside it (scripts/), which import it as user code does; outside distill/,
+distillation is imported through its API (`swiftkv.distill`), never from a module behind it. Imports sit at
+module level unless they defer an optional heavy dependency (vLLM, lm-eval, datasets, matplotlib, gguf,
+aiohttp, prometheus_client), which the last test checks by importing every module."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -201,6 +203,63 @@ def test_the_training_core_imports_nothing_of_the_measuring_wing():
     # the check reads the tree as it is
     assert "swiftkv.distill.core.loop" in imports_of(PACKAGE / "distill" / "run.py")
     assert distill_arrows_up() == []
+
+
+def modules_imported_from(path: Path, package: str | None) -> set[str]:
+    """The modules `path` imports names from or imports whole; `package` anchors its relative imports (None:
+    a script's relative imports are its own package's, not swiftkv's)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (not node.level or package is not None):
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            found.add(".".join([*anchor, node.module] if node.module else anchor))
+    return found
+
+
+def reaches_behind_the_distill_api(files: list[Path]) -> list[str]:
+    """Each import, in `files`, of a module behind `swiftkv.distill`'s API (a subpackage or module of it)."""
+    reaching = []
+    for path in files:
+        inside = PACKAGE in path.parents
+        package = module_name(path).rpartition(".")[0] if inside and path.name != "__init__.py" else None
+        if inside and path.name == "__init__.py":
+            package = module_name(path)
+        reaching += [
+            f"{path.name} imports {name}"
+            for name in sorted(modules_imported_from(path, package))
+            if name.startswith("swiftkv.distill.")
+        ]
+    return reaching
+
+
+def test_code_outside_distill_imports_only_its_api():
+    """The CLI and the scripts import distillation from `swiftkv.distill` (its API table names the module
+    behind each name), never from a module behind it: those may move without the callers changing."""
+    outside = [path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] != "distill"]
+    scripts = sorted(SCRIPTS.rglob("*.py"))
+    assert any("swiftkv.distill" in modules_imported_from(path, None) for path in scripts)  # it reads them
+    assert reaches_behind_the_distill_api(outside + scripts) == []
+
+
+def test_the_api_check_fails_on_an_import_behind_the_api(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "from swiftkv.distill.core.trainer import train_step\nfrom swiftkv.distill import lr_at\n"
+    )
+    assert reaches_behind_the_distill_api([script]) == ["probe.py imports swiftkv.distill.core.trainer"]
+
+
+def test_every_name_of_the_distill_api_is_defined_where_it_says():
+    import swiftkv.distill as distill
+
+    for name, module in distill.API.items():
+        value = getattr(distill, name)
+        assert getattr(importlib.import_module(f"swiftkv.distill.{module}"), name) is value, name
+    assert set(distill.API) <= set(dir(distill))
+    with pytest.raises(AttributeError, match="no attribute 'train_stepp'"):
+        distill.train_stepp  # noqa: B018
 
 
 def test_the_check_sees_relative_and_function_level_imports(tmp_path):

@@ -18,7 +18,7 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from swiftkv.distill.core.compiled import load_compiled_artifacts, reason_of
+from swiftkv.distill import load_compiled_artifacts, reason_of
 from swiftkv.files import write_atomic
 
 BUNDLE_FILE = "compiled.tar"

@@ -20,7 +20,7 @@ from pathlib import Path
 from outputs import check_outputs
 
 from swiftkv.cli.options import add_dataclass_options, given_values, source_help
-from swiftkv.distill.start.snapshot import install
+from swiftkv.distill import install
 
 from .replies import merge_loan_replies
 from .stage import StageSettings, write_stage

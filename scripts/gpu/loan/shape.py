@@ -19,16 +19,17 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig
 
-from swiftkv.distill.core.loss import BatchSizes
-from swiftkv.distill.core.trainer import prepare, train_step
-from swiftkv.distill.measure.bound import compute_bound
-from swiftkv.distill.measure.speed import (  # the plan's own blocks
+from swiftkv.distill import (
     HOURS_PER_100M,
+    BatchSizes,
+    World,
+    compute_bound,
     peak_memory_mib,
+    prepare,
     random_blocks,
+    settings_for,
+    train_step,
 )
-from swiftkv.distill.parallel.world import World
-from swiftkv.distill.settings import settings_for
 from swiftkv.dtypes import dtype_name, resolve_dtype
 from swiftkv.model.families import family_of
 from swiftkv.model.surgery import swiftkv_config

@@ -29,15 +29,24 @@ from swiftkv.convert import ConvertSettings
 from swiftkv.convert.calibration import lstsq_params, teacher_stats
 from swiftkv.data.packing import Blocks, in_passes, pack
 from swiftkv.data.tokens import Document
-from swiftkv.distill.core.compiled import compiled_artifacts
-from swiftkv.distill.core.loss import BatchSizes
-from swiftkv.distill.core.trainable import load_trained_set
-from swiftkv.distill.core.trainer import Prepared, evaluate, lr_at, prepare, train_step
-from swiftkv.distill.measure.bound import device_peak, step_flops_per_token
-from swiftkv.distill.measure.profile import profile_steps
-from swiftkv.distill.parallel.world import World
-from swiftkv.distill.settings import DistillSettings, settings_for
-from swiftkv.distill.start.snapshot import read_snapshot, write_snapshot
+from swiftkv.distill import (
+    BatchSizes,
+    DistillSettings,
+    Prepared,
+    World,
+    compiled_artifacts,
+    device_peak,
+    evaluate,
+    load_trained_set,
+    lr_at,
+    prepare,
+    profile_steps,
+    read_snapshot,
+    settings_for,
+    step_flops_per_token,
+    train_step,
+    write_snapshot,
+)
 from swiftkv.dtypes import autocast, dtype_name, resolve_dtype
 from swiftkv.files import write_atomic
 from swiftkv.model.surgery import build_swiftkv_model, copy_init_params, load_trained

@@ -33,9 +33,7 @@ from pathlib import Path
 
 import torch
 
-from swiftkv.distill.core.compiled import reason_of
-from swiftkv.distill.core.microbatch import AUTO, parse_micro_batch
-from swiftkv.distill.start.snapshot import read_progress
+from swiftkv.distill import AUTO, parse_micro_batch, read_progress, reason_of
 from swiftkv.dtypes import dtype_name, resolve_dtype
 from swiftkv.files import write_atomic
 from swiftkv.peaks import matmul_peak

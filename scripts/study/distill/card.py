@@ -38,9 +38,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 # The JSON files read here, read by attribute.
-from swiftkv.distill.measure.bound import bound_of
-from swiftkv.distill.settings import settings_for
-from swiftkv.distill.start.from_weights import folder_spec, is_snapshot
+from swiftkv.distill import bound_of, folder_spec, is_snapshot, settings_for
 from swiftkv.evaluate.report import paired_greedy_table, paired_long_qa_table
 from swiftkv.model.surgery import read_trained_spec
 from swiftkv.results import DistillSummary, EvalResults, StudentResult

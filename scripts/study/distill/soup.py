@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-from swiftkv.distill.start.from_weights import is_snapshot
-from swiftkv.distill.start.snapshot import install, read_progress, snapshot_teacher
+from swiftkv.distill import install, is_snapshot, read_progress, snapshot_teacher
 from swiftkv.model.surgery import (
     DELTA_FACTORS,
     low_rank_factors,

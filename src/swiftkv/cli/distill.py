@@ -8,14 +8,24 @@ import sys
 
 import torch.distributed as dist
 
-from ..distill.measure.bound import bound_line
-from ..distill.measure.plan import PlanRequest, model_parameters, print_plan
-from ..distill.measure.speed import TIMED_STEPS, measure_shared_vs_naive
-from ..distill.parallel.world import launched_as_main
-from ..distill.run import heldout_agreement, run_distillation
-from ..distill.settings import RECIPES, SECTIONS, DistillSettings, default_recipe, settings_for
-from ..distill.start.from_weights import with_folder_rank
-from ..distill.start.setup import set_threads
+from ..distill import (
+    RECIPES,
+    SECTIONS,
+    TIMED_STEPS,
+    DistillSettings,
+    PlanRequest,
+    bound_line,
+    default_recipe,
+    heldout_agreement,
+    launched_as_main,
+    measure_shared_vs_naive,
+    model_parameters,
+    print_plan,
+    run_distillation,
+    set_threads,
+    settings_for,
+    with_folder_rank,
+)
 from ..files import write_atomic
 from .options import add_dataclass_options, given_values
 

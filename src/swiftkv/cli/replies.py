@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..data.mixture import check_data
-from ..distill.measure.replies_time import plan_replies
+from ..distill import plan_replies
 from ..replies import RepliesSettings, write_replies
 from ..sources import check_weights_present, open_source
 from .options import add_dataclass_options, add_revision_option, given_values, source_help
