@@ -345,7 +345,8 @@ def write_converted_folder(
     tensors beside them; the config as `write_swiftkv_folder` writes it. No model is built: the
     whole model is never in memory."""
     names = swiftkv_tensor_names(config)
-    in_layout = checkpoint_layout_filter(config, names)
+    # An MoE family's experts are copied as the source stores them, and their fused names not looked for in it.
+    in_layout = family_of(config.model_type).spelled_alike
     missing = sorted(
         name for name in names - set(source) - set(new) if in_layout(name) and "swiftkv" not in name
     )
@@ -368,17 +369,6 @@ def write_converted_folder(
             (tmp / name).write_text(text)
 
     write_model_folder(dst, fill, force=force)
-
-
-def checkpoint_layout_filter(config, names: set[str]) -> Callable[[str], bool]:
-    """Whether a tensor name is one the model and its checkpoint spell alike. An MoE family's MLP is
-    stored in the source's own layout (per-expert tensors, Mixtral's `block_sparse_moe`), which
-    transformers fuses and renames on load (`families.checkpoint_layout`): those tensors are copied as
-    the source has them, and their fused names are not looked for in it. Everything else, attention
-    included (so a trimmed model's later q/k/v are dropped), must match by name."""
-    if not family_of(config.model_type).experts:
-        return lambda name: True
-    return lambda name: ".self_attn." in name or ".mlp." not in name and ".block_sparse_moe." not in name
 
 
 def generation_config(folder: Path, config) -> GenerationConfig:

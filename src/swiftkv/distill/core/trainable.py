@@ -87,10 +87,10 @@ def check_trainable(trainable: str, lora_rank: int | None, config) -> None:
     """Refuse an unknown set or a rank that is not a low rank of the adapted layers (before any work)."""
     if trainable not in TRAINABLE_SETS:
         raise ValueError(f"--trainable {trainable!r} is unknown; expected one of {list(TRAINABLE_SETS)}")
-    if STUDENT_MODULES[trainable] and family_of(config.model_type).experts:
+    refusal = family_of(config.model_type).mlp_training_refusal(config)
+    if STUDENT_MODULES[trainable] and refusal:
         raise ValueError(
-            f"--trainable {trainable} trains the later layers' MLP, but this {config.model_type} model's "
-            "are Mixture-of-Experts blocks, whose routers and experts stay frozen; use --trainable swiftkv"
+            f"--trainable {trainable} trains the later layers' MLP, but {refusal}; use --trainable swiftkv"
         )
     if lora_rank is None:
         return

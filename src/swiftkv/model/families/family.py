@@ -41,11 +41,6 @@ def config_biases(config) -> dict[str, bool]:
     return {"qkv_bias": attention, "o_bias": attention, "mlp_bias": bool(getattr(config, "mlp_bias", False))}
 
 
-def qkv_biases(config) -> dict[str, bool]:
-    """Qwen2's rule: q/k/v always carry a bias, o_proj and the MLP never."""
-    return {"qkv_bias": True, "o_bias": False, "mlp_bias": False}
-
-
 def quantized_experts_refusal(config) -> str | None:
     """Why a quantized MoE source cannot become SwiftKV (None: it is not quantized). Conversion runs the
     teacher in full precision and writes every expert back; a quantized checkpoint (FP8, AWQ, GPTQ, ...)
@@ -134,3 +129,22 @@ class Family:
     def experts(self) -> bool:
         """Whether its layers hold Mixture-of-Experts blocks (routers and experts, kept frozen)."""
         return self.checkpoint_layout is not None
+
+    def spelled_alike(self, name: str) -> bool:
+        """Whether tensor `name` is spelled alike in the model and its checkpoints. An MoE family's MLP is
+        stored in the source's own layout (per-expert tensors, under `moe_attribute`), which transformers fuses
+        and renames on load (`checkpoint_layout`): its names differ. Everything else, attention included,
+        matches by name."""
+        if not self.experts:
+            return True
+        return ".self_attn." in name or all(f".{part}." not in name for part in {"mlp", self.moe_attribute})
+
+    def mlp_training_refusal(self, config) -> str | None:
+        """Why the later layers' MLP cannot train (None: it can): an MoE block's routers and experts stay
+        frozen."""
+        if not self.experts:
+            return None
+        return (
+            f"this {config.model_type} model's later layers' MLP are Mixture-of-Experts blocks, whose routers "
+            "and experts stay frozen"
+        )
