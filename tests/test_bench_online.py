@@ -1,90 +1,118 @@
-"""`swiftkv bench --online`: the metrics (percentiles, TTFT/TPOT/ITL from token times, goodput, the
-SLO and the highest rate within it), the seeded Poisson schedule, the session order, prompts, server
-commands and process-group shutdown, the CLI options, the streaming client against a fake server,
-the report; and one end-to-end `--quick` run with two real vLLM servers on a tiny checkpoint."""
+"""`swiftkv bench --online`: our rows from vLLM's benchmark results (fabricated result dicts with
+known numbers), the SLO and the highest rate within it, the session order, prompts, server commands
+and process-group shutdown, the CLI options, vLLM's benchmark client (its signature, the version gate,
+the seeded schedule, a fake streaming server), the report; and one end-to-end `--quick` run with two
+real vLLM servers on a tiny checkpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 
-import numpy as np
 import pytest
 
 from swiftkv.bench.online_metrics import (
     SLO,
-    RequestResult,
     choose_slo,
     compare,
     default_rates,
+    idle_latency,
     max_sustained_rate,
-    percentile,
-    poisson_arrivals,
-    summarize,
+    rate_row,
 )
 
 # -- metrics ---------------------------------------------------------------------------------------
 
 
-def test_percentile_interpolates_like_numpy():
-    values = list(range(1, 101))
-    assert percentile(values, 50) == pytest.approx(50.5)
-    assert percentile(values, 99) == pytest.approx(99.01)
-    assert percentile([3.0], 99) == 3.0
+def vllm_result(ttft_ms: float, tpot_ms: float, output_len: int = 11, requests: int = 4, **changes) -> dict:
+    """A result dict as vLLM's `benchmark` returns it (its keys, times in ms), every request alike;
+    `changes` overrides any key."""
+    duration, latency_ms = 5.0, ttft_ms + (output_len - 1) * tpot_ms
+    result = {
+        "duration": duration,
+        "completed": requests,
+        "failed": 0,
+        "request_throughput": requests / duration,
+        "request_goodput": requests / duration,
+        "output_throughput": requests * output_len / duration,
+        "total_token_throughput": requests * (100 + output_len) / duration,
+        "output_lens": [output_len] * requests,
+        "errors": [""] * requests,
+    }
+    for name, value in (("ttft", ttft_ms), ("tpot", tpot_ms), ("itl", tpot_ms), ("e2el", latency_ms)):
+        for stat in ("mean", "median", "p50", "p99"):
+            result[f"{stat}_{name}_ms"] = value
+    return {**result, **changes}
 
 
-def test_percentile_ignores_nan_and_is_nan_for_nothing():
-    assert percentile([1.0, math.nan, 3.0], 50) == 2.0
-    assert math.isnan(percentile([], 50))
-
-
-def test_ttft_itl_tpot_from_token_times():
-    result = RequestResult.from_token_times(10.0, [10.5, 10.6, 10.8, 11.1], prompt_tokens=7)
-    assert result.ttft == pytest.approx(0.5)
-    assert result.itl == pytest.approx([0.1, 0.2, 0.3])
-    assert result.latency == pytest.approx(1.1)
-    assert result.tpot == pytest.approx((1.1 - 0.5) / 3)  # the mean of the ITLs when one token per chunk
-    assert result.output_tokens == 4 and result.prompt_tokens == 7 and result.success
-
-
-def test_tpot_needs_two_tokens_and_a_success():
-    assert math.isnan(RequestResult.from_token_times(0.0, [0.3]).tpot)
-    assert not RequestResult.from_token_times(0.0, []).success
-    assert math.isnan(RequestResult(ttft=0.1, latency=1.0, output_tokens=5, success=False).tpot)
-
-
-def request(ttft: float, tpot: float, tokens: int = 11, prompt: int = 100) -> RequestResult:
-    return RequestResult.from_token_times(0.0, [ttft + i * tpot for i in range(tokens)], prompt_tokens=prompt)
-
-
-def test_summarize_throughput_goodput_and_slo():
+def test_rate_row_takes_vllms_numbers_in_seconds():
     slo = SLO(ttft_s=1.0, tpot_s=0.1)
-    results = [request(0.5, 0.05), request(0.8, 0.05), request(2.0, 0.05), request(0.5, 0.2)]
-    row = summarize(results, duration=10.0, slo=slo)
-    assert row["completed"] == 4 and row["failed"] == 0
-    assert row["request_throughput"] == pytest.approx(0.4)
-    assert row["output_throughput"] == pytest.approx(4 * 11 / 10)
-    assert row["total_token_throughput"] == pytest.approx(4 * 111 / 10)
-    assert row["goodput"] == pytest.approx(2 / 10)  # the slow first token and the slow decode miss the SLO
-    assert row["ttft_p50_s"] == pytest.approx(0.65)
-    assert row["tpot_p50_s"] == pytest.approx(0.05)
-    assert row["itl_p99_s"] == pytest.approx(0.2)
-    assert not row["meets_slo"]  # p99 TTFT ~2 s > 1 s
-    assert summarize(results[:2], 10.0, slo)["meets_slo"]
+    result = vllm_result(
+        500,
+        50,
+        output_len=8,
+        mean_ttft_ms=700.0,
+        p50_ttft_ms=600.0,
+        p99_ttft_ms=1500.0,
+        p50_tpot_ms=40.0,
+        p99_tpot_ms=80.0,
+        p99_itl_ms=95.0,
+        mean_e2el_ms=1200.0,
+        p99_e2el_ms=2100.0,
+        request_goodput=0.3,
+    )
+    row = rate_row(result, 0.5, 8, slo, speculating=False)
+    assert row["rate"] == 0.5 and row["completed"] == 4 and row["failed"] == 0 and row["errors"] == []
+    assert (row["duration_s"], row["request_throughput"], row["goodput"]) == (5.0, 0.8, 0.3)
+    assert row["output_throughput"] == pytest.approx(4 * 8 / 5)
+    assert (row["ttft_mean_s"], row["ttft_p50_s"], row["ttft_p99_s"]) == pytest.approx((0.7, 0.6, 1.5))
+    assert (row["tpot_mean_s"], row["tpot_p50_s"], row["tpot_p99_s"]) == pytest.approx((0.05, 0.04, 0.08))
+    assert (row["itl_p50_s"], row["itl_p99_s"]) == pytest.approx((0.05, 0.095))
+    assert (row["latency_mean_s"], row["latency_p99_s"]) == pytest.approx((1.2, 2.1))  # vLLM's E2EL
+    assert not row["meets_slo"] and row["speculative"] is None  # p99 TTFT 1.5 s > 1 s
+    assert rate_row({**result, "p99_ttft_ms": 900.0}, 0.5, 8, slo, False)["meets_slo"]
+    assert not rate_row({**result, "p99_tpot_ms": 101.0}, 0.5, 8, slo, False)["meets_slo"]
 
 
-def test_a_failed_request_breaks_the_slo_and_counts_in_no_metric():
-    slo = SLO(ttft_s=1.0, tpot_s=0.1)
-    row = summarize([request(0.5, 0.05), RequestResult(error="boom")], duration=5.0, slo=slo)
-    assert row["completed"] == 1 and row["failed"] == 1
-    assert row["ttft_p99_s"] == pytest.approx(0.5)
-    assert row["goodput"] == pytest.approx(1 / 5)
-    assert not row["meets_slo"]
+def test_a_request_of_the_wrong_length_or_an_error_fails_and_breaks_the_slo():
+    result = vllm_result(
+        500, 50, output_len=8, output_lens=[8, 7, 0, 8], errors=["", "", "HTTP 500: boom", ""], completed=3
+    )
+    row = rate_row(result, 1.0, 8, SLO(1.0, 0.1), speculating=False)
+    assert row["completed"] == 2 and row["failed"] == 2  # vLLM counted the 7-token request as a success
+    assert row["errors"] == ["HTTP 500: boom", "made 7 tokens, expected 8"]
+    assert row["ttft_p99_s"] == pytest.approx(0.5) and not row["meets_slo"]
+
+
+def test_a_rate_where_no_request_succeeded_has_no_latencies():
+    result = vllm_result(
+        0, 0, output_len=8, requests=2, output_lens=[0, 0], errors=["refused"] * 2, completed=0
+    )
+    row = rate_row(result, 1.0, 8, SLO(1.0, 0.1), speculating=False)
+    assert row["failed"] == 2 and row["errors"] == ["refused"] and not row["meets_slo"]
+    assert math.isnan(row["ttft_p99_s"]) and math.isnan(row["tpot_p50_s"])  # vLLM's 0 ms is no answer
+
+
+def test_idle_latency_is_vllms_medians_and_needs_every_request():
+    result = vllm_result(
+        500, 50, output_len=8, requests=3, median_ttft_ms=400.0, median_tpot_ms=30.0, median_e2el_ms=610.0
+    )
+    assert idle_latency(result, 8) == pytest.approx(
+        {"ttft_s": 0.4, "tpot_s": 0.03, "latency_s": 0.61, "requests": 3}
+    )
+    with pytest.raises(RuntimeError, match="idle server failed: made 7 tokens, expected 8"):
+        idle_latency({**result, "output_lens": [8, 7, 8]}, 8)
+
+
+def test_the_slo_is_vllms_goodput_config_in_milliseconds():
+    assert SLO(1.5, 0.2).goodput_config() == pytest.approx({"ttft": 1500.0, "tpot": 200.0})
 
 
 @pytest.mark.parametrize(
@@ -101,20 +129,6 @@ def test_max_sustained_rate(meets, expected):
     assert (
         max_sustained_rate([4.0, 3.0, 2.0, 1.0], meets[::-1]) == expected
     )  # order of the input is irrelevant
-
-
-def test_poisson_arrivals_are_seeded_with_mean_gap_one_over_rate():
-    rate, count = 2.5, 20000
-    times = poisson_arrivals(rate, count, seed=[0, 1])
-    assert times == poisson_arrivals(rate, count, seed=[0, 1])
-    assert times != poisson_arrivals(rate, count, seed=[0, 2])
-    assert len(times) == count and times[0] == 0.0
-    gaps = np.diff(times)
-    assert (gaps >= 0).all()
-    assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)  # standard error ~0.7%
-    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: std = mean
-    with pytest.raises(ValueError):
-        poisson_arrivals(0.0, 3, seed=0)
 
 
 def test_default_rates_are_multiples_of_the_prefill_bound_capacity():
@@ -241,16 +255,126 @@ def test_a_server_that_exits_early_fails_with_its_log(tmp_path):
         pass
 
 
-# -- the client against a fake streaming server ----------------------------------------------------
+# -- the client: vLLM's benchmark ------------------------------------------------------------------
 
 
-async def fake_completions(tokens: int, gap: float, seen: list):
-    """A /v1/completions that streams `tokens` chunks `gap` seconds apart, then usage, like vLLM."""
+PROMPTS = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+
+
+def test_the_client_calls_the_installed_vllms_benchmark_with_our_settings():
+    from vllm.benchmarks import serve
+
+    from swiftkv.bench.online_client import Target, benchmark_arguments, check_signature
+
+    target = Target("http://127.0.0.1:1", "m", None, output_len=8)
+    arguments = benchmark_arguments(serve, target, PROMPTS, 0.5, None, SLO(2.0, 0.1), False)
+    check_signature(serve.benchmark, arguments)  # every name exists, nothing required is missing
+    assert [(r.prompt, r.prompt_len, r.expected_output_len) for r in arguments["input_requests"]] == [
+        (p, len(p), 8) for p in PROMPTS
+    ]
+    assert arguments["ignore_eos"] and arguments["extra_body"] == {"temperature": 0.0}
+    assert (arguments["request_rate"], arguments["burstiness"]) == (0.5, 1.0)
+    assert arguments["selected_percentiles"] == [50.0, 99.0]
+    assert arguments["goodput_config_dict"] == pytest.approx({"ttft": 2000.0, "tpot": 100.0})
+
+
+def test_a_changed_benchmark_signature_is_one_error_naming_the_parameter():
+    from swiftkv.bench.online_client import check_signature
+
+    def benchmark(task_type, request_rate, burstiness=1.0, **_ignored):
+        pass
+
+    check_signature(benchmark, {"task_type": 1, "request_rate": 2.0})
+    with pytest.raises(RuntimeError, match=r"benchmark of vLLM \S+ has no parameter 'ignore_eos'"):
+        check_signature(
+            lambda task_type, request_rate: None, {"task_type": 1, "request_rate": 2, "ignore_eos": 1}
+        )
+    with pytest.raises(
+        RuntimeError, match="requires the parameter 'request_rate', which swiftkv does not pass"
+    ):
+        check_signature(benchmark, {"task_type": 1})
+
+
+def test_an_unsupported_vllm_is_our_error_before_its_benchmark_is_imported(monkeypatch):
+    from swiftkv.bench.online_client import Target, run
+    from swiftkv.vllm import versions
+
+    monkeypatch.setattr(versions, "installed_vllm_version", lambda: "0.40.0")
+    monkeypatch.delenv(versions.OVERRIDE_ENV, raising=False)
+    monkeypatch.setitem(sys.modules, "vllm.benchmarks", None)  # importing it now is an ImportError
+    with pytest.raises(
+        ValueError, match=r"swiftkv supports vLLM 0\.26 to 0\.33\.x, and vLLM 0\.40\.0 is installed"
+    ):
+        run(Target("http://127.0.0.1:1", "m", None, 8), PROMPTS)
+
+
+def test_the_same_seed_and_rate_give_the_same_schedule(monkeypatch):
+    """vLLM's benchmark against a request function that answers at once, on a clock that only its
+    sleeps advance: the sleeps between sends are the schedule."""
+    import types
+
+    import numpy as np
+    from vllm.benchmarks import serve
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
+    from swiftkv.bench.online_client import Target, run
+
+    clock, sleeps, real_sleep = [0.0], [], asyncio.sleep
+
+    async def sleep(seconds):
+        sleeps.append(seconds)
+        clock[0] += seconds
+        await real_sleep(0)
+
+    async def answer(request_func_input, session, pbar=None):
+        return RequestFuncOutput(success=True, output_tokens=8, ttft=0.1, latency=0.8, start_time=clock[0])
+
+    async def no_counters(base_url, session):
+        return None
+
+    monkeypatch.setitem(serve.ASYNC_REQUEST_FUNCS, "openai", answer)
+    monkeypatch.setattr(serve, "fetch_spec_decode_metrics", no_counters)
+    monkeypatch.setattr(serve, "fetch_diffusion_metrics", no_counters)
+    monkeypatch.setattr(
+        serve, "time", types.SimpleNamespace(time=lambda: clock[0], perf_counter=time.perf_counter)
+    )
+    monkeypatch.setattr(serve, "asyncio", types.SimpleNamespace(**{**vars(asyncio), "sleep": sleep}))
+    target = Target("http://127.0.0.1:1", "m", None, output_len=8)
+
+    def schedule(seed: int, index: int, rate: float) -> list[float]:
+        sleeps.clear()
+        clock[0] = 0.0  # the sleeps are differences of times on this clock: the same start, the same floats
+        np.random.random(3)  # moves numpy's global RNG on: each run must seed it again
+        result = run(target, PROMPTS * 4, rate, seed=(seed, index))
+        assert result["completed"] == 16
+        return list(sleeps)
+
+    first = schedule(0, 1, 0.5)
+    assert len(first) == 16 and first == schedule(0, 1, 0.5)  # both models' schedule at rate 1
+    assert sum(first) == pytest.approx(16 / 0.5)  # vLLM rescales: the last request goes out at N / rate
+    assert first != schedule(0, 2, 0.5) and first != schedule(1, 1, 0.5)
+
+
+class NoTokenizer:
+    """vLLM's benchmark needs a tokenizer to report TTFT/TPOT/ITL, and calls it only to count the
+    output of a server that sent no usage; the fake server sends it."""
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("vLLM counted the tokens itself: the usage chunk was not read")
+
+
+@contextlib.contextmanager
+def fake_server(tokens: int, gap: float, metrics=None):
+    """A vLLM-like server on its own thread: /v1/completions streams `tokens` chunks `gap` seconds
+    apart, then usage; /metrics (when given) is metrics(requests received so far). Yields the port
+    and the request bodies."""
     from aiohttp import web
 
     from swiftkv.bench.online_server import free_port
 
-    async def handle(http_request):
+    seen = []
+
+    async def completions(http_request):
         body = await http_request.json()
         seen.append(body)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -263,38 +387,45 @@ async def fake_completions(tokens: int, gap: float, seen: list):
         await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         return response
 
+    async def metrics_page(_request):
+        return web.Response(text=metrics(len(seen)))
+
     app = web.Application()
-    app.router.add_post("/v1/completions", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, port
+    app.router.add_post("/v1/completions", completions)
+    if metrics:
+        app.router.add_get("/metrics", metrics_page)
+    loop, runner, port = asyncio.new_event_loop(), web.AppRunner(app), free_port()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield port, seen
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
 
 
-def test_client_streams_token_ids_and_times_every_token():
-    from swiftkv.bench.online import Client
+def test_the_client_streams_token_ids_and_vllm_times_every_token():
+    from swiftkv.bench.online_client import Target, run
 
-    async def scenario():
-        seen = []
-        runner, port = await fake_completions(tokens=5, gap=0.05, seen=seen)
-        try:
-            client = Client(f"http://127.0.0.1:{port}", "m", output_len=5)
-            results, duration = await client.poisson([[1, 2, 3], [4, 5]], [0.0, 0.1], "test")
-            short = await Client(f"http://127.0.0.1:{port}", "m", output_len=6).sequential([[1]])
-        finally:
-            await runner.cleanup()
-        return seen, results, duration, short
-
-    seen, results, duration, short = asyncio.run(scenario())
-    assert seen[0]["prompt"] == [1, 2, 3] and seen[0]["max_tokens"] == 5
-    assert seen[0]["ignore_eos"] is True and seen[0]["temperature"] == 0.0 and seen[0]["stream"] is True
-    for result, prompt_len in zip(results, (3, 2), strict=True):
-        assert result.success and result.output_tokens == 5 and result.prompt_tokens == prompt_len
-        assert 0.05 <= result.ttft < 1.0 and len(result.itl) == 4  # loose: the machine is shared
-        assert 0.04 <= result.tpot < 0.5
-    assert duration >= 0.1 + 5 * 0.05
-    assert not short[0].success and "expected 6" in short[0].error  # ignore_eos makes the count exact
+    slo = SLO(ttft_s=5.0, tpot_s=1.0)  # loose: the machine is shared
+    with fake_server(tokens=5, gap=0.05) as (port, seen):
+        target = Target(f"http://127.0.0.1:{port}", "m", NoTokenizer(), output_len=5)
+        row = rate_row(run(target, PROMPTS[:2], 20.0, slo=slo, seed=(0, 0)), 20.0, 5, slo, speculating=False)
+        short = run(Target(target.base_url, "m", NoTokenizer(), output_len=6), PROMPTS[:1], max_concurrency=1)
+    assert sorted(body["prompt"] for body in seen[:2]) == [[1, 2, 3], [4, 5]]
+    body = seen[0]
+    assert body["model"] == "m" and body["max_tokens"] == 5 and body["stream"] is True
+    assert body["ignore_eos"] is True and body["temperature"] == 0.0
+    assert row["completed"] == 2 and row["failed"] == 0 and row["meets_slo"], row
+    assert 0.05 <= row["ttft_p50_s"] < 1.0 and 0.04 <= row["tpot_p50_s"] < 0.5 and 0.04 <= row["itl_p50_s"]
+    assert row["duration_s"] >= 5 * 0.05 and row["goodput"] == pytest.approx(2 / row["duration_s"])
+    assert short["output_lens"] == [5]  # max_tokens 6, but the server made 5: failed, for us
+    with pytest.raises(RuntimeError, match="made 5 tokens, expected 6"):
+        idle_latency(short, 6)
 
 
 # -- CLI and report --------------------------------------------------------------------------------
@@ -347,7 +478,7 @@ def synthetic_report() -> dict:
     rates, rows = [1.0, 2.0], {}
     for model, slowdown in (("baseline", 2.0), ("swiftkv", 1.0)):
         rows[model] = [
-            {"rate": r, **summarize([request(0.3 * slowdown * r, 0.04 * slowdown)] * 4, 5.0, slo)}
+            rate_row(vllm_result(300 * slowdown * r, 40 * slowdown), r, 11, slo, speculating=False)
             for r in rates
         ]
     return {

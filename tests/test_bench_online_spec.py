@@ -1,7 +1,7 @@
 """`swiftkv bench --online` with a speculator and the extractive workload, and `--decode-steps`: the
 options and their one-line refusals before any server starts, which server gets which config, the
-acceptance rate read from vLLM's Prometheus counters, the extractive prompts, the report; one small
-end-to-end run per mode with real vLLM on a tiny checkpoint."""
+acceptance rate from vLLM's benchmark (which reads the server's Prometheus counters), the extractive
+prompts, the report; one small end-to-end run per mode with real vLLM on a tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -113,73 +113,51 @@ def test_cli_rejects_an_unknown_workload(capsys):
     assert "invalid choice: 'poems'" in capsys.readouterr().err
 
 
-# -- acceptance rate from /metrics -----------------------------------------------------------------
-
-# What vLLM 0.32's SpecDecodingProm exposes (generate_latest of its counters: two engines, 3 drafts of
-# 3 tokens, 5 accepted), cut to the families read and one they must not be confused with.
-PROMETHEUS_SAMPLE = """\
-# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
-# TYPE vllm:spec_decode_num_drafts_total counter
-vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 2.0
-vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 1.0
-# HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
-# TYPE vllm:spec_decode_num_drafts_created gauge
-vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7956047902162127e+09
-vllm:spec_decode_num_drafts_created{engine="1",model_name="m"} 1.795604790216228e+09
-# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
-# TYPE vllm:spec_decode_num_draft_tokens_total counter
-vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 6.0
-vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 3.0
-# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
-# TYPE vllm:spec_decode_num_accepted_tokens_total counter
-vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 2.0
-vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 3.0
-# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
-# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 1.0
-vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",model_name="m",position="0"} 1.0
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 0.0
-"""
+# -- acceptance rate: vLLM's benchmark reads the server's counters ---------------------------------
 
 
-def test_spec_decode_counters_sum_the_engines_and_skip_created_and_per_position():
-    from swiftkv.bench.online_metrics import spec_decode_counters
+def test_speculative_stats_from_vllms_result():
+    from swiftkv.bench.online_metrics import SLO, rate_row, speculative_stats
+    from tests.test_bench_online import vllm_result
 
-    assert spec_decode_counters(PROMETHEUS_SAMPLE) == {
-        "drafts": 3.0,
-        "draft_tokens": 9.0,
-        "accepted_tokens": 5.0,
+    spec = {
+        "spec_decode_num_drafts": 2,
+        "spec_decode_draft_tokens": 6,
+        "spec_decode_accepted_tokens": 3,
+        "spec_decode_acceptance_rate": 50.0,  # vLLM's percent
+        "spec_decode_acceptance_length": 2.5,
+        "spec_decode_per_position_acceptance_rates": [1.0, 0.5, 0.0],
     }
-    without = "\n".join(line for line in PROMETHEUS_SAMPLE.splitlines() if "spec_decode" not in line) + "\n"
-    assert spec_decode_counters(without) is None  # a server that does not speculate
-
-
-def test_acceptance_is_the_difference_of_two_readings():
-    from swiftkv.bench.online_metrics import acceptance, spec_decode_counters
-
-    after = spec_decode_counters(PROMETHEUS_SAMPLE)
-    before = {"drafts": 1.0, "draft_tokens": 3.0, "accepted_tokens": 2.0}
-    result = acceptance(before, after)
-    assert result["drafts"] == 2 and result["draft_tokens"] == 6 and result["accepted_tokens"] == 3
-    assert result["acceptance_rate"] == pytest.approx(0.5)
-    assert result["mean_acceptance_length"] == pytest.approx(1 + 3 / 2)  # the bonus token counts
-    idle = acceptance(after, after)
-    assert idle["acceptance_rate"] is None and idle["mean_acceptance_length"] is None  # nothing drafted
-    assert acceptance(None, after) is None
+    assert speculative_stats(spec) == {
+        "drafts": 2,
+        "draft_tokens": 6,
+        "accepted_tokens": 3,
+        "acceptance_rate": 0.5,
+        "mean_acceptance_length": 2.5,
+        "per_position_acceptance_rates": [1.0, 0.5, 0.0],
+    }
+    idle = speculative_stats({})  # vLLM leaves the keys out when nothing was drafted
+    assert idle["drafts"] == idle["draft_tokens"] == idle["accepted_tokens"] == 0
+    assert idle["acceptance_rate"] is None and idle["mean_acceptance_length"] is None
+    result = {**vllm_result(500, 50), **spec}
+    assert rate_row(result, 1.0, 11, SLO(1.0, 0.1), speculating=True)["speculative"]["acceptance_rate"] == 0.5
+    assert rate_row(result, 1.0, 11, SLO(1.0, 0.1), speculating=False)["speculative"] is None
 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_the_counter_names_are_the_ones_installed_vllm_exposes():
-    """Fill vLLM's own SpecDecodingProm (in a fresh process: its counters go to the global registry)
-    and read its Prometheus page back: guards PROMETHEUS_SAMPLE's names against a vLLM upgrade."""
+def test_vllms_benchmark_reads_the_counters_the_installed_vllm_exposes():
+    """Fill vLLM's own SpecDecodingProm (in a fresh process: its counters go to the global registry),
+    serve its Prometheus page before and after two drafts from a fake server, and run the client
+    against it: guards the pairing of vLLM's counter names with its benchmark's reader, and our
+    reading of the result, against a vLLM upgrade."""
     script = """
 from types import SimpleNamespace
 import prometheus_client
 from vllm.v1.spec_decode.metrics import SpecDecodingProm, SpecDecodingStats
 prom = SpecDecodingProm(SimpleNamespace(num_speculative_tokens=3), ["model_name", "engine"], {0: ["m", "0"]})
+print(prometheus_client.generate_latest().decode())
+print("=====")
 stats = SpecDecodingStats.new(3)
 stats.observe_draft(3, 2)
 stats.observe_draft(3, 0)
@@ -188,13 +166,23 @@ print(prometheus_client.generate_latest().decode())
 """
     finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=500)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    from swiftkv.bench.online_metrics import spec_decode_counters
+    before, after = finished.stdout.split("=====\n")
+    from swiftkv.bench.online_client import Target, run, spec_counters_exposed
+    from swiftkv.bench.online_metrics import SLO, rate_row
+    from tests.test_bench_online import NoTokenizer, fake_server
 
-    assert spec_decode_counters(finished.stdout) == {
-        "drafts": 2.0,
-        "draft_tokens": 6.0,
-        "accepted_tokens": 2.0,
-    }
+    slo = SLO(5.0, 1.0)
+    with fake_server(tokens=4, gap=0.01, metrics=lambda served: after if served else before) as (port, _):
+        target = Target(f"http://127.0.0.1:{port}", "m", NoTokenizer(), output_len=4)
+        assert spec_counters_exposed(target.base_url)
+        result = run(target, [[1, 2], [3, 4]], 50.0, slo=slo, seed=(0, 0))
+    with fake_server(tokens=4, gap=0.01) as (port, _):
+        assert not spec_counters_exposed(f"http://127.0.0.1:{port}")  # no /metrics page
+    spec = rate_row(result, 50.0, 4, slo, speculating=True)["speculative"]
+    assert (spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (2, 6, 2)
+    assert spec["acceptance_rate"] == pytest.approx(2 / 6)
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + 2 / 2)
+    assert spec["per_position_acceptance_rates"] == pytest.approx([0.5, 0.5, 0.0])
 
 
 # -- extractive prompts ----------------------------------------------------------------------------

@@ -328,7 +328,8 @@ class MoePrefillResults(Record):
 
 @record
 class RateResult(Record):
-    """One model at one request rate of the online benchmark (`bench.online_metrics.summarize`)."""
+    """One model at one request rate of the online benchmark (`bench.online_metrics.rate_row`, from
+    vLLM's benchmark result)."""
 
     rate: float | None = None
     completed: int | None = None

@@ -13,57 +13,45 @@ The baseline's idle TTFT sets the default rates (`--rate-multipliers` x 1 / idle
 
 Workloads (`online_prompts`): the paper's 10:1 (ShareGPT text cut to `prompt_len` tokens), or
 extractive (passages + a question, a document + a summary request, chat-templated), both sent as token
-ids to /v1/completions, `output_len` output tokens with ignore_eos. Requests stream; vLLM's own request
-function (`vllm.benchmarks.lib`) times each token. Metrics: `online_metrics`; table and plot:
-`online_report`.
+ids to /v1/completions, `output_len` output tokens with ignore_eos. The client is vLLM's own serving
+benchmark (`online_client`: its Poisson arrivals, seeded per rate so both models get the same
+schedule, its streaming requests and its metrics); our rows from its results and the SLO search:
+`online_metrics`; table and plot: `online_report`.
 
 Speculative decoding: `speculative_config` (vLLM's --speculative-config JSON, checked against what
 runs with SwiftKV by `swiftkv.vllm.speculative` before any server starts) goes to both servers
 (`speculate="both"`: the same speculator on each) or to SwiftKV's only (`speculate="swiftkv"`:
 SwiftKV + speculator against the plain baseline). Each rate then also reports each speculating
-server's acceptance rate, from vLLM's counters on its /metrics page read before and after the rate.
+server's acceptance rate, which vLLM's benchmark reads from the server's /metrics counters before and
+after the rate.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-from tqdm import tqdm
 
 from ..dtypes import describe_choice
 from ..files import write_atomic
 from ..results import OnlineResults
 from ..settings import setting
+from ..sources import load_tokenizer
 from ..vllm.speculative import NGRAM_EXAMPLE, check_speculative_config, speculative_options
 from .offline import engine_settings
-from .online_metrics import (
-    MODELS,
-    SLO,
-    RequestResult,
-    acceptance,
-    choose_slo,
-    compare,
-    default_rates,
-    idle_summary,
-    poisson_arrivals,
-    spec_decode_counters,
-    summarize,
-)
+from .online_client import Target, run, spec_counters_exposed
+from .online_metrics import MODELS, SLO, choose_slo, compare, default_rates, idle_latency, rate_row
 from .online_prompts import WORKLOADS, build_prompts
 from .online_report import plot, side_label
 from .online_server import (
     baseline_command,
     free_port,
-    metrics_text,
     running_server,
     server_args,
     server_env,
@@ -148,7 +136,10 @@ class OnlineSettings:
         "swiftkv (SwiftKV + speculator against the plain baseline)",
         choices=SPECULATE,
     )
-    seed: int = setting(0, "seed of the Poisson arrival times (both models get the same schedule at a rate)")
+    seed: int = setting(
+        0,
+        "seed of the Poisson arrival times, with the rate's index (both models get the same schedule at a rate)",
+    )
     server_timeout: float = setting(1800.0, "seconds to wait for a server to answer /health")
 
 
@@ -190,83 +181,6 @@ def speculative_configs(online: OnlineSettings) -> dict[str, dict | None]:
     """Each server's speculative config (None: it does not speculate)."""
     config = online.speculative_config or None
     return {"baseline": config if online.speculate == "both" else None, "swiftkv": config}
-
-
-# --------------------------------------------------------------------------------------------------
-# Client: vLLM's streaming request function, our Poisson schedule
-# --------------------------------------------------------------------------------------------------
-
-
-def to_result(output, output_len: int) -> RequestResult:
-    """vLLM's RequestFuncOutput -> RequestResult; a request that made a different number of tokens
-    than asked (ignore_eos makes it exact) counts as failed."""
-    tokens = output.output_tokens or (len(output.itl) + 1 if output.success else 0)
-    result = RequestResult(
-        ttft=output.ttft,
-        latency=output.latency,
-        itl=list(output.itl),
-        output_tokens=tokens,
-        prompt_tokens=output.prompt_len,
-        success=output.success,
-        error=output.error[-1000:],
-    )
-    if result.success and tokens != output_len:
-        result.success, result.error = False, f"made {tokens} tokens, expected {output_len}"
-    return result
-
-
-class Client:
-    """Streams completions from one server with vLLM's benchmark request function."""
-
-    def __init__(self, base_url: str, served_name: str, output_len: int):
-        from vllm.benchmarks.lib.endpoint_request_func import (
-            RequestFuncInput,
-            async_request_openai_completions,
-        )
-
-        self.send = async_request_openai_completions
-        self.base_url, self.output_len = base_url, output_len
-        self.template = RequestFuncInput(
-            prompt=[],
-            api_url=base_url + "/v1/completions",
-            prompt_len=0,
-            output_len=output_len,
-            model=served_name,
-            ignore_eos=True,
-            extra_body={"temperature": 0.0},
-        )
-
-    async def one(self, session, prompt: list[int]) -> RequestResult:
-        request = replace(self.template, prompt=prompt, prompt_len=len(prompt))
-        return to_result(await self.send(request_func_input=request, session=session), self.output_len)
-
-    @staticmethod
-    def session():
-        import aiohttp
-
-        # No connection limit: beyond saturation every queued request holds an open stream.
-        return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=6 * 3600)
-        )
-
-    async def sequential(self, prompts: list[list[int]]) -> list[RequestResult]:
-        async with self.session() as session:
-            return [await self.one(session, prompt) for prompt in prompts]
-
-    async def poisson(
-        self, prompts: list[list[int]], arrivals: list[float], label: str
-    ) -> tuple[list[RequestResult], float]:
-        """Send prompt i at arrivals[i] seconds from the start, without waiting for earlier answers;
-        returns the results and the seconds from the first send to the last token."""
-        async with self.session() as session:
-            with tqdm(total=len(prompts), desc=label, unit="req", file=sys.stderr) as bar:
-                started, tasks = time.perf_counter(), []
-                for prompt, at in zip(prompts, arrivals, strict=True):
-                    await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
-                    tasks.append(asyncio.create_task(self.one(session, prompt)))
-                    tasks[-1].add_done_callback(lambda _: bar.update())
-                results = await asyncio.gather(*tasks)
-                return results, time.perf_counter() - started
 
 
 # --------------------------------------------------------------------------------------------------
@@ -335,6 +249,7 @@ class OnlineRun:
         self.prompts, report["workload"]["prompt_source"] = build_prompts(
             baseline_dir, online.num_requests, online.prompt_len, online.workload
         )
+        self.tokenizer = load_tokenizer(baseline_dir)  # the SwiftKV model shares it
 
     def session(self, number: int, model: str, rate_indices: list[int]) -> None:
         server, port = self.servers[model], free_port()
@@ -345,8 +260,9 @@ class OnlineRun:
             server_args(self.engine, port, model) + speculative_args(self.speculative[model])
         )
         with running_server(command, self.env, base_url, log, self.online.server_timeout) as startup_s:
-            client = Client(base_url, model, self.online.output_len)
-            asyncio.run(client.sequential(self.prompts[: self.online.warmup_requests]))
+            target = Target(base_url, model, self.tokenizer, self.online.output_len)
+            if self.online.warmup_requests:  # vLLM's benchmark needs at least one request
+                run(target, self.prompts[: self.online.warmup_requests], max_concurrency=1)
             self.report["sessions"].append(
                 {
                     "model": model,
@@ -355,13 +271,19 @@ class OnlineRun:
                     "log": str(log.relative_to(self.out_dir)),
                 }
             )
+            if self.speculative[model] and not spec_counters_exposed(base_url):
+                raise RuntimeError(
+                    f"the {server.label} server speculates but its /metrics page has no "
+                    "vllm:spec_decode_* counters (were its stats disabled?)"
+                )
             if model not in self.report["idle"]:
-                self.measure_idle(client, model)
+                self.measure_idle(target, model)
             for index in rate_indices:
-                self.run_rate(client, model, index)
+                self.run_rate(target, model, index)
 
-    def measure_idle(self, client: Client, model: str) -> None:
-        idle = idle_summary(asyncio.run(client.sequential(self.prompts[: self.online.idle_requests])))
+    def measure_idle(self, target: Target, model: str) -> None:
+        requests = self.prompts[: self.online.idle_requests]
+        idle = idle_latency(run(target, requests, max_concurrency=1), self.online.output_len)
         self.report["idle"][model] = idle
         print(
             f"[online] {model} idle: TTFT {idle['ttft_s']:.4g} s, TPOT {idle['tpot_s']:.4g} s",
@@ -382,30 +304,14 @@ class OnlineRun:
                 flush=True,
             )
 
-    def run_rate(self, client: Client, model: str, index: int) -> None:
+    def run_rate(self, target: Target, model: str, index: int) -> None:
         rate = self.rates[index]
-        arrivals = poisson_arrivals(rate, len(self.prompts), seed=[self.online.seed, index])
-        label = f"{self.servers[model].label} @ {rate:.4g} req/s"
+        print(f"[online] {self.servers[model].label} @ {rate:.4g} req/s", file=sys.stderr, flush=True)
+        result = run(target, self.prompts, rate, slo=self.slo, seed=(self.online.seed, index), progress=True)
         speculating = self.speculative[model] is not None
-        before = self.spec_counters(client) if speculating else None
-        results, duration = asyncio.run(client.poisson(self.prompts, arrivals, label))
-        row = {"rate": rate, **summarize(results, duration, self.slo)}
-        row["errors"] = sorted({r.error for r in results if not r.success})[:3]
-        row["speculative"] = acceptance(before, self.spec_counters(client)) if speculating else None
+        row = rate_row(result, rate, self.online.output_len, self.slo, speculating)
         self.report["results"][model][index] = row
         self.save()
-
-    @staticmethod
-    def spec_counters(client: Client) -> dict[str, float]:
-        """The server's speculative-decoding counters now. Read after a rate's last token, they hold
-        its last step: the server records a step's stats before it streams that step's tokens."""
-        counters = spec_decode_counters(metrics_text(client.base_url))
-        if counters is None:
-            raise RuntimeError(
-                f"the server at {client.base_url} speculates but its /metrics page has no "
-                "vllm:spec_decode_* counters (were its stats disabled?)"
-            )
-        return counters
 
     def save(self) -> None:
         results = self.report["results"]

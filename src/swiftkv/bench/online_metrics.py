@@ -1,68 +1,30 @@
-"""Metrics of the online benchmark (`swiftkv bench --online`), pure functions without vLLM: per-request
-timings, their percentiles per request rate, goodput, the SLO and which rates meet it, the Poisson
-arrival schedule, and the comparison of the two models.
+"""Metrics of the online benchmark (`swiftkv bench --online`), pure functions without vLLM: our rows
+from vLLM's benchmark results, the SLO and which rates meet it, and the comparison of the two models.
 
-Definitions (the same as vLLM's serving benchmark):
+vLLM's `benchmark` (`online_client`) measures; its definitions, per model and rate:
   TTFT     time from sending a request to its first streamed token
   ITL      time between consecutive streamed chunks of one request, pooled over all requests
   TPOT     per request: (latency - TTFT) / (output tokens - 1), the mean decode time of one token
-  goodput  requests per second that met the per-request SLO (TTFT <= SLO and TPOT <= SLO)
+  latency  vLLM's E2EL, send to last token
+  goodput  requests per second that met the SLO individually (TTFT and TPOT within it), vLLM's
+           `request_goodput` with the SLO as its goodput config
   acceptance rate  with a speculator: accepted draft tokens / proposed draft tokens over one rate's
-           requests, from the server's own counters (`spec_decode_counters`, read before and after)
-A rate is *sustained* when its p99 TTFT and p99 TPOT are within the SLO and no request failed.
+           requests, from the server's counters, which vLLM's benchmark reads before and after
+`rate_row` turns its result (times in ms) into our row (seconds). Ours on top: a request that did not
+make exactly `output_len` tokens counts as failed (ignore_eos makes the count exact), and a rate is
+*sustained* when its p99 TTFT and p99 TPOT are within the SLO and no request failed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 MODELS = ("baseline", "swiftkv")
-
-
-@dataclass
-class RequestResult:
-    """One request as the client saw it; times in seconds."""
-
-    ttft: float = math.nan
-    latency: float = math.nan  # send to last token
-    itl: list[float] = field(default_factory=list)
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    success: bool = False
-    error: str = ""
-
-    @classmethod
-    def from_token_times(
-        cls, sent: float, token_times: Sequence[float], prompt_tokens: int = 0
-    ) -> RequestResult:
-        """A request whose tokens arrived one per chunk at `token_times` (absolute clock)."""
-        if not token_times:
-            return cls(prompt_tokens=prompt_tokens, error="no token arrived")
-        return cls(
-            ttft=token_times[0] - sent,
-            latency=token_times[-1] - sent,
-            itl=[b - a for a, b in zip(token_times, token_times[1:], strict=False)],
-            output_tokens=len(token_times),
-            prompt_tokens=prompt_tokens,
-            success=True,
-        )
-
-    @property
-    def tpot(self) -> float:
-        """Mean time per output token after the first; NaN with fewer than two tokens."""
-        if not self.success or self.output_tokens < 2:
-            return math.nan
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (linear interpolation, numpy's default); NaN for no values."""
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.percentile(finite, q)) if finite else math.nan
+# Our row's name of each of vLLM's timed metrics (`latency` is vLLM's E2EL).
+TIMES = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "latency": "e2el"}
+PERCENTILES = (50, 99)
 
 
 @dataclass(frozen=True)
@@ -74,8 +36,9 @@ class SLO:
     tpot_s: float
     how: str = ""
 
-    def met_by(self, request: RequestResult) -> bool:
-        return request.success and request.ttft <= self.ttft_s and request.tpot <= self.tpot_s
+    def goodput_config(self) -> dict[str, float]:
+        """vLLM's goodput config of this SLO: the per-request bounds in milliseconds."""
+        return {"ttft": self.ttft_s * 1e3, "tpot": self.tpot_s * 1e3}
 
 
 def choose_slo(
@@ -94,31 +57,6 @@ def choose_slo(
     return SLO(ttft, tpot, f"p99 TTFT <= {ttft:.4g} s ({ttft_how}); p99 TPOT <= {tpot:.4g} s ({tpot_how})")
 
 
-def summarize(results: Sequence[RequestResult], duration: float, slo: SLO) -> dict:
-    """The metrics of one model at one rate: `duration` runs from the first request sent to the last
-    token received."""
-    done = [r for r in results if r.success]
-    ttfts, tpots = [r.ttft for r in done], [r.tpot for r in done]
-    itls = [gap for r in done for gap in r.itl]
-    latencies = [r.latency for r in done]
-    output_tokens = sum(r.output_tokens for r in done)
-    row = {
-        "completed": len(done),
-        "failed": len(results) - len(done),
-        "duration_s": duration,
-        "request_throughput": len(done) / duration,
-        "output_throughput": output_tokens / duration,
-        "total_token_throughput": (output_tokens + sum(r.prompt_tokens for r in done)) / duration,
-        "goodput": sum(slo.met_by(r) for r in results) / duration,
-    }
-    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("latency", latencies)):
-        row[f"{name}_mean_s"] = float(np.mean(values)) if values else math.nan
-        for q in (50, 99):
-            row[f"{name}_p{q}_s"] = percentile(values, q)
-    row["meets_slo"] = meets_slo(row, slo)
-    return row
-
-
 def meets_slo(row: dict, slo: SLO) -> bool:
     return row["failed"] == 0 and row["ttft_p99_s"] <= slo.ttft_s and row["tpot_p99_s"] <= slo.tpot_s
 
@@ -132,16 +70,6 @@ def max_sustained_rate(rates: Sequence[float], meets: Sequence[bool]) -> float |
             break
         best = rate
     return best
-
-
-def poisson_arrivals(rate: float, count: int, seed: int | Sequence[int]) -> list[float]:
-    """Send times (seconds from the start) of `count` requests arriving as a Poisson process of
-    `rate` requests/s: exponential gaps of mean 1/rate, the first request at 0. Seeded, so both
-    models get the same schedule at a rate."""
-    if rate <= 0:
-        raise ValueError(f"request rate {rate} must be positive")
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=max(count - 1, 0))
-    return [0.0, *np.cumsum(gaps).tolist()][:count]
 
 
 def default_rates(idle_ttft: float, multipliers: Sequence[float]) -> list[float]:
@@ -195,56 +123,87 @@ def acceptance_rate(row: dict) -> float | None:
     return (row.get("speculative") or {}).get("acceptance_rate")
 
 
-def idle_summary(results: Sequence[RequestResult]) -> dict:
-    """Medians of sequential requests on an idle server (no queueing, no batching)."""
-    done = [r for r in results if r.success]
-    if not done:
-        raise RuntimeError(
-            "no request to the idle server succeeded: " + "; ".join(r.error for r in results)[-2000:]
-        )
+# --------------------------------------------------------------------------------------------------
+# vLLM's benchmark result -> our rows
+# --------------------------------------------------------------------------------------------------
+
+
+def request_errors(result: dict, output_len: int) -> list[str]:
+    """Why each request that did not make exactly `output_len` tokens failed: vLLM's error, or the
+    count it made (vLLM's `output_lens` is 0 for a request it counts as failed)."""
+    return [
+        error[-1000:] or f"made {made} tokens, expected {output_len}"
+        for made, error in zip(result["output_lens"], result["errors"], strict=True)
+        if made != output_len
+    ]
+
+
+def latencies(result: dict) -> dict[str, float]:
+    """vLLM's means and percentiles of TTFT, TPOT, ITL and latency, in seconds; NaN when no request
+    succeeded (vLLM then reports 0 ms, which would read as an instant answer)."""
+    done = result["completed"] > 0
     return {
-        "ttft_s": float(np.median([r.ttft for r in done])),
-        "tpot_s": float(np.median([r.tpot for r in done])),
-        "latency_s": float(np.median([r.latency for r in done])),
-        "requests": len(done),
+        f"{ours}_{stat}_s": result[f"{stat}_{theirs}_ms"] / 1e3 if done else math.nan
+        for ours, theirs in TIMES.items()
+        for stat in ("mean", *(f"p{q}" for q in PERCENTILES))
     }
 
 
-# vLLM 0.32's speculative-decoding counters (v1/spec_decode/metrics.py, SpecDecodingProm), as the
-# server's /metrics endpoint names their families (the exposition adds `_total` to each sample).
-SPEC_DECODE_COUNTERS = {
-    "drafts": "vllm:spec_decode_num_drafts",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
-}
+def rate_row(result: dict, rate: float, output_len: int, slo: SLO, speculating: bool) -> dict:
+    """One model at one rate, from vLLM's result. Throughputs and goodput are vLLM's (over its
+    duration: from the start of its schedule to the last answer); a request of the wrong length,
+    which vLLM counts as a success, is failed here, and a failure fails the SLO."""
+    failures = request_errors(result, output_len)
+    row = {
+        "rate": rate,
+        "completed": len(result["output_lens"]) - len(failures),
+        "failed": len(failures),
+        "duration_s": result["duration"],
+        "request_throughput": result["request_throughput"],
+        "output_throughput": result["output_throughput"],
+        "total_token_throughput": result["total_token_throughput"],
+        "goodput": result["request_goodput"],
+        **latencies(result),
+    }
+    row["meets_slo"] = meets_slo(row, slo)
+    row["errors"] = sorted(set(failures))[:3]
+    row["speculative"] = speculative_stats(result) if speculating else None
+    return row
 
 
-def spec_decode_counters(prometheus_text: str) -> dict[str, float] | None:
-    """The speculative-decoding counters in a /metrics page (Prometheus text format), summed over
-    their label sets (one per engine); None when the server does not speculate (no such family)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {family: key for key, family in SPEC_DECODE_COUNTERS.items()}
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(prometheus_text):
-        if family.name in wanted:
-            found[wanted[family.name]] = sum(
-                s.value for s in family.samples if s.name == family.name + "_total"
-            )
-    return found if len(found) == len(SPEC_DECODE_COUNTERS) else None
-
-
-def acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
-    """What the speculator did between two readings of the counters: drafts, draft and accepted tokens,
-    the acceptance rate (accepted / draft tokens) and the mean acceptance length (tokens per verify
-    step per request, the bonus token included, as vLLM defines it); None without a speculator."""
-    if before is None or after is None:
-        return None
-    delta = {key: after[key] - before[key] for key in SPEC_DECODE_COUNTERS}
+def idle_latency(result: dict, output_len: int) -> dict:
+    """vLLM's medians of the sequential requests on an idle server. They set the default rates and
+    the SLO, so every one of them must have made `output_len` tokens."""
+    if failures := request_errors(result, output_len):
+        raise RuntimeError(f"a request to the idle server failed: {'; '.join(sorted(set(failures)))[-2000:]}")
     return {
-        **delta,
-        "acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"]
-        if delta["draft_tokens"]
-        else None,
-        "mean_acceptance_length": 1 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None,
+        "ttft_s": result["median_ttft_ms"] / 1e3,
+        "tpot_s": result["median_tpot_ms"] / 1e3,
+        "latency_s": result["median_e2el_ms"] / 1e3,
+        "requests": result["completed"],
+    }
+
+
+def speculative_stats(result: dict) -> dict:
+    """What a speculating server drafted over the rate, from vLLM's `spec_decode_*` result keys (the
+    difference of its /metrics counters before and after the rate). vLLM leaves them out when nothing
+    was drafted, and gives the acceptance rate in percent (ours: a fraction)."""
+    if "spec_decode_draft_tokens" not in result:
+        return {
+            "drafts": 0,
+            "draft_tokens": 0,
+            "accepted_tokens": 0,
+            "acceptance_rate": None,
+            "mean_acceptance_length": None,
+            "per_position_acceptance_rates": [],
+        }
+    drafts = result["spec_decode_num_drafts"]
+    return {
+        "drafts": drafts,
+        "draft_tokens": result["spec_decode_draft_tokens"],
+        "accepted_tokens": result["spec_decode_accepted_tokens"],
+        "acceptance_rate": result["spec_decode_acceptance_rate"] / 100,
+        # 1 + accepted / drafts: tokens per verify step per request, the bonus token included
+        "mean_acceptance_length": result["spec_decode_acceptance_length"] if drafts else None,
+        "per_position_acceptance_rates": result.get("spec_decode_per_position_acceptance_rates", []),
     }

@@ -87,12 +87,6 @@ def healthy(base_url: str) -> bool:
         return False
 
 
-def metrics_text(base_url: str) -> str:
-    """The server's Prometheus page (/metrics): vLLM's own counters, e.g. of speculative decoding."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
-        return response.read().decode()
-
-
 def log_tail(path: Path, chars: int = 4000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.is_file() else ""
 
