@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from swiftkv.bench.online_metrics import (
@@ -32,8 +33,8 @@ from swiftkv.bench.online_metrics import (
 
 
 def vllm_result(ttft_ms: float, tpot_ms: float, output_len: int = 11, requests: int = 4, **changes) -> dict:
-    """A result dict as vLLM's `benchmark` returns it (its keys, times in ms), every request alike;
-    `changes` overrides any key."""
+    """A result dict as vLLM's `benchmark` returns it (its keys, times in ms as numpy floats, as its
+    np.percentile gives them), every request alike; `changes` overrides any key."""
     duration, latency_ms = 5.0, ttft_ms + (output_len - 1) * tpot_ms
     result = {
         "duration": duration,
@@ -49,7 +50,7 @@ def vllm_result(ttft_ms: float, tpot_ms: float, output_len: int = 11, requests: 
     for name, value in (("ttft", ttft_ms), ("tpot", tpot_ms), ("itl", tpot_ms), ("e2el", latency_ms)):
         for stat in ("mean", "median", "p50", "p99"):
             result[f"{stat}_{name}_ms"] = value
-    return {**result, **changes}
+    return {k: np.float64(v) if k.endswith("_ms") else v for k, v in {**result, **changes}.items()}
 
 
 def test_rate_row_takes_vllms_numbers_in_seconds():
@@ -77,6 +78,7 @@ def test_rate_row_takes_vllms_numbers_in_seconds():
     assert (row["itl_p50_s"], row["itl_p99_s"]) == pytest.approx((0.05, 0.095))
     assert (row["latency_mean_s"], row["latency_p99_s"]) == pytest.approx((1.2, 2.1))  # vLLM's E2EL
     assert not row["meets_slo"] and row["speculative"] is None  # p99 TTFT 1.5 s > 1 s
+    assert json.loads(json.dumps(row))["ttft_p99_s"] == 1.5  # plain Python numbers, as online.json needs
     assert rate_row({**result, "p99_ttft_ms": 900.0}, 0.5, 8, slo, False)["meets_slo"]
     assert not rate_row({**result, "p99_tpot_ms": 101.0}, 0.5, 8, slo, False)["meets_slo"]
 
@@ -104,6 +106,7 @@ def test_idle_latency_is_vllms_medians_and_needs_every_request():
     result = vllm_result(
         500, 50, output_len=8, requests=3, median_ttft_ms=400.0, median_tpot_ms=30.0, median_e2el_ms=610.0
     )
+    assert json.dumps(idle_latency(result, 8))
     assert idle_latency(result, 8) == pytest.approx(
         {"ttft_s": 0.4, "tpot_s": 0.03, "latency_s": 0.61, "requests": 3}
     )
@@ -313,7 +316,6 @@ def test_the_same_seed_and_rate_give_the_same_schedule(monkeypatch):
     sleeps advance: the sleeps between sends are the schedule."""
     import types
 
-    import numpy as np
     from vllm.benchmarks import serve
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
 

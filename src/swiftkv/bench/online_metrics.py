@@ -58,7 +58,7 @@ def choose_slo(
 
 
 def meets_slo(row: dict, slo: SLO) -> bool:
-    return row["failed"] == 0 and row["ttft_p99_s"] <= slo.ttft_s and row["tpot_p99_s"] <= slo.tpot_s
+    return bool(row["failed"] == 0 and row["ttft_p99_s"] <= slo.ttft_s and row["tpot_p99_s"] <= slo.tpot_s)
 
 
 def max_sustained_rate(rates: Sequence[float], meets: Sequence[bool]) -> float | None:
@@ -139,11 +139,12 @@ def request_errors(result: dict, output_len: int) -> list[str]:
 
 
 def latencies(result: dict) -> dict[str, float]:
-    """vLLM's means and percentiles of TTFT, TPOT, ITL and latency, in seconds; NaN when no request
+    """vLLM's means and percentiles of TTFT, TPOT, ITL and latency, in seconds (Python floats: vLLM's
+    are numpy's, whose comparisons give numpy bools that JSON cannot write); NaN when no request
     succeeded (vLLM then reports 0 ms, which would read as an instant answer)."""
     done = result["completed"] > 0
     return {
-        f"{ours}_{stat}_s": result[f"{stat}_{theirs}_ms"] / 1e3 if done else math.nan
+        f"{ours}_{stat}_s": float(result[f"{stat}_{theirs}_ms"]) / 1e3 if done else math.nan
         for ours, theirs in TIMES.items()
         for stat in ("mean", *(f"p{q}" for q in PERCENTILES))
     }
@@ -177,9 +178,9 @@ def idle_latency(result: dict, output_len: int) -> dict:
     if failures := request_errors(result, output_len):
         raise RuntimeError(f"a request to the idle server failed: {'; '.join(sorted(set(failures)))[-2000:]}")
     return {
-        "ttft_s": result["median_ttft_ms"] / 1e3,
-        "tpot_s": result["median_tpot_ms"] / 1e3,
-        "latency_s": result["median_e2el_ms"] / 1e3,
+        "ttft_s": float(result["median_ttft_ms"]) / 1e3,
+        "tpot_s": float(result["median_tpot_ms"]) / 1e3,
+        "latency_s": float(result["median_e2el_ms"]) / 1e3,
         "requests": result["completed"],
     }
 
