@@ -28,7 +28,9 @@ def test_the_suites_mean_drop_pairs_the_tasks_and_combines_their_errors(table):
     assert drop["diff_stderr"] == pytest.approx(0.025) and drop["n"] == 400  # sqrt(.03² + .04²) / 2
 
 
-def test_each_row_holds_the_teacher_the_floor_and_each_student_by_n(table):
+def records(table) -> tuple[dict, dict, dict]:
+    """(long-prompt record, instructions record, suites by N) of students N = 15 and 22 with the floor."""
+
     def long_record(score: float) -> dict:
         sets = {name: {"items": 64, "paired": {"correct": paired(0.5, score, 0.05), "f1": paired(0.3, score / 2, 0.02)}}
                 for name in table.UNSEEN_LONG_SETS}  # fmt: skip
@@ -45,7 +47,21 @@ def test_each_row_holds_the_teacher_the_floor_and_each_student_by_n(table):
     instructions = {"students": [{"pair": p, **followed(s)} for p, s in zip(pair, (0.3, 0.5), strict=True)],
                     "floor": followed(0.6)}  # fmt: skip
     suite = {"students": [{"tasks": {"a": {"paired": {"acc": paired(0.4, 0.39, 0.01, 1000)}}}}]}
-    lines = table.unseen_table(long_results, instructions, {15: suite, 22: suite})
+    return long_results, instructions, {15: suite, 22: suite}
+
+
+def test_a_partial_instruction_run_is_one_error_naming_what_it_lacks(table):
+    long_results, instructions, suites = records(table)
+    partial = {"students": instructions["students"][:1], "floor": None}  # the run stopped after N = 15
+    with pytest.raises(
+        ValueError, match=r"N = \[15\] and no floor; the long-prompt record holds N = \[15, 22\]"
+    ):
+        table.unseen_table(long_results, partial, suites)
+
+
+def test_each_row_holds_the_teacher_the_floor_and_each_student_by_n(table):
+    long_results, instructions, suites = records(table)
+    lines = table.unseen_table(long_results, instructions, suites)
     assert lines[0] == "| measure | items | teacher | floor (bfloat16) | N = 15 | N = 22 |"
     assert lines[2] == (
         "| instructions followed (simple), strict | 490 | 0.600 | 0.600 (+0.000 ± 0.020) | "

@@ -58,10 +58,17 @@ def unseen_table(long_results: dict, instructions: dict, suites: dict[int, dict]
     N -> the student's suite results.json)."""
     students = {s["pair"]["num_key_value_layers"]: s for s in long_results["students"]}
     followed = {s["pair"]["num_key_value_layers"]: s for s in instructions["students"]}
+    ns = sorted(students)
+    for name, record, found in (("instructions", instructions, followed), ("suite", None, suites)):
+        if sorted(found) != ns or (record is not None and not record.get("floor")):
+            raise ValueError(
+                f"the {name} records hold the students N = {sorted(found)}"
+                + ("" if record is None or record.get("floor") else " and no floor")
+                + f"; the long-prompt record holds N = {ns}: expected the same students, and the floor"
+            )
     floor_dtype = long_results["floor"]["pair"]["cache_keys"]["student"].rsplit("-", 1)[
         1
     ]  # "<model>-<dtype>"
-    ns = sorted(students)
     lines = [
         f"| measure | items | teacher | floor ({floor_dtype}) | " + " | ".join(f"N = {n}" for n in ns) + " |",
         "|---|---:|---:|---:|" + "---:|" * len(ns),
