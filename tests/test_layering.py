@@ -13,6 +13,7 @@ import ast
 import importlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,20 +62,31 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Absolute names of the swiftkv modules `path` imports, relative imports resolved."""
-    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    found = set()
+def package_of(path: Path) -> str:
+    """The package a module's relative imports start from."""
+    return module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+
+
+def import_statements(path: Path, package: str | None) -> Iterator[tuple[str, list[str]]]:
+    """(module, the names imported from it) for every import in `path`, function-level ones too; relative
+    imports are resolved against `package` (None: skipped, as a script's are its own package's)."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+            yield from ((alias.name, []) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (not node.level or package is not None):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            yield base, [alias.name for alias in node.names]
+
+
+def imports_of(path: Path) -> set[str]:
+    """Absolute names of the swiftkv modules `path` imports, relative imports resolved."""
+    found = set()
+    for base, names in import_statements(path, package_of(path)):
+        found.add(base)
+        found.update(f"{base}.{name}" for name in names)
     return {name for name in found if name == "swiftkv" or name.startswith("swiftkv.")}
 
 
@@ -158,13 +170,7 @@ def test_nothing_in_the_package_imports_the_scripts():
 
 def all_imports_of(path: Path) -> set[str]:
     """Every absolute module name `path` imports (relative imports are the package's own)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            found.add(node.module or "")
-    return found
+    return {base for base, _ in import_statements(path, None)}
 
 
 @pytest.mark.parametrize("layer", sorted(RULES))
@@ -205,31 +211,15 @@ def test_the_training_core_imports_nothing_of_the_measuring_wing():
     assert distill_arrows_up() == []
 
 
-def modules_imported_from(path: Path, package: str | None) -> set[str]:
-    """The modules `path` imports names from or imports whole; `package` anchors its relative imports (None:
-    a script's relative imports are its own package's, not swiftkv's)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and (not node.level or package is not None):
-            anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            found.add(".".join([*anchor, node.module] if node.module else anchor))
-    return found
-
-
 def reaches_behind_the_distill_api(files: list[Path]) -> list[str]:
     """Each import, in `files`, of a module behind `swiftkv.distill`'s API (a subpackage or module of it)."""
     reaching = []
     for path in files:
-        inside = PACKAGE in path.parents
-        package = module_name(path).rpartition(".")[0] if inside and path.name != "__init__.py" else None
-        if inside and path.name == "__init__.py":
-            package = module_name(path)
+        package = package_of(path) if PACKAGE in path.parents else None
         reaching += [
-            f"{path.name} imports {name}"
-            for name in sorted(modules_imported_from(path, package))
-            if name.startswith("swiftkv.distill.")
+            f"{path.name} imports {base}"
+            for base in sorted({base for base, _ in import_statements(path, package)})
+            if base.startswith("swiftkv.distill.")
         ]
     return reaching
 
@@ -239,7 +229,7 @@ def test_code_outside_distill_imports_only_its_api():
     behind each name), never from a module behind it: those may move without the callers changing."""
     outside = [path for path in PACKAGE.rglob("*.py") if path.relative_to(PACKAGE).parts[0] != "distill"]
     scripts = sorted(SCRIPTS.rglob("*.py"))
-    assert any("swiftkv.distill" in modules_imported_from(path, None) for path in scripts)  # it reads them
+    assert any("swiftkv.distill" in all_imports_of(path) for path in scripts)  # it reads them
     assert reaches_behind_the_distill_api(outside + scripts) == []
 
 
