@@ -246,10 +246,11 @@ class OnlineRun:
         self.env = server_env()
         self.rates: list[float] = list(online.rates) if online.rates else []
         self.slo: SLO | None = None
+        # The SwiftKV model shares the baseline's tokenizer: the prompts' and the client's (which counts tokens).
+        self.tokenizer = load_tokenizer(baseline_dir)
         self.prompts, report["workload"]["prompt_source"] = build_prompts(
-            baseline_dir, online.num_requests, online.prompt_len, online.workload
+            self.tokenizer, online.num_requests, online.prompt_len, online.workload
         )
-        self.tokenizer = load_tokenizer(baseline_dir)  # the SwiftKV model shares it
 
     def session(self, number: int, model: str, rate_indices: list[int]) -> None:
         server, port = self.servers[model], free_port()

@@ -32,7 +32,6 @@ from ..data import sharegpt
 from ..data.chat import Messages
 from ..data.long_prompts import long_prompts, text_counter
 from ..data.tokens import prompt_ids
-from ..sources import load_tokenizer
 from .offline import PromptMaker
 
 WORKLOADS = ("sharegpt", "extractive")
@@ -113,7 +112,7 @@ def extractive_prompts(
 
 
 def build_prompts(
-    tokenizer_folder: str,
+    tokenizer,
     count: int,
     length: int,
     workload: str = "sharegpt",
@@ -121,7 +120,6 @@ def build_prompts(
     """The workload's prompts with the model's tokenizer; returns them and a line saying what they are."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload {workload!r}: expected one of {', '.join(WORKLOADS)}")
-    tokenizer = load_tokenizer(tokenizer_folder)
     if workload == "extractive":
         prompts = extractive_prompts(tokenizer, count, length)
         lengths = sorted(map(len, prompts))
