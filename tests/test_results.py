@@ -324,6 +324,13 @@ def soup_long15_card_args(study: Path) -> list[str]:
     ]
 
 
+# What the shipped students keep on unseen work: the long-prompt formats' run and the instructions' run
+UNSEEN_RECORDS = (
+    str(DOCS / "eval-full" / "2026-12-06-unseen-long" / "results.json"),
+    str(DOCS / "eval-full" / "2026-12-07-instructions" / "results.json.xz"),
+)
+
+
 def mix15_card_args(study: Path) -> list[str]:
     """card.py more's arguments for the shipped N = 15 student: soup-long15 (the -swiftkv50 before it) trained on
     by the long-prompt QA study's mix run (scripts/study_long_qa.sh n15-mix), which recorded its own bound."""
@@ -341,6 +348,7 @@ def mix15_card_args(study: Path) -> list[str]:
         "-",
         "-",
         *("--previous-qa", str(qa / "qa-shipped15-eval.json")),
+        *("--unseen", *UNSEEN_RECORDS),
     ]
 
 
@@ -361,6 +369,7 @@ def mix22_card_args(study: Path) -> list[str]:
         "-",
         "-",
         *("--previous-qa", str(qa / "qa-shipped22-eval.json")),
+        *("--unseen", *UNSEEN_RECORDS),
     ]
 
 

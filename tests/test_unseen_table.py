@@ -54,7 +54,8 @@ def test_a_partial_instruction_run_is_one_error_naming_what_it_lacks(table):
     long_results, instructions, suites = records(table)
     partial = {"students": instructions["students"][:1], "floor": None}  # the run stopped after N = 15
     with pytest.raises(
-        ValueError, match=r"N = \[15\] and no floor; the long-prompt record holds N = \[15, 22\]"
+        ValueError,
+        match=r"instructions records hold the students N = \[15\] and no floor: expected N = \[15, 22\], ",
     ):
         table.unseen_table(long_results, partial, suites)
 
@@ -75,3 +76,12 @@ def test_each_row_holds_the_teacher_the_floor_and_each_student_by_n(table):
         "| lm-eval mean accuracy (6 tasks) | 1,000 | 0.400 | – | 0.390 (-0.010 ± 0.010)"
     )
     assert len(lines) == 2 + 2 + 2 * len(table.UNSEEN_LONG_SETS) + 1
+
+
+def test_one_students_column_as_its_model_card_shows_it(table):
+    long_results, instructions, suites = records(table)
+    lines = table.unseen_table(long_results, instructions, {22: suites[22]}, ns=[22])
+    assert lines[0] == "| measure | items | teacher | floor (bfloat16) | N = 22 |"
+    assert lines[2].endswith("| 0.600 (+0.000 ± 0.020) | 0.500 (-0.100 ± 0.020) |")
+    with pytest.raises(ValueError, match=r"suite records hold the students N = \[22\]: expected N = \[15\]$"):
+        table.unseen_table(long_results, instructions, {22: suites[22]}, ns=[15])

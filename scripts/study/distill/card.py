@@ -7,11 +7,12 @@
         greedy answers the card pairs prompt by prompt)
     python scripts/study/distill/card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL_RESULTS.json \
         PARIS.txt REPLIES.jsonl[.xz][,...] SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... \
-        [--previous-qa QA_EVAL.json] > README.md
+        [--previous-qa QA_EVAL.json] [--unseen LONG.json INSTRUCTIONS.json] > README.md
         (a soup trained on by one run, `--init-from` its folder: trained_soup_card; SPEED.json: `swiftkv distill
         --speed` on the machine that ran it, for its matmul peak; COUNTED.json: `swiftkv distill --json` of the
         run's command with `--stop-after 0`, for the FLOPs per token of its blocks; both `-` where the run
-        recorded its own bound; QA_EVAL.json: the soup's `--long-qa` run, paired item by item with the suite's)
+        recorded its own bound; QA_EVAL.json: the soup's `--long-qa` run, paired item by item with the suite's;
+        LONG.json and INSTRUCTIONS.json: the unseen-work runs, whose column of this student the card shows)
 
 ROUND: which shipping round made the student (`ROUNDS`: its script, replies, hardware and the students
 it replaced); the commands in the card are rebuilt from RUN.json's settings.
@@ -842,6 +843,7 @@ def trained_soup_card(
     counted: dict | None,
     paired: list[EvalResults | dict] = (),
     previous_qa: EvalResults | dict | None = None,
+    unseen: tuple[dict, dict] | None = None,
 ) -> str:
     """The card of a soup trained on by one run (ROUNDS[round_name], `--init-from` the soup's folder) shipped
     as `alias`: the run's command and schedule, its speed against the matmul bound (`bound_fraction`: the peak
@@ -849,8 +851,8 @@ def trained_soup_card(
     run's command that counted its blocks; both None: the run's own record of them), the soup's own making (its
     folder's README), the held-out of both in fp32 (`heldout`, `soup_heldout`: `--stop-after 0` runs), the full
     suite against the soup's, the greedy answers of `paired` runs (each: the soup, then these tensors) paired
-    prompt by prompt, and where the suite ran `--long-qa`, its long-prompt QA (`previous_qa`: the soup's, by the
-    same sets, paired item by item)."""
+    prompt by prompt, where the suite ran `--long-qa`, its long-prompt QA (`previous_qa`: the soup's, by the
+    same sets, paired item by item), and what it keeps on unseen work (`unseen`: `unseen_lines`)."""
     round_ = ROUNDS[round_name]
     run, results = DistillSummary.of(run), EvalResults.of(results)
     s = run.settings
@@ -914,8 +916,44 @@ def trained_soup_card(
             [EvalResults.of(r) for r in paired], round_.previous_row, [soup], round_.scored_as
         ),
         *long_qa_lines(results, student, previous_qa and EvalResults.of(previous_qa), soup.folder),
+        *unseen_lines(unseen, results, n),
     ]
     return "\n".join(lines) + "\n"
+
+
+def unseen_lines(unseen: tuple[dict, dict] | None, suite: EvalResults, n: int) -> list[str]:
+    """What the student keeps on work no distillation data had the shape of: its column of unseen_table.py's
+    table (`unseen`: the long-prompt formats' and the instructions' results.json, each with the floor), beside
+    the teacher's and the floor's, the suite's mean accuracy from `suite`. None where not given."""
+    if unseen is None:
+        return []
+    long_results, instructions = unseen
+    table = unseen_table_module().unseen_table(long_results, instructions, {n: suite.to_json()}, ns=[n])
+    return [
+        "",
+        "On work no distillation data had the shape of: instructions to follow and long prompts in three "
+        "held-back formats (`swiftkv eval` against the teacher; each cell the score, its difference to the "
+        "teacher ± its paired standard error; the repository's docs/evaluation.md says what each set holds):",
+        "",
+        *(f"    {unseen_command(record)}" for record in unseen),
+        "",
+        *table,
+    ]
+
+
+def unseen_command(record: dict) -> str:
+    """The `--tasks none` command that wrote an unseen-work record."""
+    s = record["settings"]
+    students = " ".join(student["pair"]["student"] for student in record["students"])
+    measures = " ".join(
+        f"--{key.replace('_', '-')} {s[key]}"
+        for key in ("instruction_following", "long_prompt_formats", "long_qa")
+        if s.get(key)
+    )
+    return (
+        f"swiftkv eval {students} --teacher {record['teacher']} --tasks none {generation_options(s)} "
+        f"{measures} --floor --dtype {record['dtype']}"
+    )
 
 
 def long_qa_lines(
@@ -1001,13 +1039,16 @@ def bound_fraction(run: DistillSummary, speed: dict, counted: DistillSummary) ->
 
 def trained_soup_main(argv: list[str]) -> str:
     """card.py more ROUND ALIAS N RUN.json HELDOUT.json SOUP_HELDOUT.json EVAL.json PARIS.txt REPLIES.jsonl[.xz][,...]
-    SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... [--previous-qa QA_EVAL.json]: trained_soup_card; each
+    SPEED.json COUNTED.json [--paired BOTH_EVAL.json] ... [--previous-qa QA_EVAL.json]
+    [--unseen LONG.json INSTRUCTIONS.json]: trained_soup_card; each
     BOTH_EVAL.json a `--tasks none` run of the soup and these tensors; REPLIES several files (their records
     summed) where the run's reply file joined them; SPEED and COUNTED `-` where the run recorded its bound;
-    QA_EVAL.json a `--long-qa` run of the soup on the suite's sets."""
+    QA_EVAL.json a `--long-qa` run of the soup on the suite's sets; LONG.json and INSTRUCTIONS.json the
+    unseen-work runs (`--long-prompt-formats`, `--instruction-following`, each with every student and the floor)."""
     round_name, alias, n, run, heldout, soup_heldout, results, paris, replies, speed, counted, *rest = argv
     paired = [rest[i + 1] for i, arg in enumerate(rest) if arg == "--paired"]
     previous_qa = next((rest[i + 1] for i, arg in enumerate(rest) if arg == "--previous-qa"), None)
+    unseen = next((rest[i + 1 : i + 3] for i, arg in enumerate(rest) if arg == "--unseen"), None)
     count = sum(len(read_text(path).splitlines()) for path in replies.split(","))
     return trained_soup_card(
         round_name,
@@ -1023,6 +1064,7 @@ def trained_soup_main(argv: list[str]) -> str:
         None if counted == "-" else read_json(counted),
         [read_json(path) for path in paired],
         previous_qa and read_json(previous_qa),
+        unseen and (read_json(unseen[0]), read_json(unseen[1])),
     )
 
 
@@ -1059,6 +1101,14 @@ def soup_main(argv: list[str]) -> str:
         [read_json(run) for run in paired],
         None if exact else soup_module().left_out(Path(folder), folders, [p.weight for p in students]),
     )
+
+
+def unseen_table_module():
+    """scripts/study/eval/unseen_table.py (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("unseen_table", HERE.parent / "eval" / "unseen_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def soup_module():
