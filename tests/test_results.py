@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -180,8 +181,8 @@ def renderings(study: Path) -> dict[str, str]:
         "finals-eval.sweep.md": sweep.tradeoff_table(finals),
         "full-eval.plot-data.txt": repr(
             [
-                report.accuracy_series(full["students"], full["tasks"]),
-                [report.agreement_values(s, full["tasks"]) for s in full["students"]],
+                report.score_series(full),
+                report.agreement_series(full),
                 [sweep.quality(s) for s in full["students"]],
             ]
         ),
@@ -520,3 +521,28 @@ def test_write_report_names_paths_in_their_portable_form(tmp_path, monkeypatch):
     assert "| floor: ~/models/teacher in bfloat16 |" in report
     assert str(tmp_path) not in report
     assert json.loads(paths[0].read_text()) == results
+
+
+def test_the_report_plots_what_the_run_measured():
+    """An instruction-following run's plot holds its scores (each model's, the teacher's from the pairs) and
+    agreement (the share of prompts with the teacher's verdict), not the empty panels of measures it did not
+    run; a full suite's holds its tasks first."""
+    from swiftkv.evaluate import report
+
+    record = DOCS / "eval-full" / "2026-12-07-instructions" / "results.json.xz"
+    results = json.loads(lzma.open(record, "rt").read())
+    groups, series = report.score_series(results)
+    assert groups == ["simple strict"]
+    assert [label.split(":")[0] for label, _, _ in series] == ["teacher", "S1", "S2", "floor"]
+    assert [round(values[0], 3) for _, values, _ in series] == [0.408, 0.227, 0.351, 0.406]
+    assert series[0][2][0] == pytest.approx((0.408 * 0.592 / 490) ** 0.5, abs=1e-3)  # binomial s.e.
+    groups, series = report.agreement_series(results)
+    assert groups == ["simple same"] and series[0][1] == [
+        1 - (119 + 30) / 490
+    ]  # S1: 119 teacher-only, 30 own
+    groups, _ = report.agreement_series(full_eval_results())
+    assert groups[:2] == ["arc_easy", "arc_challenge"] and groups[-3:] == [
+        "chat top-1",
+        "gen identical",
+        "long top-1",
+    ]

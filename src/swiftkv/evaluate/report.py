@@ -68,8 +68,9 @@ def markdown(results: EvalResults | dict) -> str:
         lines.append(
             f"- S{i + 1}: `{student_label(student)}`, {student.pair.mode} pass, {student.seconds:.0f} s"
         )
-    if students:
-        lines += ["", *summary_table(results)]
+    summary = summary_table(results) if students else []
+    if summary:
+        lines += ["", *summary]
     if students and students[0].tasks:
         lines += ["", *task_table(results)]
     lines += ["", *chat_tables(students), *long_prompt_table(results), *long_qa_table(results)]
@@ -103,7 +104,8 @@ def recipe_table(recipe: dict | None) -> list[str]:
 
 
 def summary_table(results: EvalResults) -> list[str]:
-    """One row per model: what a reader compares first (accuracy per task, their mean, chat agreement)."""
+    """One row per model: what a reader compares first (accuracy per task, their mean, chat agreement);
+    a column no model has a value in is left out, and the table with it where none is left."""
     results = EvalResults.of(results)
     students = results.students
     tasks = list(students[0].tasks)
@@ -119,7 +121,18 @@ def summary_table(results: EvalResults) -> list[str]:
             "long first divergence",
         ]
     )
-    lines = [
+    teacher = [students[0].tasks[t].metrics[TEACHER]["acc"] for t in tasks]
+    rows = [summary_cells("teacher", teacher, FloorResult())]
+    if results.floor:
+        floor = portable_path(results.floor.pair.student)
+        rows.append(summary_cells(f"floor: {floor}", [None] * len(tasks), results.floor))
+    for i, student in enumerate(students):
+        accuracy = [student.tasks[t].metrics[STUDENT]["acc"] for t in tasks]
+        rows.append(summary_cells(f"S{i + 1}", accuracy, student))
+    kept = [c for c in range(len(header)) if c == 0 or any(row[c] != "–" for row in rows)]
+    if len(kept) == 1:
+        return []
+    return [
         "## Summary",
         "",
         "Accuracy is lm-eval's `acc`; the mean is unweighted over the tasks. Chat columns: "
@@ -129,22 +142,17 @@ def summary_table(results: EvalResults) -> list[str]:
         "question, a document + a summary request), top-1 along the teacher's answer. The floor row is the "
         "teacher against itself at another dtype: the most agreement a student can be asked for.",
         "",
-        "| " + " | ".join(header) + " |",
-        "|---" * len(header) + "|",
+        "| " + " | ".join(header[c] for c in kept) + " |",
+        "|---" * len(kept) + "|",
+        *("| " + " | ".join(row[c] for c in kept) + " |" for row in rows),
     ]
-    teacher = [students[0].tasks[t].metrics[TEACHER]["acc"] for t in tasks]
-    lines.append(summary_row("teacher", teacher, FloorResult()))
-    if results.floor:
-        floor = portable_path(results.floor.pair.student)
-        lines.append(summary_row(f"floor: {floor}", [None] * len(tasks), results.floor))
-    for i, student in enumerate(students):
-        accuracy = [student.tasks[t].metrics[STUDENT]["acc"] for t in tasks]
-        lines.append(summary_row(f"S{i + 1}", accuracy, student))
-    return lines
 
 
-def summary_row(name: str, accuracy: list[float | None], measured: StudentResult | FloorResult) -> str:
-    """Accuracy cells, their mean, then the agreement measures of `measured` (a student or the floor)."""
+def summary_cells(
+    name: str, accuracy: list[float | None], measured: StudentResult | FloorResult
+) -> list[str]:
+    """A model's name, its accuracy cells, their mean, then the agreement measures of `measured` (a student or
+    the floor)."""
     known = [value for value in accuracy if value is not None]
     mean = [sum(known) / len(known) if len(known) == len(accuracy) else None] if accuracy else []
     forced, generated, long = measured.teacher_forced, measured.generation, measured.long_prompt
@@ -155,11 +163,11 @@ def summary_row(name: str, accuracy: list[float | None], measured: StudentResult
         forced.top1_agreement if forced else None,
         generated.identical_fraction if generated else None,
     ]
-    cells = ["–" if value is None else f"{value:.3f}" for value in values]
+    cells = [name, *("–" if value is None else f"{value:.3f}" for value in values)]
     cells.append("–" if not generated else f"{generated.mean_first_divergence:.1f}")
     cells.append("–" if not long else f"{long.top1_agreement:.3f}")
     cells.append("–" if not long else f"{long.mean_first_divergence:.1f}")
-    return f"| {name} | " + " | ".join(cells) + " |"
+    return cells
 
 
 def task_table(results: EvalResults) -> list[str]:
@@ -418,58 +426,132 @@ def quote(text: str) -> str:
 
 
 def plot(results: EvalResults | dict, path: Path) -> None:
+    """Bars of what the run measured: each model's scores (left) and its agreement with the teacher (right),
+    a panel left out where the run measured nothing of its kind."""
     results = EvalResults.of(results)
-    students = results.students
-    with figure(path, (14, 5), ncols=2) as (_, (left, right)):
-        draw_report(results, students, left, right)
+    panels = [
+        (
+            *score_series(results),
+            "score",
+            "Scores (error bars: each score's standard error), teacher: " + portable_path(results.teacher),
+            0,
+        ),
+        (*agreement_series(results), "agreement with the teacher", "Agreement with the teacher", 1),
+    ]
+    panels = [panel for panel in panels if panel[0]]
+    with figure(path, (7 * max(1, len(panels)), 5), ncols=max(1, len(panels))) as (_, axes):
+        for axis, panel in zip(axes if len(panels) > 1 else [axes], panels, strict=False):
+            draw_bars(axis, *panel)
 
 
-def draw_report(results: EvalResults, students: list[StudentResult], left, right) -> None:
-    tasks = list(students[0].tasks) if students else []
-    width = 0.8 / (1 + len(students))
-    for j, (label, values, errors) in enumerate(accuracy_series(students, tasks)):
-        left.bar(
-            [i + j * width for i in range(len(tasks))], values, width, yerr=errors, label=label, capsize=2
-        )
-    left.set_xticks([i + 0.4 - width / 2 for i in range(len(tasks))], tasks, rotation=20)
-    left.set_ylabel("accuracy (acc)")
-    left.set_title(f"Accuracy, teacher vs students (teacher: {portable_path(results.teacher)})", fontsize=9)
-    left.legend(fontsize=7)
-    groups = [*tasks, "chat top-1", "gen identical"]
-    width = 0.8 / max(1, len(students))
-    for j, student in enumerate(students):
-        right.bar(
-            [i + j * width for i in range(len(groups))],
-            agreement_values(student, tasks),
+def draw_bars(axis, groups: list[str], series: list, ylabel: str, title: str, first_color: int) -> None:
+    """One panel: a cluster of bars per group, a bar per series (label, values, errors; None where the
+    series lacks the group), colours from `first_color` on (a model keeps its colour in both panels)."""
+    width = 0.8 / max(1, len(series))
+    top = 0.0
+    for j, (label, values, errors) in enumerate(series):
+        shown = [(i, v, errors[i] if errors else 0) for i, v in enumerate(values) if v is not None]
+        axis.bar(
+            [i + j * width for i, _, _ in shown],
+            [v for _, v, _ in shown],
             width,
-            label=f"S{j + 1}: {student_label(student)}",
+            yerr=[e for _, _, e in shown] if errors else None,
+            label=label,
+            capsize=2,
+            color=f"C{first_color + j}",
         )
-    right.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20)
-    right.set_ylim(0, 1.3)  # headroom: the legend sits above the bars instead of on them
-    right.set_yticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    right.set_ylabel("agreement with the teacher")
-    right.set_title("Agreement per task (same answer), chat top-1, identical greedy answers", fontsize=9)
-    right.legend(fontsize=7, loc="upper center", ncol=2)
+        top = max([top, *(v + e for _, v, e in shown)])
+    axis.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=20, fontsize=8)
+    long_labels = max(len(label) for label, _, _ in series) > 24  # a student's folder and its N
+    columns = 1 if long_labels else min(4, len(series))
+    rows = -(-len(series) // columns)
+    axis.set_ylim(0, max(top, 1e-3) * (1.15 + 0.07 * rows))  # headroom: the legend sits above the bars
+    axis.set_ylabel(ylabel)
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=7, loc="upper center", ncol=columns)
 
 
-def accuracy_series(students: list[StudentResult], tasks: list[str]):
-    if not students:
-        return []
-    students = [StudentResult.of(student) for student in students]
-    teacher = [students[0].tasks[t].metrics[TEACHER] for t in tasks]
-    series = [("teacher", [m["acc"] for m in teacher], [m.get("acc_stderr") or 0 for m in teacher])]
-    for j, student in enumerate(students):
-        metrics = [student.tasks[t].metrics[STUDENT] for t in tasks]
-        series.append((f"S{j + 1}", [m["acc"] for m in metrics], [m.get("acc_stderr") or 0 for m in metrics]))
-    return series
+def plotted_models(results: EvalResults) -> list[tuple[str, StudentResult | FloorResult]]:
+    """(label, result) of each student, then the floor (so the groups come in the students' order: their tasks
+    first), labelled as the tables label them."""
+    models = [(f"S{i + 1}: {student_label(s)}", s) for i, s in enumerate(results.students)]
+    return models + ([("floor", results.floor)] if results.floor else [])
 
 
-def agreement_values(student: StudentResult, tasks: list[str]) -> list[float]:
-    student = StudentResult.of(student)
-    forced, generated = student.teacher_forced, student.generation
-    values = [student.tasks[t].paired["acc"].agreement for t in tasks]
-    values.append(forced.top1_agreement if forced and forced.top1_agreement is not None else 0.0)
-    values.append(
-        generated.identical_fraction if generated and generated.identical_fraction is not None else 0.0
-    )
+def model_scores(model: StudentResult | FloorResult, role: str) -> dict[str, tuple[float, float]]:
+    """Group -> (score, its standard error) of one side (`role`) of a model's pairs with the teacher: each
+    lm-eval task's acc, each long-QA set's correct, the instruction set's prompt-level strict."""
+    side = "teacher" if role == TEACHER else "student"
+    scores = {
+        task: (result.metrics[role]["acc"], result.metrics[role].get("acc_stderr") or 0)
+        for task, result in (getattr(model, "tasks", None) or {}).items()
+    }
+    for name, qa in (model.long_qa or {}).items():
+        scores[f"{name} correct"] = binomial(getattr(qa.paired["correct"], side), qa.items)
+    run = model.instruction_following
+    if run:
+        scores[f"{run.name} strict"] = binomial(getattr(run.paired["prompt_strict"], side), run.items)
+    return scores
+
+
+def binomial(share: float, n: int) -> tuple[float, float]:
+    return share, (share * (1 - share) / n) ** 0.5
+
+
+def score_series(results: EvalResults | dict) -> tuple[list[str], list]:
+    """The score groups, and a (label, values, errors) series for the teacher and each model."""
+    models = plotted_models(EvalResults.of(results))
+    teacher = {}
+    for _, model in models:
+        teacher.update(model_scores(model, TEACHER))  # the same teacher in every pair
+    measured = [(label, model_scores(model, STUDENT)) for label, model in models]
+    short = [
+        (label.split(":")[0], values) for label, values in measured
+    ]  # the other panel names them in full
+    return aligned([("teacher", teacher), *short], with_errors=True)
+
+
+def model_agreements(model: StudentResult | FloorResult) -> dict[str, float]:
+    """Group -> a model's agreement with the teacher: each task's same answer, chat top-1, identical greedy
+    answers, long-prompt top-1, each long-QA set's and the instruction set's same verdict."""
+    forced, generated, long = model.teacher_forced, model.generation, model.long_prompt
+    values = {
+        task: result.paired["acc"].agreement for task, result in (getattr(model, "tasks", None) or {}).items()
+    }
+    if forced and forced.top1_agreement is not None:
+        values["chat top-1"] = forced.top1_agreement
+    if generated and generated.identical_fraction is not None:
+        values["gen identical"] = generated.identical_fraction
+    if long and long.top1_agreement is not None:
+        values["long top-1"] = long.top1_agreement
+    for name, qa in (model.long_qa or {}).items():
+        values[f"{name} same"] = qa.paired["correct"].agreement
+    run = model.instruction_following
+    if run:  # its pairs keep the discordant counts, not the agreement
+        strict = run.paired["prompt_strict"]
+        values[f"{run.name} same"] = (
+            1 - (strict.teacher_only_correct + strict.student_only_correct) / strict.n
+        )
     return values
+
+
+def agreement_series(results: EvalResults | dict) -> tuple[list[str], list]:
+    """The agreement groups, and a (label, values, None) series per model."""
+    models = plotted_models(EvalResults.of(results))
+    return aligned([(label, model_agreements(m)) for label, m in models], with_errors=False)
+
+
+def aligned(by_model: list[tuple[str, dict]], with_errors: bool) -> tuple[list[str], list]:
+    """Groups in first-seen order, each model's values (and errors) on them, None where it lacks one; a model
+    without any is left out."""
+    by_model = [(label, values) for label, values in by_model if values]
+    groups = list(dict.fromkeys(group for _, values in by_model for group in values))
+    series = []
+    for label, values in by_model:
+        cells = [values.get(group) for group in groups]
+        if with_errors:
+            points = [c[0] if c else None for c in cells]
+            series.append((label, points, [c[1] if c else 0 for c in cells]))
+        else:
+            series.append((label, cells, None))
+    return groups, series
