@@ -14,9 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = "docs/distill-study"  # the study's records
 STUDY_SCRIPTS = "scripts/study/distill"  # the scripts that read them (card.py, soup.py), which find them from their own path
-CARD_TABLE = (
-    "scripts/study/eval/unseen_table.py"  # the unseen-work table card.py renders a student's column of
-)
+# the unseen-work table, whose column of a student card.py renders
+CARD_TABLE = "scripts/study/eval/unseen_table.py"
 
 
 def load_restore():
@@ -48,10 +47,9 @@ def restored(paths: list[str], into: Path) -> list[Path]:
 
 def study_checkout(into: Path, paths: list[str]) -> Path:
     """docs/distill-study as it stood before `paths` left it, under `into`: its tracked files copied and `paths`
-    restored beside them, and the study's scripts (and the table script card.py loads) copied to their place in the
-    same checkout. Returns the copy's
-    records folder: card.py and soup.py loaded from the copy (`study_script`; the checkout above them found from
-    their own path) read the restored files where they read them before."""
+    restored beside them, and the study's scripts (and the table script card.py loads) copied to their place in
+    the same checkout. Returns the copy's records folder: card.py and soup.py loaded from the copy (`study_script`;
+    the checkout above them found from their own path) read the restored files where they read them before."""
     listed = subprocess.run(
         ["git", "-C", str(ROOT), "ls-files", STUDY, STUDY_SCRIPTS, CARD_TABLE],
         capture_output=True,

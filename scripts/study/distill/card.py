@@ -928,7 +928,9 @@ def unseen_lines(unseen: tuple[dict, dict] | None, suite: EvalResults, n: int) -
     if unseen is None:
         return []
     long_results, instructions = unseen
-    table = unseen_table_module().unseen_table(long_results, instructions, {n: suite.to_json()}, ns=[n])
+    table = script_module(HERE.parent / "eval" / "unseen_table.py").unseen_table(
+        long_results, instructions, {n: suite.to_json()}, ns=[n]
+    )
     return [
         "",
         "On work no distillation data had the shape of: instructions to follow and long prompts in three "
@@ -1099,21 +1101,16 @@ def soup_main(argv: list[str]) -> str:
         label,
         Path(paris).read_text(),
         [read_json(run) for run in paired],
-        None if exact else soup_module().left_out(Path(folder), folders, [p.weight for p in students]),
+        None
+        if exact
+        else script_module(HERE / "soup.py").left_out(Path(folder), folders, [p.weight for p in students]),
     )
 
 
-def unseen_table_module():
-    """scripts/study/eval/unseen_table.py (a script, not a package module)."""
-    spec = importlib.util.spec_from_file_location("unseen_table", HERE.parent / "eval" / "unseen_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def soup_module():
-    """soup.py, beside this file (a script, not a package module)."""
-    spec = importlib.util.spec_from_file_location("soup", HERE / "soup.py")
+def script_module(path: Path):
+    """A study script loaded as a module (the scripts are not a package): soup.py beside this file, or
+    ../eval/unseen_table.py."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

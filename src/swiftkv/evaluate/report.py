@@ -471,11 +471,11 @@ def draw_bars(axis, groups: list[str], series: list, ylabel: str, title: str, fi
     axis.legend(fontsize=7, loc="upper center", ncol=columns)
 
 
-def plotted_models(results: EvalResults) -> list[tuple[str, StudentResult | FloorResult]]:
-    """(label, result) of each student, then the floor (so the groups come in the students' order: their tasks
-    first), labelled as the tables label them."""
-    models = [(f"S{i + 1}: {student_label(s)}", s) for i, s in enumerate(results.students)]
-    return models + ([("floor", results.floor)] if results.floor else [])
+def plotted_models(results: EvalResults) -> list[tuple[str, str, StudentResult | FloorResult]]:
+    """(short label, full label, result) of each student, then the floor (so the groups come in the students'
+    order: their tasks first), labelled as the tables label them."""
+    models = [(f"S{i + 1}", f"S{i + 1}: {student_label(s)}", s) for i, s in enumerate(results.students)]
+    return models + ([("floor", "floor", results.floor)] if results.floor else [])
 
 
 def model_scores(model: StudentResult | FloorResult, role: str) -> dict[str, tuple[float, float]]:
@@ -502,13 +502,11 @@ def score_series(results: EvalResults | dict) -> tuple[list[str], list]:
     """The score groups, and a (label, values, errors) series for the teacher and each model."""
     models = plotted_models(EvalResults.of(results))
     teacher = {}
-    for _, model in models:
+    for _, _, model in models:
         teacher.update(model_scores(model, TEACHER))  # the same teacher in every pair
-    measured = [(label, model_scores(model, STUDENT)) for label, model in models]
-    short = [
-        (label.split(":")[0], values) for label, values in measured
-    ]  # the other panel names them in full
-    return aligned([("teacher", teacher), *short], with_errors=True)
+    # short labels: the agreement panel names the models in full
+    measured = [(short, model_scores(model, STUDENT)) for short, _, model in models]
+    return aligned([("teacher", teacher), *measured], with_errors=True)
 
 
 def model_agreements(model: StudentResult | FloorResult) -> dict[str, float]:
@@ -538,7 +536,7 @@ def model_agreements(model: StudentResult | FloorResult) -> dict[str, float]:
 def agreement_series(results: EvalResults | dict) -> tuple[list[str], list]:
     """The agreement groups, and a (label, values, None) series per model."""
     models = plotted_models(EvalResults.of(results))
-    return aligned([(label, model_agreements(m)) for label, m in models], with_errors=False)
+    return aligned([(label, model_agreements(m)) for _, label, m in models], with_errors=False)
 
 
 def aligned(by_model: list[tuple[str, dict]], with_errors: bool) -> tuple[list[str], list]:
